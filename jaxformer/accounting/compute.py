@@ -1,0 +1,115 @@
+"""FLOPs, KV-cache bytes and attention's share of the arithmetic.
+
+Conventions: one multiply–accumulate is 2 FLOPs. A token's forward pass multiplies
+every weight of every matrix it passes through once (embedding *lookups* are free, the
+output head is not) and, per self-attention layer, forms scores against ``seq_len``
+keys and mixes ``seq_len`` values: ``2 · 2 · seq_len · H·Dh`` FLOPs — the full context,
+as Kaplan et al. (2020) count it. Backward costs twice the forward, so training costs
+``3 ×`` forward per token; ``6·N·D`` is the usual approximation of that.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from jaxformer.accounting.params import count_params
+from jaxformer.models.config import ModelConfig
+
+
+def _attention_matmul_weights(cfg: ModelConfig) -> int:
+    q_width, kv_width = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+    return 2 * cfg.d_model * q_width + 2 * cfg.d_model * kv_width
+
+
+def _ffn_matmul_weights(cfg: ModelConfig) -> int:
+    """Weights one token multiplies in the FFN sublayer (active experts and router only)."""
+    matrices = 3 if cfg.is_gated else 2
+    if not cfg.is_moe:
+        return matrices * cfg.d_model * cfg.d_ff
+    experts = cfg.experts_per_token + cfg.num_shared_experts
+    return experts * matrices * cfg.d_model * cfg.expert_d_ff + cfg.d_model * cfg.num_experts
+
+
+def layer_matmul_weights(cfg: ModelConfig) -> int:
+    """Matrix weights one token multiplies in one (self-attention + FFN) layer."""
+    return _attention_matmul_weights(cfg) + _ffn_matmul_weights(cfg)
+
+
+def attention_flops_per_token(cfg: ModelConfig, seq_len: int) -> int:
+    """Scores and value mixing of one token in one self-attention layer, in FLOPs."""
+    context = min(seq_len, cfg.sliding_window) if cfg.sliding_window else seq_len
+    return 4 * context * cfg.num_heads * cfg.head_dim
+
+
+@dataclasses.dataclass(frozen=True)
+class ForwardFlops:
+    """Forward FLOPs per token at a sequence length: ``matmul + attention = total``."""
+
+    matmul: int
+    attention: int
+
+    @property
+    def total(self) -> int:
+        return self.matmul + self.attention
+
+
+def forward_flops_per_token(cfg: ModelConfig, seq_len: int) -> ForwardFlops:
+    """Exact forward FLOPs per token (decoder tokens; encoder stacks at the same length)."""
+    _positive_length(seq_len)
+    self_attention_layers = cfg.num_layers + cfg.num_encoder_layers
+    matmul = self_attention_layers * layer_matmul_weights(cfg)
+    attention = self_attention_layers * attention_flops_per_token(cfg, seq_len)
+    if cfg.family == "encoder_decoder":  # cross-attention: projections and attention over the source
+        matmul += cfg.num_layers * _attention_matmul_weights(cfg)
+        attention += cfg.num_layers * 4 * seq_len * cfg.num_heads * cfg.head_dim
+    if cfg.family == "encoder":
+        matmul += cfg.d_model * cfg.d_model  # masked-LM transform
+    matmul += cfg.d_model * cfg.vocab_size  # output head, tied or not
+    return ForwardFlops(matmul=2 * matmul, attention=attention)
+
+
+def training_flops(cfg: ModelConfig, tokens: float, seq_len: int) -> dict[str, float]:
+    """Training compute for ``tokens`` tokens: ``6·N·D`` (N = active params) and the exact count."""
+    params = count_params(cfg)
+    return {
+        "6ND": 6.0 * params.active * tokens,
+        "6ND_non_embedding": 6.0 * params.active_non_embedding * tokens,
+        "exact": 3.0 * forward_flops_per_token(cfg, seq_len).total * tokens,
+    }
+
+
+def kv_cache_bytes(cfg: ModelConfig, tokens: int, *, batch: int = 1, bytes_per_value: int = 2) -> int:
+    """``2 · layers · kv_heads · head_dim · tokens · bytes · batch`` (K and V of every layer).
+
+    A sliding window bounds the cached tokens at the window.
+    """
+    _positive_length(tokens)
+    cached = min(tokens, cfg.sliding_window) if cfg.sliding_window else tokens
+    return 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * cached * bytes_per_value * batch
+
+
+def attention_flop_share(cfg: ModelConfig, seq_len: int) -> float:
+    """Attention's fraction of one layer's forward FLOPs (embeddings and head excluded)."""
+    attention = attention_flops_per_token(cfg, seq_len)
+    return attention / (2 * layer_matmul_weights(cfg) + attention)
+
+
+def attention_crossover_length(cfg: ModelConfig) -> float:
+    """Sequence length at which attention's FLOPs equal the layer's matmul FLOPs (6d for GPT shapes)."""
+    return 2 * layer_matmul_weights(cfg) / (4 * cfg.num_heads * cfg.head_dim)
+
+
+def _positive_length(n: int) -> None:
+    if n <= 0:
+        raise ValueError(f"seq_len/tokens must be positive, got {n}")
+
+
+__all__ = [
+    "ForwardFlops",
+    "attention_crossover_length",
+    "attention_flop_share",
+    "forward_flops_per_token",
+    "kv_cache_bytes",
+    "layer_matmul_weights",
+    "training_flops",
+]

@@ -1,0 +1,61 @@
+"""The `jaxformer` command line: a thin dispatcher over the sub-command modules.
+
+Each sub-command lives next to the code it drives and exposes two functions,
+``add_arguments(parser)`` and ``run(args) -> int``. They are imported lazily, so
+`jaxformer count` does not pay for importing Optax or Orbax.
+
+User errors (``ValueError``, ``FileNotFoundError``) print one line and exit 2;
+set ``JAXFORMER_DEBUG=1`` to see the traceback instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+
+# sub-command -> (module, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "count": ("jaxformer.accounting.cli", "exact parameter, FLOP and KV-cache counts of a model"),
+}
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse already exits 2 on usage errors; keep its message to one line."""
+
+    def error(self, message: str) -> None:  # noqa: D102
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def build_parser(selected: str | None = None) -> argparse.ArgumentParser:
+    """All sub-commands are listed; only ``selected`` has its module imported."""
+    parser = _Parser(prog="jaxformer", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    for name, (module_name, help_text) in COMMANDS.items():
+        command_parser = sub.add_parser(name, help=help_text, description=help_text)
+        if name == selected:
+            module = importlib.import_module(module_name)
+            module.add_arguments(command_parser)
+            command_parser.set_defaults(_run=module.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    selected = next((a for a in argv if not a.startswith("-")), None)
+    args = build_parser(selected).parse_args(argv)
+    try:
+        return int(args._run(args) or 0)
+    except (ValueError, FileNotFoundError) as error:
+        if os.environ.get("JAXFORMER_DEBUG"):
+            raise
+        print(f"jaxformer {args.command}: error: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"jaxformer {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,141 @@
+"""Typed configuration: dataclasses built from YAML/dicts, with dotted overrides.
+
+``from_dict(TrainConfig, yaml_dict, overrides=["model.d_model=256", "train.tokens=2e6"])``
+returns a validated, frozen dataclass tree. Errors are one line naming the dotted
+field and the value (``ValueError``), in the style of Levanter/MaxText configs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal, TypeVar, get_args, get_origin, get_type_hints
+
+import yaml
+
+T = TypeVar("T")
+
+
+def _parse_number(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+def _coerce(value: Any, annotation: Any, field: str) -> Any:
+    """Converts ``value`` to ``annotation`` or raises ``ValueError`` naming ``field``."""
+    origin = get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        options = get_args(annotation)
+        if value is None and type(None) in options:
+            return None
+        errors = []
+        for option in options:
+            if option is type(None):
+                continue
+            try:
+                return _coerce(value, option, field)
+            except ValueError as error:
+                errors.append(str(error))
+        raise ValueError(errors[0] if errors else f"{field}: cannot be {value!r}")
+    if origin is Literal:
+        choices = get_args(annotation)
+        if value not in choices:
+            raise ValueError(f"{field} must be one of {', '.join(map(repr, choices))}, got {value!r}")
+        return value
+    if origin in (list, tuple):
+        if isinstance(value, str):
+            value = [value]
+        if not isinstance(value, (list, tuple)):
+            raise ValueError(f"{field} must be a list, got {value!r}")
+        (item_type, *_) = get_args(annotation) or (Any,)
+        items = [_coerce(v, item_type, f"{field}[{i}]") for i, v in enumerate(value)]
+        return tuple(items) if origin is tuple else items
+    if origin is dict or annotation is dict:
+        if not isinstance(value, dict):
+            raise ValueError(f"{field} must be a mapping, got {value!r}")
+        return dict(value)
+    if dataclasses.is_dataclass(annotation):
+        if isinstance(value, annotation):
+            return value
+        if not isinstance(value, dict):
+            raise ValueError(f"{field} must be a mapping of {annotation.__name__} fields, got {value!r}")
+        return from_dict(annotation, value, prefix=field)
+    if annotation is Any:
+        return value
+    if annotation is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false"):
+            return value.lower() == "true"
+        raise ValueError(f"{field} must be true or false, got {value!r}")
+    if annotation is int:
+        number = _parse_number(value) if isinstance(value, str) else value
+        if isinstance(number, bool) or not isinstance(number, (int, float)) or number != int(number):
+            raise ValueError(f"{field} must be an integer, got {value!r}")
+        return int(number)
+    if annotation is float:
+        number = _parse_number(value) if isinstance(value, str) else value
+        if isinstance(number, bool) or not isinstance(number, (int, float)):
+            raise ValueError(f"{field} must be a number, got {value!r}")
+        return float(number)
+    if annotation is str:
+        if not isinstance(value, str):
+            raise ValueError(f"{field} must be a string, got {value!r}")
+        return value
+    raise TypeError(f"unsupported config annotation {annotation!r} for {field}")
+
+
+def from_dict(cls: type[T], data: dict[str, Any] | None, *, prefix: str = "") -> T:
+    """Builds dataclass ``cls`` from ``data``; unknown keys and wrong types raise ``ValueError``."""
+    data = dict(data or {})
+    hints = get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls) if f.init}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        where = f"{prefix}." if prefix else ""
+        raise ValueError(f"unknown config key '{where}{unknown[0]}' (known: {', '.join(sorted(names))})")
+    kwargs = {key: _coerce(value, hints[key], f"{prefix}.{key}" if prefix else key) for key, value in data.items()}
+    return cls(**kwargs)
+
+
+def to_dict(config: Any) -> dict[str, Any]:
+    """The plain-dict (YAML-ready) form of a config dataclass tree."""
+    return dataclasses.asdict(config)
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Returns a copy of ``data`` with each ``dotted.key=value`` applied (value parsed as YAML)."""
+    result = yaml.safe_load(yaml.safe_dump(data)) or {}
+    for override in overrides:
+        key, sep, text = override.partition("=")
+        if not sep or not key:
+            raise ValueError(f"override must look like key.sub=value, got {override!r}")
+        node = result
+        *parents, leaf = key.split(".")
+        for part in parents:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ValueError(f"override {key!r}: '{part}' is not a section")
+            node = child
+        node[leaf] = yaml.safe_load(text) if text else ""
+    return result
+
+
+def load_yaml(path: str | Path) -> dict[str, Any]:
+    """Reads a YAML mapping; a missing file or a non-mapping raises one clear error."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"config file not found: {path}")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as error:
+        raise ValueError(f"{path}: invalid YAML ({str(error).splitlines()[0]})") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
+    return data

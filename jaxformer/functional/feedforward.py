@@ -1,0 +1,48 @@
+"""Position-wise feed-forward networks: ReLU, GELU and the gated SwiGLU."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+
+ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
+    "relu": jax.nn.relu,
+    "gelu": lambda x: jax.nn.gelu(x, approximate=False),
+    "swiglu": jax.nn.silu,  # the gate's nonlinearity; the up branch stays linear
+}
+GATED = frozenset({"swiglu"})
+
+
+def check_activation(activation: str) -> None:
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
+
+
+def feed_forward(
+    x_BTE: jax.Array,
+    w_in_EF: jax.Array,
+    w_out_FE: jax.Array,
+    *,
+    activation: str = "gelu",
+    w_gate_EF: jax.Array | None = None,
+    b_in_F: jax.Array | None = None,
+    b_out_E: jax.Array | None = None,
+) -> jax.Array:
+    """``act(x·W_in + b_in)·W_out + b_out``; gated: ``(silu(x·W_gate) ⊙ x·W_in)·W_out``.
+
+    E is the model width, F the hidden width. SwiGLU (Shazeer 2020) needs ``w_gate_EF``.
+    """
+    check_activation(activation)
+    hidden_BTF = x_BTE @ w_in_EF
+    if b_in_F is not None:
+        hidden_BTF = hidden_BTF + b_in_F
+    if activation in GATED:
+        if w_gate_EF is None:
+            raise ValueError(f"activation {activation!r} needs w_gate_EF")
+        hidden_BTF = ACTIVATIONS[activation](x_BTE @ w_gate_EF) * hidden_BTF
+    else:
+        hidden_BTF = ACTIVATIONS[activation](hidden_BTF)
+    out_BTE = hidden_BTF @ w_out_FE
+    return out_BTE if b_out_E is None else out_BTE + b_out_E

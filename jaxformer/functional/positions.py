@@ -1,0 +1,84 @@
+"""Position signals: absolute sinusoids, rotary embeddings (RoPE) and ALiBi biases."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+
+def _even_positive(name: str, value: int) -> None:
+    if value <= 0 or value % 2:
+        raise ValueError(f"{name} must be a positive even number, got {value}")
+
+
+def _inverse_frequencies(dim: int, base: float) -> jax.Array:
+    """``[dim // 2]`` frequencies ``base^(-2i/dim)``."""
+    return base ** (-jnp.arange(0, dim, 2, dtype=jnp.float32) / dim)
+
+
+def sinusoidal_positions(num_positions: int, dim: int, *, base: float = 10000.0) -> jax.Array:
+    """``[num_positions, dim]`` table with ``PE[p, 2i] = sin(p·ω_i)``, ``PE[p, 2i+1] = cos(p·ω_i)``.
+
+    ``ω_i = base^(-2i/dim)`` (Vaswani et al. 2017). ``PE_p · PE_{p+k}`` depends only on k.
+    """
+    if num_positions <= 0:
+        raise ValueError(f"num_positions must be positive, got {num_positions}")
+    _even_positive("dim", dim)
+    angles_PF = jnp.arange(num_positions, dtype=jnp.float32)[:, None] * _inverse_frequencies(dim, base)[None]
+    return jnp.stack([jnp.sin(angles_PF), jnp.cos(angles_PF)], axis=-1).reshape(num_positions, dim)
+
+
+def apply_rope(x: jax.Array, positions: jax.Array, *, base: float = 10000.0, scale: float = 1.0) -> jax.Array:
+    """Rotates consecutive coordinate pairs ``(2i, 2i+1)`` of ``x`` by ``position·scale·ω_i``.
+
+    Args:
+      x: ``[..., T, H, D]`` queries or keys (D even).
+      positions: ``[T]`` or ``[B, T]`` absolute positions (integers or floats).
+      scale: multiplies the positions; ``scale < 1`` is position interpolation
+        (Chen et al. 2023), squeezing longer contexts into the trained range.
+
+    Returns ``x`` rotated, same shape and dtype. Scores of rotated queries and keys
+    depend on positions only through their difference.
+    """
+    if x.ndim < 3:
+        raise ValueError(f"x must have shape [..., seq, heads, head_dim], got {x.shape}")
+    head_dim = x.shape[-1]
+    _even_positive("head_dim", head_dim)
+    positions = jnp.asarray(positions, dtype=jnp.float32) * scale
+    if positions.shape[-1] != x.shape[-3]:
+        raise ValueError(f"positions length {positions.shape[-1]} does not match sequence length {x.shape[-3]}")
+    angles_TF = positions[..., :, None] * _inverse_frequencies(head_dim, base)
+    cos_T1F, sin_T1F = jnp.cos(angles_TF)[..., None, :], jnp.sin(angles_TF)[..., None, :]
+    pairs = x.astype(jnp.float32).reshape(*x.shape[:-1], head_dim // 2, 2)
+    even, odd = pairs[..., 0], pairs[..., 1]
+    rotated = jnp.stack([even * cos_T1F - odd * sin_T1F, even * sin_T1F + odd * cos_T1F], axis=-1)
+    return rotated.reshape(x.shape).astype(x.dtype)
+
+
+def alibi_slopes(num_heads: int) -> jax.Array:
+    """``[num_heads]`` geometric ALiBi slopes (Press et al. 2022): 1/2 … 1/256 for 8 heads.
+
+    For a head count that is not a power of two, the slopes of the next power down are
+    followed by every other slope of the power up, as in the reference implementation.
+    """
+    if num_heads <= 0:
+        raise ValueError(f"num_heads must be positive, got {num_heads}")
+
+    def power_of_two_slopes(n: int) -> list[float]:
+        return [2.0 ** (-8.0 * (i + 1) / n) for i in range(n)]
+
+    lower = 2 ** (num_heads.bit_length() - 1)
+    slopes = power_of_two_slopes(lower)
+    if lower != num_heads:
+        slopes += power_of_two_slopes(2 * lower)[0::2][: num_heads - lower]
+    return jnp.asarray(slopes, dtype=jnp.float32)
+
+
+def alibi_bias(num_heads: int, q_len: int, k_len: int, *, offset: int = 0) -> jax.Array:
+    """``[num_heads, q_len, k_len]`` bias ``-m_h·|i + offset - j|``, added after the 1/sqrt(d) scaling.
+
+    Combine with :func:`causal_mask` for a decoder; the bias alone is the symmetric
+    (bidirectional) form.
+    """
+    distance = jnp.abs(jnp.arange(q_len)[:, None] + offset - jnp.arange(k_len)[None, :])
+    return -alibi_slopes(num_heads)[:, None, None] * distance[None].astype(jnp.float32)

@@ -1,0 +1,142 @@
+"""`ModelConfig`: the one description of a model, read by the modules and by the accounting.
+
+Everything a parameter count, a FLOP count or a module constructor needs is here, so
+the count of a config and the parameters of the model built from it cannot drift.
+Unset (``None``) sizes are resolved on construction: ``num_kv_heads = num_heads``,
+``head_dim = d_model / num_heads``, ``d_ff = 4·d_model`` (GELU/ReLU) or ``8/3·d_model``
+rounded up to a multiple of 32 (SwiGLU, Llama's rule that keeps the FFN near 8d²).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal
+
+Family = Literal["decoder", "encoder", "encoder_decoder"]
+Activation = Literal["relu", "gelu", "swiglu"]
+Norm = Literal["layernorm", "rmsnorm"]
+NormPosition = Literal["pre", "post", "sandwich"]
+Position = Literal["learned", "sinusoidal", "rope", "alibi", "none"]
+AttentionImpl = Literal["naive", "blockwise", "xla"]
+
+_CHOICES = {
+    "family": Family,
+    "activation": Activation,
+    "norm": Norm,
+    "norm_position": NormPosition,
+    "position": Position,
+    "attention_impl": AttentionImpl,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """Architecture of a transformer. Sizes are counts (not bytes); lengths are tokens.
+
+    family: ``decoder`` (GPT/Llama: causal LM), ``encoder`` (BERT: bidirectional +
+      masked-LM head), ``encoder_decoder`` (original transformer/T5: cross-attention).
+    num_layers: decoder layers, or encoder layers for ``encoder``.
+    num_encoder_layers: encoder layers of an ``encoder_decoder`` (else 0).
+    num_experts: 0 for a dense FFN; otherwise every layer's FFN is a mixture of
+      ``num_experts`` experts of width ``expert_d_ff`` (default ``d_ff``), each token
+      routed to ``experts_per_token``, plus ``num_shared_experts`` that see every token.
+    sliding_window: if set, self-attention sees only the last ``sliding_window`` tokens.
+    """
+
+    family: Family = "decoder"
+    vocab_size: int = 256
+    d_model: int = 64
+    num_layers: int = 2
+    num_heads: int = 4
+    num_kv_heads: int | None = None
+    head_dim: int | None = None
+    d_ff: int | None = None
+    max_seq_len: int = 256
+    num_encoder_layers: int = 0
+    activation: Activation = "gelu"
+    norm: Norm = "layernorm"
+    norm_position: NormPosition = "pre"
+    norm_eps: float = 1e-5
+    position: Position = "learned"
+    rope_base: float = 10000.0
+    rope_scale: float = 1.0
+    use_bias: bool = True
+    tie_embeddings: bool = True
+    num_experts: int = 0
+    experts_per_token: int = 2
+    num_shared_experts: int = 0
+    expert_d_ff: int | None = None
+    capacity_factor: float = 1.25
+    router_aux_loss_weight: float = 0.01
+    sliding_window: int | None = None
+    attention_impl: AttentionImpl = "naive"
+    attention_block_size: int = 128
+
+    def __post_init__(self) -> None:
+        for name, choices in _CHOICES.items():
+            allowed = choices.__args__
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"model.{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
+        for name in ("vocab_size", "d_model", "num_layers", "num_heads", "max_seq_len", "attention_block_size"):
+            _require_positive(name, getattr(self, name))
+        for name in ("num_kv_heads", "head_dim", "d_ff", "expert_d_ff", "sliding_window"):
+            if getattr(self, name) is not None:
+                _require_positive(name, getattr(self, name))
+        for name in ("num_encoder_layers", "num_experts", "num_shared_experts"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"model.{name} must be >= 0, got {getattr(self, name)}")
+        if self.head_dim is None and self.d_model % self.num_heads:
+            raise ValueError(
+                f"model.d_model ({self.d_model}) must be divisible by model.num_heads ({self.num_heads}) "
+                "unless model.head_dim is set"
+            )
+        self._resolve("num_kv_heads", self.num_heads)
+        self._resolve("head_dim", self.d_model // self.num_heads)
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"model.num_heads ({self.num_heads}) must be a multiple of model.num_kv_heads ({self.num_kv_heads})"
+            )
+        default_d_ff = -(-8 * self.d_model // 3 // 32) * 32 if self.activation == "swiglu" else 4 * self.d_model
+        self._resolve("d_ff", default_d_ff)
+        self._resolve("expert_d_ff", self.d_ff)
+        if self.position == "rope" and self.head_dim % 2:
+            raise ValueError(f"model.head_dim must be even for rope, got {self.head_dim}")
+        if self.position == "sinusoidal" and self.d_model % 2:
+            raise ValueError(f"model.d_model must be even for sinusoidal positions, got {self.d_model}")
+        if self.num_experts and not 1 <= self.experts_per_token <= self.num_experts:
+            raise ValueError(
+                f"model.experts_per_token must be in [1, num_experts={self.num_experts}], got {self.experts_per_token}"
+            )
+        if self.capacity_factor <= 0:
+            raise ValueError(f"model.capacity_factor must be positive, got {self.capacity_factor}")
+        if (self.family == "encoder_decoder") != (self.num_encoder_layers > 0):
+            raise ValueError(
+                f"model.num_encoder_layers must be > 0 exactly when family is encoder_decoder "
+                f"(family={self.family!r}, num_encoder_layers={self.num_encoder_layers})"
+            )
+
+    def _resolve(self, name: str, default: int) -> None:
+        if getattr(self, name) is None:
+            object.__setattr__(self, name, default)
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
+    def is_gated(self) -> bool:
+        return self.activation == "swiglu"
+
+    @property
+    def has_final_norm(self) -> bool:
+        """Pre-norm and sandwich stacks end with a norm; post-norm stacks already did."""
+        return self.norm_position != "post"
+
+    @property
+    def is_causal(self) -> bool:
+        return self.family != "encoder"
+
+
+def _require_positive(name: str, value: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ValueError(f"model.{name} must be a positive integer, got {value!r}")

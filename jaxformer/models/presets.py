@@ -1,0 +1,68 @@
+"""Named model configurations: published architectures and the textbook examples.
+
+Published sizes (checked by the tests through the accounting): gpt2 124,439,808;
+gpt2-medium 354,823,168; llama2-7b 6,738,415,616; llama3-8b 8,030,261,248;
+mistral-7b 7,241,732,096. ``bert-base`` and ``transformer-base`` follow their papers'
+shapes without BERT's token-type embeddings and pooler (not modelled here).
+"""
+
+from __future__ import annotations
+
+from jaxformer.models.config import ModelConfig
+
+_GPT2 = dict(vocab_size=50257, max_seq_len=1024, activation="gelu", norm="layernorm", position="learned",
+             use_bias=True, tie_embeddings=True)
+_LLAMA = dict(activation="swiglu", norm="rmsnorm", norm_eps=1e-5, position="rope", use_bias=False,
+              tie_embeddings=False, d_model=4096, num_layers=32, num_heads=32)
+
+PRESETS: dict[str, ModelConfig] = {
+    # byte-level sizes for this laptop; the defaults of `jaxformer train`
+    "tiny": ModelConfig(vocab_size=256, d_model=64, num_layers=2, num_heads=4, max_seq_len=256,
+                        activation="swiglu", norm="rmsnorm", position="rope", use_bias=False, tie_embeddings=True),
+    "gpt2": ModelConfig(d_model=768, num_layers=12, num_heads=12, **_GPT2),
+    "gpt2-medium": ModelConfig(d_model=1024, num_layers=24, num_heads=16, **_GPT2),
+    "llama2-7b": ModelConfig(vocab_size=32000, d_ff=11008, max_seq_len=4096, **_LLAMA),
+    "llama3-8b": ModelConfig(vocab_size=128256, num_kv_heads=8, d_ff=14336, max_seq_len=8192, rope_base=500000.0,
+                             **_LLAMA),
+    "mistral-7b": ModelConfig(vocab_size=32000, num_kv_heads=8, d_ff=14336, max_seq_len=32768, sliding_window=4096,
+                              **_LLAMA),
+    # the textbook's hypothetical mixture of experts: d = 4096, 32 layers, 8 experts, top-2
+    "moe-8x-top2": ModelConfig(vocab_size=32000, d_model=4096, num_layers=32, num_heads=32, max_seq_len=4096,
+                               activation="gelu", norm="rmsnorm", position="rope", use_bias=False,
+                               tie_embeddings=False, num_experts=8, experts_per_token=2),
+    "bert-base": ModelConfig(family="encoder", vocab_size=30522, d_model=768, num_layers=12, num_heads=12,
+                             max_seq_len=512, activation="gelu", norm="layernorm", norm_position="post",
+                             norm_eps=1e-12, position="learned", use_bias=True, tie_embeddings=True),
+    "transformer-base": ModelConfig(family="encoder_decoder", vocab_size=37000, d_model=512, num_layers=6,
+                                    num_encoder_layers=6, num_heads=8, max_seq_len=1024, activation="relu",
+                                    norm="layernorm", norm_position="post", position="sinusoidal",
+                                    use_bias=True, tie_embeddings=True),
+}
+
+
+def get_preset(name: str) -> ModelConfig:
+    """The preset ``name``; an unknown name raises ``ValueError`` listing the known ones."""
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r} (known: {', '.join(PRESETS)})")
+    return PRESETS[name]
+
+
+def model_config_from_dict(data: dict) -> ModelConfig:
+    """A `ModelConfig` from a mapping; ``preset: NAME`` starts from a preset and the other keys override it.
+
+    Unknown keys and wrong types raise ``ValueError`` naming ``model.<key>``.
+    """
+    import dataclasses
+
+    from jaxformer.configs import from_dict
+
+    data = dict(data)
+    preset = data.pop("preset", None)
+    if preset is not None:
+        base = dataclasses.asdict(get_preset(str(preset)))
+        # sizes the preset derived from its width are re-derived when the width changes
+        for derived in ("num_kv_heads", "head_dim", "d_ff", "expert_d_ff"):
+            if derived not in data and ({"d_model", "num_heads"} & data.keys()):
+                base[derived] = None
+        data = {**base, **data}
+    return from_dict(ModelConfig, data, prefix="model")
