@@ -1,0 +1,165 @@
+"""Exact accounting reproduces the seeds' tables and published parameter counts."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from jaxformer.accounting import (
+    attention_crossover_length,
+    attention_flop_share,
+    count_params,
+    forward_flops_per_token,
+    kv_cache_bytes,
+    training_flops,
+)
+from jaxformer.cli import main
+from jaxformer.models import PRESETS, ModelConfig, get_preset
+
+
+def test_gpt2_small_exact_count_and_breakdown():
+    params = count_params(get_preset("gpt2"))
+    assert params.total == 124_439_808
+    assert params.breakdown["token_embedding"] == 38_597_376
+    assert params.breakdown["position_embedding"] == 786_432
+    assert params.breakdown["output_head"] == 0  # tied
+    layer = params.per_layer
+    assert (layer["decoder.attention"], layer["decoder.feed_forward"], layer["decoder.norms"]) == (2_362_368, 4_722_432, 3_072)
+    assert layer["decoder.total"] == 7_087_872 and 12 * layer["decoder.total"] == 85_054_464
+    assert params.breakdown["norms"] - 12 * 3_072 == 1_536  # the final layer norm
+
+
+@pytest.mark.parametrize(("name", "published"), [("gpt2-medium", 354_823_168), ("llama2-7b", 6_738_415_616),
+                                                 ("llama3-8b", 8_030_261_248), ("mistral-7b", 7_241_732_096)])
+def test_published_parameter_counts(name, published):
+    assert count_params(get_preset(name)).total == published
+
+
+def test_problem_12_6_twenty_four_layers_of_12d2_plus_13d():
+    layer = count_params(get_preset("gpt2-medium")).per_layer["decoder.total"]
+    assert layer == 12 * 1024 ** 2 + 13 * 1024
+    assert 24 * layer == 302_309_376
+
+
+@pytest.mark.parametrize(("d", "attention", "ffn"), [(768, 2_359_296, 4_718_592), (1024, 4_194_304, 8_388_608),
+                                                     (4096, 67_108_864, 134_217_728), (8192, 268_435_456, 536_870_912)])
+def test_twelve_d_squared_per_block(d, attention, ffn):
+    cfg = ModelConfig(d_model=d, num_heads=8, num_layers=1, use_bias=False)
+    layer = count_params(cfg).per_layer
+    assert (layer["decoder.attention"], layer["decoder.feed_forward"]) == (attention, ffn)
+    assert attention + ffn == 12 * d * d
+
+
+def test_seven_billion_from_four_numbers():
+    cfg = ModelConfig(vocab_size=32_000, d_model=32 * 128, num_heads=32, num_layers=32, use_bias=False,
+                      tie_embeddings=False, norm="rmsnorm", position="rope")
+    assert round(count_params(cfg).total / 1e9, 2) == 6.70
+
+
+def test_llama3_block_shares():
+    layer = count_params(get_preset("llama3-8b")).per_layer
+    d2 = 4096 ** 2
+    assert layer["decoder.attention"] / d2 == pytest.approx(2.5)
+    assert layer["decoder.feed_forward"] / d2 == pytest.approx(10.5)
+    assert layer["decoder.feed_forward"] / (layer["decoder.attention"] + layer["decoder.feed_forward"]) == pytest.approx(0.81, abs=0.005)
+
+
+def _seven_b(kv_heads: int, layers: int = 32, heads: int = 32) -> ModelConfig:
+    return ModelConfig(d_model=heads * 128, num_heads=heads, num_kv_heads=kv_heads, num_layers=layers,
+                       max_seq_len=100_000, position="rope", use_bias=False)
+
+
+@pytest.mark.parametrize(("cfg", "tokens", "gigabytes"), [
+    (_seven_b(32), 4_096, 2.1), (_seven_b(32), 32_768, 17.2), (_seven_b(64, layers=80, heads=64), 32_768, 85.9),
+    (_seven_b(32), 100_000, 52.4), (_seven_b(8), 100_000, 13.1), (_seven_b(1), 100_000, 1.6),
+    (_seven_b(8, layers=80, heads=64), 32_768, 10.7),
+])
+def test_kv_cache_table(cfg, tokens, gigabytes):
+    assert round(kv_cache_bytes(cfg, tokens) / 1e9, 1) == gigabytes
+
+
+@pytest.mark.parametrize(("d", "n", "share"), [(768, 1024, 0.18), (768, 4608, 0.50), (768, 32_768, 0.88),
+                                               (4096, 4096, 0.14), (4096, 24_576, 0.50), (4096, 100_000, 0.80)])
+def test_attention_share_table(d, n, share):
+    cfg = ModelConfig(d_model=d, num_heads=d // 64, max_seq_len=n)
+    assert round(attention_flop_share(cfg, n), 2) == share
+    assert attention_crossover_length(cfg) == 6 * d
+
+
+def test_moe_total_versus_active():
+    moe = count_params(get_preset("moe-8x-top2"))
+    layers = lambda b: b["attention"] + b["feed_forward"] + b["router"] + b["norms"]
+    assert round(layers(moe.breakdown) / 1e9, 1) == 36.5
+    active_layers = moe.active - moe.breakdown["token_embedding"] - moe.breakdown["output_head"]
+    assert round(active_layers / 1e9, 1) == 10.7
+    dense = ModelConfig(d_model=4096, num_heads=32, num_layers=32, use_bias=False, norm="rmsnorm", position="rope")
+    assert round(count_params(dense).per_layer["decoder.total"] * 32 / 1e9, 1) == 6.4
+
+
+def test_gpt2_forward_cost_is_about_142_million_multiply_adds_per_token():
+    flops = forward_flops_per_token(get_preset("gpt2"), 1024)
+    assert flops.attention == 12 * 2 * 2 * 1024 * 768
+    assert flops.total / 2 / 1e6 == pytest.approx(142, abs=0.5)
+
+
+def test_training_flops_exact_versus_6nd():
+    cfg = get_preset("llama2-7b")
+    train = training_flops(cfg, 1e12, 2048)
+    assert train["6ND"] == 6 * count_params(cfg).total * 1e12
+    assert train["exact"] / train["6ND"] == pytest.approx(1.0, abs=0.1)  # attention adds, embeddings subtract
+
+
+def test_every_preset_counts_and_family_extras():
+    for name, cfg in PRESETS.items():
+        params = count_params(cfg)
+        assert params.total == sum(params.breakdown.values()), name
+    assert count_params(get_preset("bert-base")).breakdown["mlm_head"] == 768 * 768 + 768 + 2 * 768 + 30522
+    assert count_params(get_preset("transformer-base")).breakdown["cross_attention"] == 6 * (4 * 512 ** 2 + 4 * 512)
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"d_model": 0}, "model.d_model"),
+    ({"num_heads": 6, "num_kv_heads": 4, "d_model": 48}, r"num_heads \(6\).*num_kv_heads \(4\)"),
+    ({"d_model": 50, "num_heads": 4}, r"d_model \(50\).*num_heads \(4\)"),
+    ({"activation": "tanh"}, "model.activation"),
+    ({"num_experts": 4, "experts_per_token": 5}, "experts_per_token"),
+    ({"family": "encoder_decoder"}, "num_encoder_layers"),
+])
+def test_model_config_rejects_bad_values(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        ModelConfig(**kwargs)
+
+
+def test_count_cli_prints_gpt2(capsys):
+    assert main(["count", "--preset", "gpt2"]) == 0
+    assert "124,439,808" in capsys.readouterr().out
+    assert main(["count", "--preset", "gpt2", "--json", "--seq-len", "1024", "--tokens", "1e9"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["params"] == 124_439_808 and result["params_breakdown"]["token_embedding"] == 38_597_376
+
+
+def test_count_cli_reads_a_config_file(tmp_path, capsys):
+    path = tmp_path / "model.yaml"
+    path.write_text("model:\n  preset: gpt2\n  num_layers: 24\n  d_model: 1024\n  num_heads: 16\n")
+    assert main(["count", str(path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["params"] == 354_823_168
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["count", "--preset", "gpt5"], "unknown preset 'gpt5'"),
+    (["count"], "exactly one of"),
+    (["count", "--preset", "gpt2", "--seq-len", "0"], "--seq-len must be positive, got 0"),
+    (["count", "missing.yaml"], "config file not found: missing.yaml"),
+])
+def test_count_cli_bad_input_is_one_line_exit_2(argv, message):
+    result = subprocess.run([sys.executable, "-m", "jaxformer.cli", *argv], capture_output=True, text=True)
+    assert result.returncode == 2
+    assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
+
+
+def test_count_cli_unknown_config_key(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("model:\n  d_model: 64\n  num_head: 4\n")
+    result = subprocess.run([sys.executable, "-m", "jaxformer.cli", "count", str(path)], capture_output=True, text=True)
+    assert result.returncode == 2 and "unknown config key 'model.num_head'" in result.stderr

@@ -1,0 +1,136 @@
+"""dot_product_attention against jax.nn.dot_product_attention and PyTorch SDPA; bad input; transforms."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+
+import jaxformer.functional as F
+
+CASES = [  # (batch, q_len, k_len, heads, kv_heads, head_dim, mask kind)
+    (2, 7, 7, 4, 4, 8, "causal"),
+    (1, 5, 9, 6, 2, 16, "padding"),   # cross-attention, GQA
+    (3, 6, 6, 8, 1, 4, "window"),     # MQA
+    (2, 4, 11, 4, 2, 8, "none"),
+]
+
+
+def _inputs(case, seed=0):
+    b, t, s, h, kv, d, kind = case
+    kq, kk, kvv, kl = jax.random.split(jax.random.key(seed), 4)
+    q = jax.random.normal(kq, (b, t, h, d))
+    k = jax.random.normal(kk, (b, s, kv, d))
+    v = jax.random.normal(kvv, (b, s, kv, d))
+    mask = {
+        "causal": F.causal_mask(t, s)[None, None],
+        "padding": F.padding_mask(jax.random.randint(kl, (b,), 1, s + 1), s),
+        "window": F.sliding_window_mask(t, s, 3)[None, None],
+        "none": None,
+    }[kind]
+    return q, k, v, mask
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[-1] for c in CASES])
+def test_matches_jax_nn_dot_product_attention(case):
+    q, k, v, mask = _inputs(case)
+    ours = F.dot_product_attention(q, k, v, mask=mask)
+    peer = jax.nn.dot_product_attention(q, k, v, mask=None if mask is None else jnp.broadcast_to(mask, (q.shape[0], q.shape[2], q.shape[1], k.shape[1])))
+    assert float(jnp.abs(ours - peer).max()) <= 1e-5
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[-1] for c in CASES])
+def test_matches_pytorch_scaled_dot_product_attention(case):
+    q, k, v, mask = _inputs(case, seed=1)
+    ours = np.asarray(F.dot_product_attention(q, k, v, mask=mask))
+    to_torch = lambda x: torch.from_numpy(np.array(x)).transpose(1, 2)  # [B, H, T, D]
+    torch_mask = None if mask is None else torch.from_numpy(np.array(mask))
+    peer = torch.nn.functional.scaled_dot_product_attention(
+        to_torch(q), to_torch(k), to_torch(v), attn_mask=torch_mask, dropout_p=0.0, enable_gqa=True
+    ).transpose(1, 2).numpy()
+    assert np.abs(ours - peer).max() <= 1e-5
+
+
+def test_fully_masked_row_gives_zeros_and_finite_gradients():
+    q, k, v, _ = _inputs(CASES[0])
+    mask = F.causal_mask(7).at[3].set(False)[None, None]
+
+    def loss(q, k, v):
+        return jnp.sum(F.dot_product_attention(q, k, v, mask=mask) ** 2)
+
+    out = F.dot_product_attention(q, k, v, mask=mask)
+    assert float(jnp.abs(out[:, 3]).max()) == 0.0
+    grads = jax.grad(loss, argnums=(0, 1, 2))(q, k, v)
+    assert all(bool(jnp.isfinite(g).all()) for g in grads)
+
+
+def test_jit_vmap_and_grad_agree_with_eager():
+    q, k, v, mask = _inputs(CASES[1])
+    eager = F.dot_product_attention(q, k, v, mask=mask)
+    jitted = jax.jit(lambda q, k, v: F.dot_product_attention(q, k, v, mask=mask))(q, k, v)
+    per_example = jax.vmap(lambda q, k, v, m: F.dot_product_attention(q, k, v, mask=m))(q, k, v, mask)
+    np.testing.assert_allclose(jitted, eager, atol=1e-6)
+    np.testing.assert_allclose(per_example, eager, atol=1e-6)
+    grad = jax.grad(lambda q: F.dot_product_attention(q, k, v, mask=mask).sum())(q)
+    assert grad.shape == q.shape and bool(jnp.isfinite(grad).all())
+
+
+def test_head_counts_that_do_not_divide_name_both_counts():
+    q = jnp.zeros((1, 4, 6, 8))
+    kv = jnp.zeros((1, 4, 4, 8))
+    with pytest.raises(ValueError, match=r"query heads \(6\).*key/value heads \(4\)"):
+        F.dot_product_attention(q, kv, kv)
+
+
+@pytest.mark.parametrize(
+    ("q_shape", "k_shape", "message"),
+    [((4, 8), (4, 8), "q must have shape"), ((1, 4, 2, 8), (1, 4, 2), "rank"), ((1, 4, 2, 8), (1, 4, 2, 4), "head_dim"),
+     ((2, 4, 2, 8), (1, 4, 2, 8), "batch")],
+)
+def test_wrong_shapes_raise_value_errors(q_shape, k_shape, message):
+    with pytest.raises(ValueError, match=message):
+        F.dot_product_attention(jnp.zeros(q_shape), jnp.zeros(k_shape), jnp.zeros(k_shape))
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda: F.causal_mask(0), "q_len"),
+        (lambda: F.sliding_window_mask(4, 4, 0), "window"),
+        (lambda: F.sinusoidal_positions(8, 5), "dim"),
+        (lambda: F.apply_rope(jnp.zeros((4, 2, 6)), jnp.arange(3)), "positions length 3"),
+        (lambda: F.alibi_slopes(0), "num_heads"),
+        (lambda: F.sampling_distribution(jnp.zeros(4), top_p=1.5), "top_p"),
+        (lambda: F.sampling_distribution(jnp.zeros(4), top_k=9), "top_k"),
+        (lambda: F.feed_forward(jnp.zeros((2, 4)), jnp.zeros((4, 8)), jnp.zeros((8, 4)), activation="tanh"), "tanh"),
+    ],
+)
+def test_bad_arguments_name_the_argument_and_value(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()
+
+
+def test_norms_match_their_definitions_and_swiglu_gates():
+    x = jax.random.normal(jax.random.key(3), (2, 5, 16))
+    ln = F.layer_norm(x)
+    np.testing.assert_allclose(ln.mean(-1), 0.0, atol=1e-6)
+    np.testing.assert_allclose(ln.std(-1), 1.0, atol=1e-3)
+    rms = F.rms_norm(x, scale=2.0 * jnp.ones(16))
+    np.testing.assert_allclose(jnp.sqrt(jnp.mean(rms ** 2, -1)), 2.0, atol=1e-4)
+    w_in, w_gate, w_out = jax.random.normal(jax.random.key(4), (3, 16, 16))
+    gated = F.feed_forward(x, w_in, w_out, activation="swiglu", w_gate_EF=w_gate)
+    np.testing.assert_allclose(gated, (jax.nn.silu(x @ w_gate) * (x @ w_in)) @ w_out, rtol=1e-5, atol=1e-5)
+    gelu = torch.nn.functional.gelu(torch.from_numpy(np.asarray(x @ w_in))).numpy() @ np.asarray(w_out)
+    np.testing.assert_allclose(F.feed_forward(x, w_in, w_out, activation="gelu"), gelu, rtol=1e-4, atol=1e-4)
+
+
+def test_sampling_greedy_top_k_and_nucleus():
+    logits = jnp.log(jnp.array([0.5, 0.3, 0.15, 0.05]))
+    assert int(F.sample_logits(jax.random.key(0), logits, temperature=0.0)) == 0
+    np.testing.assert_allclose(F.sampling_distribution(logits, top_k=2), [0.625, 0.375, 0, 0], atol=1e-6)
+    np.testing.assert_allclose(F.sampling_distribution(logits, top_p=0.8), [0.625, 0.375, 0, 0], atol=1e-6)
+    np.testing.assert_allclose(F.sampling_distribution(logits, top_p=0.81), [0.5 / 0.95, 0.3 / 0.95, 0.15 / 0.95, 0],
+                               atol=1e-6)
+    draws = F.sample_logits(jax.random.key(1), jnp.broadcast_to(logits, (20000, 4)), top_k=2)
+    frequency = np.bincount(np.asarray(draws), minlength=4) / 20000
+    np.testing.assert_allclose(frequency, [0.625, 0.375, 0, 0], atol=0.015)
