@@ -18,6 +18,11 @@ import sys
 # sub-command -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "count": ("jaxformer.accounting.cli", "exact parameter, FLOP and KV-cache counts of a model"),
+    "generate": ("jaxformer.models.cli", "sample text from a run, a config or a preset, with a KV cache"),
+    "bench": ("jaxformer.bench", "benchmarks: ratios side by side in one run, tables, JSON and log-log plots"),
+    "train": ("jaxformer.train.cli", "train a decoder on a token budget, with checkpoints and exact resume"),
+    "sweep": ("jaxformer.sweep.cli", "train an (N, D) grid or IsoFLOP budgets, locally or on Ray, then fit"),
+    "results": ("jaxformer.sweep.results", "one table of a sweep's runs: N, D, C, losses, status"),
 }
 
 

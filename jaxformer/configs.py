@@ -107,6 +107,18 @@ def to_dict(config: Any) -> dict[str, Any]:
     return dataclasses.asdict(config)
 
 
+def set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
+    """Sets ``data["a"]["b"] = value`` for ``key = "a.b"``, creating sections as needed."""
+    node = data
+    *parents, leaf = key.split(".")
+    for part in parents:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ValueError(f"override {key!r}: '{part}' is not a section")
+        node = child
+    node[leaf] = value
+
+
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """Returns a copy of ``data`` with each ``dotted.key=value`` applied (value parsed as YAML)."""
     result = yaml.safe_load(yaml.safe_dump(data)) or {}
@@ -114,14 +126,7 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
         key, sep, text = override.partition("=")
         if not sep or not key:
             raise ValueError(f"override must look like key.sub=value, got {override!r}")
-        node = result
-        *parents, leaf = key.split(".")
-        for part in parents:
-            child = node.setdefault(part, {})
-            if not isinstance(child, dict):
-                raise ValueError(f"override {key!r}: '{part}' is not a section")
-            node = child
-        node[leaf] = yaml.safe_load(text) if text else ""
+        set_dotted(result, key, yaml.safe_load(text) if text else "")
     return result
 
 

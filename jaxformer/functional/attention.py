@@ -54,12 +54,12 @@ def validate_qkv(q: jax.Array, k: jax.Array, v: jax.Array) -> tuple[jax.Array, j
 
 
 def attention_logits(q_BTHD: jax.Array, k_BSKD: jax.Array, *, bias=None, scale: float | None = None) -> jax.Array:
-    """Scores ``q·kᵀ·scale + bias`` as ``[B, H, T, S]`` in float32."""
+    """Scores ``q·kᵀ·scale + bias`` as ``[B, H, T, S]``, in at least float32."""
     B, T, H, D = q_BTHD.shape
     K = k_BSKD.shape[2]
     scale = 1.0 / math.sqrt(D) if scale is None else scale
     q_BTKGD = group_heads(q_BTHD, K)
-    logits_BKGTS = jnp.einsum("btkgd,bskd->bkgts", q_BTKGD, k_BSKD, preferred_element_type=jnp.float32)
+    logits_BKGTS = jnp.einsum("btkgd,bskd->bkgts", q_BTKGD, k_BSKD, preferred_element_type=jnp.promote_types(q_BTHD.dtype, jnp.float32))
     logits_BHTS = logits_BKGTS.reshape(B, H, T, k_BSKD.shape[1]) * scale
     if bias is not None:
         logits_BHTS = logits_BHTS + bias

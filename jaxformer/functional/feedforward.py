@@ -28,9 +28,10 @@ def feed_forward(
     activation: str = "gelu",
     w_gate_EF: jax.Array | None = None,
     b_in_F: jax.Array | None = None,
+    b_gate_F: jax.Array | None = None,
     b_out_E: jax.Array | None = None,
 ) -> jax.Array:
-    """``act(x·W_in + b_in)·W_out + b_out``; gated: ``(silu(x·W_gate) ⊙ x·W_in)·W_out``.
+    """``act(x·W_in + b_in)·W_out + b_out``; gated: ``(silu(x·W_gate + b_gate) ⊙ (x·W_in + b_in))·W_out + b_out``.
 
     E is the model width, F the hidden width. SwiGLU (Shazeer 2020) needs ``w_gate_EF``.
     """
@@ -41,7 +42,10 @@ def feed_forward(
     if activation in GATED:
         if w_gate_EF is None:
             raise ValueError(f"activation {activation!r} needs w_gate_EF")
-        hidden_BTF = ACTIVATIONS[activation](x_BTE @ w_gate_EF) * hidden_BTF
+        gate_BTF = x_BTE @ w_gate_EF
+        if b_gate_F is not None:
+            gate_BTF = gate_BTF + b_gate_F
+        hidden_BTF = ACTIVATIONS[activation](gate_BTF) * hidden_BTF
     else:
         hidden_BTF = ACTIVATIONS[activation](hidden_BTF)
     out_BTE = hidden_BTF @ w_out_FE

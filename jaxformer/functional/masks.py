@@ -46,3 +46,30 @@ def padding_mask(lengths: jax.Array, max_len: int) -> jax.Array:
     if lengths.ndim != 1:
         raise ValueError(f"lengths must be a 1-D array of sequence lengths, got shape {lengths.shape}")
     return (jnp.arange(max_len)[None, :] < lengths[:, None])[:, None, None, :]
+
+
+def attention_mask(
+    q_len: int,
+    k_len: int,
+    *,
+    causal: bool = False,
+    window: int | None = None,
+    key_lengths: jax.Array | None = None,
+    offset: int | jax.Array = 0,
+) -> jax.Array | None:
+    """``[B or 1, 1, q_len, k_len]`` mask from structured arguments, or None when all keys are visible.
+
+    Causal keeps ``j <= i + offset``; ``window`` is the causal sliding window
+    (:func:`sliding_window_mask`); ``key_lengths [B]`` hides keys ``j >= key_lengths[b]``.
+    A tile of keys starting at ``j0`` is ``attention_mask(..., key_lengths=key_lengths - j0,
+    offset=offset - j0)``, which is how the blockwise path builds its masks.
+    """
+    mask = None
+    if window is not None:
+        mask = sliding_window_mask(q_len, k_len, window, offset=offset)[None, None]
+    elif causal:
+        mask = causal_mask(q_len, k_len, offset=offset)[None, None]
+    if key_lengths is not None:
+        keys = padding_mask(key_lengths, k_len)
+        mask = keys if mask is None else mask & keys
+    return mask

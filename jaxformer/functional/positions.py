@@ -11,12 +11,12 @@ def _even_positive(name: str, value: int) -> None:
         raise ValueError(f"{name} must be a positive even number, got {value}")
 
 
-def _inverse_frequencies(dim: int, base: float) -> jax.Array:
+def _inverse_frequencies(dim: int, base: float, dtype=jnp.float32) -> jax.Array:
     """``[dim // 2]`` frequencies ``base^(-2i/dim)``."""
-    return base ** (-jnp.arange(0, dim, 2, dtype=jnp.float32) / dim)
+    return base ** (-jnp.arange(0, dim, 2, dtype=dtype) / dim)
 
 
-def sinusoidal_positions(num_positions: int, dim: int, *, base: float = 10000.0) -> jax.Array:
+def sinusoidal_positions(num_positions: int, dim: int, *, base: float = 10000.0, dtype=jnp.float32) -> jax.Array:
     """``[num_positions, dim]`` table with ``PE[p, 2i] = sin(p·ω_i)``, ``PE[p, 2i+1] = cos(p·ω_i)``.
 
     ``ω_i = base^(-2i/dim)`` (Vaswani et al. 2017). ``PE_p · PE_{p+k}`` depends only on k.
@@ -24,7 +24,7 @@ def sinusoidal_positions(num_positions: int, dim: int, *, base: float = 10000.0)
     if num_positions <= 0:
         raise ValueError(f"num_positions must be positive, got {num_positions}")
     _even_positive("dim", dim)
-    angles_PF = jnp.arange(num_positions, dtype=jnp.float32)[:, None] * _inverse_frequencies(dim, base)[None]
+    angles_PF = jnp.arange(num_positions, dtype=dtype)[:, None] * _inverse_frequencies(dim, base, dtype)[None]
     return jnp.stack([jnp.sin(angles_PF), jnp.cos(angles_PF)], axis=-1).reshape(num_positions, dim)
 
 
@@ -44,12 +44,13 @@ def apply_rope(x: jax.Array, positions: jax.Array, *, base: float = 10000.0, sca
         raise ValueError(f"x must have shape [..., seq, heads, head_dim], got {x.shape}")
     head_dim = x.shape[-1]
     _even_positive("head_dim", head_dim)
-    positions = jnp.asarray(positions, dtype=jnp.float32) * scale
+    compute_dtype = jnp.promote_types(x.dtype, jnp.float32)  # at least fp32 angles, fp64 when enabled
+    positions = jnp.asarray(positions, dtype=compute_dtype) * scale
     if positions.shape[-1] != x.shape[-3]:
         raise ValueError(f"positions length {positions.shape[-1]} does not match sequence length {x.shape[-3]}")
-    angles_TF = positions[..., :, None] * _inverse_frequencies(head_dim, base)
+    angles_TF = positions[..., :, None] * _inverse_frequencies(head_dim, base, compute_dtype)
     cos_T1F, sin_T1F = jnp.cos(angles_TF)[..., None, :], jnp.sin(angles_TF)[..., None, :]
-    pairs = x.astype(jnp.float32).reshape(*x.shape[:-1], head_dim // 2, 2)
+    pairs = x.astype(compute_dtype).reshape(*x.shape[:-1], head_dim // 2, 2)
     even, odd = pairs[..., 0], pairs[..., 1]
     rotated = jnp.stack([even * cos_T1F - odd * sin_T1F, even * sin_T1F + odd * cos_T1F], axis=-1)
     return rotated.reshape(x.shape).astype(x.dtype)
@@ -80,5 +81,15 @@ def alibi_bias(num_heads: int, q_len: int, k_len: int, *, offset: int = 0) -> ja
     Combine with :func:`causal_mask` for a decoder; the bias alone is the symmetric
     (bidirectional) form.
     """
-    distance = jnp.abs(jnp.arange(q_len)[:, None] + offset - jnp.arange(k_len)[None, :])
-    return -alibi_slopes(num_heads)[:, None, None] * distance[None].astype(jnp.float32)
+    return alibi_bias_from_slopes(alibi_slopes(num_heads), q_len, k_len, offset=offset)
+
+
+def alibi_bias_from_slopes(slopes_H: jax.Array, q_len: int, k_len: int, *, offset: int | jax.Array = 0) -> jax.Array:
+    """``[H, q_len, k_len]`` bias ``-slopes_H[h]·|i + offset - j|`` for any ``[H]`` slopes.
+
+    ``offset`` may be traced, so a tile of keys starting at ``j0`` uses ``offset - j0``.
+    """
+    slopes_H = jnp.asarray(slopes_H)
+    slopes_H = slopes_H.astype(jnp.promote_types(slopes_H.dtype, jnp.float32))
+    distance_TS = jnp.abs(jnp.arange(q_len)[:, None] + offset - jnp.arange(k_len)[None, :])
+    return -slopes_H[:, None, None] * distance_TS[None].astype(slopes_H.dtype)

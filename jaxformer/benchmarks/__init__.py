@@ -1,0 +1,1 @@
+"""Benchmarks behind ``jaxformer bench WHAT``: one module per WHAT, listed in ``jaxformer.bench.BENCHMARKS``."""

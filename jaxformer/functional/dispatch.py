@@ -1,0 +1,110 @@
+"""One attention entry point over three implementations, chosen per model by ``attention_impl``.
+
+- ``naive``: :func:`~jaxformer.functional.attention.dot_product_attention` with the full
+  ``[B, H, T, S]`` mask and ALiBi bias built from the structured arguments; the reference.
+- ``blockwise``: :func:`~jaxformer.functional.blockwise.blockwise_attention`, exact, in key
+  tiles, O(T·block_size) memory in both passes.
+- ``xla``: ``jax.nn.dot_product_attention``, given the structured arguments it understands
+  (``is_causal``, ``local_window_size``, ``key_value_seq_lengths``) so that a fused backend can
+  use them; a nonzero ``q_offset`` falls back to an explicit mask.
+
+All three agree on the semantics: query ``i`` sits at position ``i + q_offset``, key ``j`` at
+``j``; rows with no visible key return zeros.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from jaxformer.functional.attention import dot_product_attention, validate_qkv
+from jaxformer.functional.blockwise import blockwise_attention, check_structured_args
+from jaxformer.functional.masks import attention_mask
+from jaxformer.functional.positions import alibi_bias_from_slopes
+
+IMPLEMENTATIONS = ("naive", "blockwise", "xla")
+
+
+def check_impl(impl: str) -> None:
+    if impl not in IMPLEMENTATIONS:
+        raise ValueError(f"attention_impl must be one of {', '.join(IMPLEMENTATIONS)}, got {impl!r}")
+
+
+def _xla_attention(q_BTHD, k_BSKD, v_BSKD, *, causal, q_offset, key_lengths, window, bias_HTS, scale):
+    """``jax.nn.dot_product_attention`` with our semantics: decoding offsets and empty rows → zeros."""
+    T, S = q_BTHD.shape[1], k_BSKD.shape[1]
+    offset_is_zero = isinstance(q_offset, int) and q_offset == 0
+    structured = {}
+    mask_B1TS = None
+    if offset_is_zero:
+        # jax's causal mask is j <= i and its window is (left, right) = (window - 1, 0)
+        structured = {"is_causal": causal or window is not None,
+                      "local_window_size": None if window is None else (int(window) - 1, 0)}
+    else:
+        mask_B1TS = attention_mask(T, S, causal=causal, window=window, offset=q_offset)
+    out_BTHD = jax.nn.dot_product_attention(
+        q_BTHD,
+        k_BSKD,
+        v_BSKD,
+        bias=None if bias_HTS is None else bias_HTS[None],
+        mask=mask_B1TS,
+        scale=scale,
+        key_value_seq_lengths=None if key_lengths is None else jnp.asarray(key_lengths, jnp.int32),
+        **structured,
+    )
+    # jax fills masked scores with a large finite negative, so an empty row averages all values
+    visible_B1TS = attention_mask(T, S, causal=causal, window=window, key_lengths=key_lengths, offset=q_offset)
+    if visible_B1TS is None:
+        return out_BTHD
+    row_has_key_BT11 = jnp.any(visible_B1TS, axis=-1)[:, 0, :, None, None]
+    return jnp.where(row_has_key_BT11, out_BTHD, 0.0).astype(out_BTHD.dtype)
+
+
+def attention(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    *,
+    impl: str = "naive",
+    causal: bool = False,
+    q_offset: int | jax.Array = 0,
+    key_lengths: jax.Array | None = None,
+    window: int | None = None,
+    alibi_slopes: jax.Array | None = None,
+    scale: float | None = None,
+    block_size: int = 128,
+) -> jax.Array:
+    """``softmax(q·kᵀ·scale + bias)·v`` by the implementation ``impl`` (naive | blockwise | xla).
+
+    Args:
+      q: ``[B, T, H, D]`` queries (or ``[T, H, D]``); query ``i`` sits at position ``i + q_offset``.
+      k, v: ``[B, S, K, D]`` keys and values at positions ``0 .. S-1``; ``H`` a multiple of ``K``.
+      causal: keep keys ``j <= i + q_offset``.
+      q_offset: position of the first query (the cache length when decoding); may be traced.
+      key_lengths: ``[B]`` int; keys ``j >= key_lengths[b]`` are padding.
+      window: causal sliding window, keys ``0 <= (i + q_offset) - j < window`` (implies causal).
+      alibi_slopes: ``[H]``; adds ``-slope_h·|i + q_offset - j|`` after scaling.
+      scale: multiplies the scores; defaults to ``1/sqrt(D)``.
+      block_size: keys per tile (blockwise only).
+
+    Returns ``[B, T, H, D]`` in q's dtype; rows with no visible key are zeros.
+    """
+    check_impl(impl)
+    if impl == "blockwise":
+        return blockwise_attention(
+            q, k, v, causal=causal, q_offset=q_offset, key_lengths=key_lengths, window=window,
+            alibi_slopes=alibi_slopes, scale=scale, block_size=block_size,
+        )
+    q, k, v, unbatched = validate_qkv(q, k, v)
+    check_structured_args(q, key_lengths, window, alibi_slopes)
+    T, S = q.shape[1], k.shape[1]
+    bias_HTS = None if alibi_slopes is None else alibi_bias_from_slopes(alibi_slopes, T, S, offset=q_offset)
+    if impl == "naive":
+        mask_B1TS = attention_mask(T, S, causal=causal, window=window, key_lengths=key_lengths, offset=q_offset)
+        out_BTHD = dot_product_attention(q, k, v, mask=mask_B1TS, bias=bias_HTS, scale=scale)
+    else:
+        out_BTHD = _xla_attention(
+            q, k, v, causal=causal, q_offset=q_offset, key_lengths=key_lengths, window=window,
+            bias_HTS=bias_HTS, scale=scale,
+        )
+    return out_BTHD[0] if unbatched else out_BTHD

@@ -1,0 +1,132 @@
+"""Mixture of experts as pure functions: routing, capacity-based dispatch, combine, balancing loss.
+
+A token is routed to its ``k`` most probable experts; their gates are renormalised to
+sum to one over the chosen ``k`` (Mixtral, GShard). Dispatch is capacity-based
+(GShard/Switch): expert ``e`` processes at most ``C = min(T, ceil(capacity_factor·T·k/E))``
+rows, so the experts compute ``E·C`` rows in all — about ``capacity_factor·T·k``, not
+``T·E``. Assignments are served in priority order — every token's first choice before
+any second choice, earlier tokens first — and an assignment finding its expert full is
+*dropped*: it contributes zero, and the residual connection carries the token on.
+``capacity_factor >= E/k`` gives ``C = T``, which never drops (inference uses that, so
+routing does not depend on which other tokens share the batch).
+
+Letters: T tokens (batch × sequence, flattened), E model width, X experts, C capacity
+per expert, K experts per token (``k``), F expert hidden width.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from jaxformer.functional.feedforward import feed_forward
+
+
+class Routing(NamedTuple):
+    """``probs [T, X]`` router softmax; ``experts [T, K]`` chosen ids (best first); ``gates [T, K]`` summing to 1."""
+
+    probs: jax.Array
+    experts: jax.Array
+    gates: jax.Array
+
+
+def route(x_TE: jax.Array, w_router_EX: jax.Array, k: int) -> Routing:
+    """Softmax router, top-``k`` experts per token, gates renormalised over the chosen ``k``."""
+    num_experts = w_router_EX.shape[-1]
+    if not 1 <= k <= num_experts:
+        raise ValueError(f"experts per token must be in [1, {num_experts}], got {k}")
+    logits_TX = jnp.einsum("te,ex->tx", x_TE, w_router_EX, preferred_element_type=jnp.float32)
+    probs_TX = jax.nn.softmax(logits_TX, axis=-1)
+    top_probs_TK, experts_TK = jax.lax.top_k(probs_TX, k)
+    return Routing(probs_TX, experts_TK, top_probs_TK / jnp.sum(top_probs_TK, axis=-1, keepdims=True))
+
+
+def load_balancing_loss(routing: Routing) -> jax.Array:
+    """Switch Transformer's auxiliary loss ``X · Σ_x f_x · P_x`` (Fedus et al. 2021), unweighted.
+
+    ``f_x``: fraction of the ``T·K`` assignments sent to expert ``x`` (before capacity
+    drops; not differentiable); ``P_x``: mean router probability of ``x``. Equals 1 for
+    perfectly uniform routing and grows as the router concentrates.
+    """
+    num_experts = routing.probs.shape[-1]
+    counts_X = jnp.sum(jax.nn.one_hot(routing.experts, num_experts, dtype=jnp.float32), axis=(0, 1))
+    fraction_X = counts_X / routing.experts.size
+    return num_experts * jnp.sum(fraction_X * jnp.mean(routing.probs, axis=0))
+
+
+def expert_capacity(num_tokens: int, num_experts: int, k: int, capacity_factor: float) -> int:
+    """Rows per expert: ``min(T, ceil(capacity_factor · T · k / X))`` (at least 1)."""
+    if capacity_factor <= 0:
+        raise ValueError(f"capacity_factor must be positive, got {capacity_factor}")
+    return max(1, min(num_tokens, math.ceil(capacity_factor * num_tokens * k / num_experts)))
+
+
+def dispatch_slots(experts_TK: jax.Array, num_experts: int, capacity: int) -> jax.Array:
+    """``[T, K]`` row of each assignment in the flattened ``[X·C]`` expert buffer; ``X·C`` marks a drop.
+
+    Priority: first choices of all tokens, then second choices, …; within a choice,
+    earlier tokens first. An assignment's row is ``expert·C + (its rank at that expert)``.
+    """
+    T, K = experts_TK.shape
+    one_hot_KTX = jax.nn.one_hot(experts_TK.T, num_experts, dtype=jnp.int32)
+    rank_KTX = jnp.cumsum(one_hot_KTX.reshape(K * T, num_experts), axis=0).reshape(K, T, num_experts) - 1
+    rank_TK = jnp.sum(rank_KTX * one_hot_KTX, axis=-1).T
+    return jnp.where(rank_TK < capacity, experts_TK * capacity + rank_TK, num_experts * capacity)
+
+
+def dispatch(x_TE: jax.Array, slots_TK: jax.Array, num_experts: int, capacity: int) -> jax.Array:
+    """Gathers routed tokens into the expert buffer ``[X, C, E]`` (unused rows are zero)."""
+    T, K = slots_TK.shape
+    rows = jnp.zeros((num_experts * capacity + 1, x_TE.shape[-1]), x_TE.dtype)  # last row: the drop bin
+    rows = rows.at[slots_TK.reshape(-1)].set(jnp.repeat(x_TE, K, axis=0))
+    return rows[:-1].reshape(num_experts, capacity, x_TE.shape[-1])
+
+
+def combine(y_XCE: jax.Array, slots_TK: jax.Array, gates_TK: jax.Array) -> jax.Array:
+    """``[T, E]``: each token's gate-weighted sum of its experts' outputs (dropped ones give 0)."""
+    rows = y_XCE.reshape(-1, y_XCE.shape[-1])
+    rows = jnp.concatenate([rows, jnp.zeros((1, rows.shape[-1]), rows.dtype)])
+    return jnp.einsum("tk,tke->te", gates_TK.astype(rows.dtype), rows[slots_TK])
+
+
+def experts_feed_forward(x_XCE: jax.Array, experts: dict[str, jax.Array | None], activation: str) -> jax.Array:
+    """Each expert's FFN on its own rows: :func:`feed_forward` mapped over the leading expert axis.
+
+    ``experts`` holds ``w_in_XEF``, ``w_out_XFE`` and optionally ``w_gate_XEF``,
+    ``b_in_XF``, ``b_gate_XF``, ``b_out_XE`` (None when absent).
+    """
+    names = ("w_in_XEF", "w_out_XFE", "w_gate_XEF", "b_in_XF", "b_gate_XF", "b_out_XE")
+    present = {name: experts.get(name) for name in names if experts.get(name) is not None}
+
+    def one_expert(x_CE, weights):
+        get = weights.get
+        return feed_forward(x_CE, get("w_in_XEF"), get("w_out_XFE"), activation=activation,
+                            w_gate_EF=get("w_gate_XEF"), b_in_F=get("b_in_XF"), b_gate_F=get("b_gate_XF"),
+                            b_out_E=get("b_out_XE"))
+
+    return jax.vmap(one_expert)(x_XCE, present)
+
+
+def moe_feed_forward(
+    x_TE: jax.Array,
+    w_router_EX: jax.Array,
+    experts: dict[str, jax.Array | None],
+    *,
+    k: int,
+    capacity_factor: float,
+    activation: str,
+) -> tuple[jax.Array, jax.Array]:
+    """Routed experts on ``[T, E]`` tokens: returns ``(y [T, E], load-balancing loss)``.
+
+    The experts run on the ``[X, C, E]`` buffer only (see the module docstring).
+    """
+    T = x_TE.shape[0]
+    num_experts = w_router_EX.shape[-1]
+    routing = route(x_TE, w_router_EX, k)
+    capacity = expert_capacity(T, num_experts, k, capacity_factor)
+    slots_TK = dispatch_slots(routing.experts, num_experts, capacity)
+    y_XCE = experts_feed_forward(dispatch(x_TE, slots_TK, num_experts, capacity), experts, activation)
+    return combine(y_XCE, slots_TK, routing.gates), load_balancing_loss(routing)

@@ -1,0 +1,58 @@
+"""`DecoderLM`: the causal language model (GPT-2 style and Llama style, from one `ModelConfig`)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jaxformer.models.config import ModelConfig
+from jaxformer.models.kv_cache import KVCache
+from jaxformer.nn import params
+from jaxformer.nn.block import Stack
+from jaxformer.nn.embeddings import Embedding
+
+
+class OutputHead(nnx.Module):
+    """Final features to vocabulary logits: the token embedding transposed (tied) or ``w [E, V]``."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        self.w = None if cfg.tie_embeddings else params.normal(rngs, (cfg.d_model, cfg.vocab_size), ("embed", "vocab"))
+
+    def __call__(self, x_BTE: jax.Array, embedding: Embedding) -> jax.Array:
+        """``[B, T, E] -> [B, T, V]`` float32 logits."""
+        if self.w is None:
+            return embedding.attend(x_BTE)
+        return jnp.einsum("bte,ev->btv", x_BTE, self.w[...], preferred_element_type=jnp.float32)
+
+
+class DecoderLM(nnx.Module):
+    """Token embedding (+ positions), ``cfg.num_layers`` causal blocks, final norm, output head.
+
+    ``model(tokens_BT) -> (logits_BTV, aux_loss)``; ``model.extend(tokens_BT, cache)``
+    is the same computation for new tokens appended to a `KVCache` (prefill and decode).
+    """
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        self.cfg = cfg
+        self.embedding = Embedding(cfg, rngs=rngs)
+        self.decoder = Stack(cfg, cfg.num_layers, causal=True, rngs=rngs)
+        self.head = OutputHead(cfg, rngs=rngs)
+
+    def __call__(self, tokens_BT: jax.Array, *, lengths: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+        """Logits ``[B, T, V]`` (float32) for next tokens, and the weighted MoE aux loss (0.0 if dense).
+
+        ``lengths [B]``: real tokens per sequence when right-padded (keys past them are hidden).
+        """
+        x_BTE = self.embedding(tokens_BT)
+        x_BTE, aux_loss, _ = self.decoder(x_BTE, key_lengths=lengths)
+        return self.head(x_BTE, self.embedding), self.cfg.router_aux_loss_weight * aux_loss
+
+    def extend(self, tokens_BT: jax.Array, cache: KVCache) -> tuple[jax.Array, KVCache]:
+        """Appends ``tokens_BT`` at positions ``cache.length …``: returns their logits ``[B, T, V]`` and the new cache.
+
+        The caller keeps ``cache.length + T <= cache.max_len`` (`jaxformer.generate` checks it).
+        """
+        x_BTE = self.embedding(tokens_BT, offset=cache.length)
+        x_BTE, _, layers = self.decoder(x_BTE, offset=cache.length, kv_caches=cache.layers())
+        return self.head(x_BTE, self.embedding), cache.advanced(layers, tokens_BT.shape[1])

@@ -1,0 +1,60 @@
+"""`EncoderDecoder`: the original transformer / T5 layout, a decoder cross-attending to an encoder."""
+
+from __future__ import annotations
+
+import jax
+from flax import nnx
+
+from jaxformer.models.config import ModelConfig
+from jaxformer.models.decoder import OutputHead
+from jaxformer.models.kv_cache import KVCache
+from jaxformer.nn.block import Stack
+from jaxformer.nn.embeddings import Embedding
+
+
+class EncoderDecoder(nnx.Module):
+    """Shared token embedding (+ positions); ``cfg.num_encoder_layers`` bidirectional blocks;
+    ``cfg.num_layers`` causal blocks with cross-attention over the encoder output; output head.
+
+    ``model(source_BS, target_BT) -> (logits_BTV, aux_loss)``: logits for the token after
+    each target position (teacher forcing: feed the target shifted right).
+    """
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        self.cfg = cfg
+        self.embedding = Embedding(cfg, rngs=rngs)
+        self.encoder = Stack(cfg, cfg.num_encoder_layers, causal=False, rngs=rngs)
+        self.decoder = Stack(cfg, cfg.num_layers, causal=True, cross=True, rngs=rngs)
+        self.head = OutputHead(cfg, rngs=rngs)
+
+    def encode(self, source_BS: jax.Array, *, source_lengths: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+        """Encoder output ``[B, S, E]`` and its unweighted MoE aux loss."""
+        memory_BSE, aux_loss, _ = self.encoder(self.embedding(source_BS), key_lengths=source_lengths)
+        return memory_BSE, aux_loss
+
+    def __call__(
+        self,
+        source_BS: jax.Array,
+        target_BT: jax.Array,
+        *,
+        source_lengths: jax.Array | None = None,
+        target_lengths: jax.Array | None = None,
+    ) -> tuple[jax.Array, jax.Array]:
+        """``*_lengths [B]``: real tokens per right-padded sequence. Logits are float32 ``[B, T, V]``."""
+        memory_BSE, encoder_aux = self.encode(source_BS, source_lengths=source_lengths)
+        x_BTE, decoder_aux, _ = self.decoder(
+            self.embedding(target_BT), key_lengths=target_lengths, context_BSE=memory_BSE,
+            context_lengths=source_lengths,
+        )
+        aux_loss = self.cfg.router_aux_loss_weight * (encoder_aux + decoder_aux)
+        return self.head(x_BTE, self.embedding), aux_loss
+
+    def extend(
+        self, target_BT: jax.Array, memory_BSE: jax.Array, cache: KVCache, *, source_lengths: jax.Array | None = None
+    ) -> tuple[jax.Array, KVCache]:
+        """Appends target tokens at ``cache.length …`` given the encoder output: logits ``[B, T, V]`` and the new cache."""
+        x_BTE, _, layers = self.decoder(
+            self.embedding(target_BT, offset=cache.length), offset=cache.length, kv_caches=cache.layers(),
+            context_BSE=memory_BSE, context_lengths=source_lengths,
+        )
+        return self.head(x_BTE, self.embedding), cache.advanced(layers, target_BT.shape[1])

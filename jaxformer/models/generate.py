@@ -1,0 +1,109 @@
+"""Autoregressive generation with a KV cache: one prefill, then one jitted step per token.
+
+``advance`` runs the model on new tokens against the cache and samples the next token;
+it is jitted once for the prompt's length and once for single tokens, and the cache
+has a fixed size (prompt + new tokens), so decoding never recompiles. Decoder LMs
+continue the prompt; an encoder–decoder encodes the prompt once and decodes a target
+that starts from ``start_token``.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+import jaxformer.functional as F
+from jaxformer.models.config import ModelConfig
+from jaxformer.models.kv_cache import KVCache
+from jaxformer.nn.embeddings import check_context
+
+
+def check_sampling(temperature: float, top_k: int | None, top_p: float | None, vocab_size: int) -> None:
+    """One-line ``ValueError`` for sampling options that cannot be used (before anything compiles)."""
+    F.sampling_distribution(jnp.zeros((vocab_size,)), temperature=temperature, top_k=top_k, top_p=top_p)
+
+
+def _prompt_batch(prompt, cfg: ModelConfig) -> jax.Array:
+    """``[B, T]`` int32 token ids from ``[T]`` or ``[B, T]`` ids; checks the vocabulary."""
+    tokens = np.asarray(prompt)
+    if tokens.ndim == 1:
+        tokens = tokens[None]
+    if tokens.ndim != 2 or tokens.shape[1] == 0 or not np.issubdtype(tokens.dtype, np.integer):
+        raise ValueError(f"prompt must be a non-empty [T] or [B, T] array of token ids, got shape {tokens.shape}")
+    if tokens.min() < 0 or tokens.max() >= cfg.vocab_size:
+        raise ValueError(f"prompt token ids must be in [0, {cfg.vocab_size}), got {tokens.min()}..{tokens.max()}")
+    return jnp.asarray(tokens, jnp.int32)
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "temperature", "top_k", "top_p"), donate_argnames=("cache",))
+def advance(graphdef, state, tokens_BT, cache: KVCache, key, memory_BSE=None, *, temperature=1.0, top_k=None,
+            top_p=None) -> tuple[jax.Array, KVCache]:
+    """Appends ``tokens_BT`` to ``cache`` and samples the next token ``[B]`` from the last position's logits.
+
+    ``memory_BSE``: the encoder output for an encoder–decoder (None for a decoder LM).
+    """
+    model = nnx.merge(graphdef, state)
+    if memory_BSE is None:
+        logits_BTV, cache = model.extend(tokens_BT, cache)
+    else:
+        logits_BTV, cache = model.extend(tokens_BT, memory_BSE, cache)
+    next_B = F.sample_logits(key, logits_BTV[:, -1], temperature=temperature, top_k=top_k, top_p=top_p)
+    return next_B.astype(jnp.int32), cache
+
+
+def generate(
+    model: nnx.Module,
+    prompt: Sequence[int] | np.ndarray | jax.Array,
+    *,
+    max_new_tokens: int = 32,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    seed: int = 0,
+    start_token: int = 0,
+    cache_dtype=jnp.float32,
+) -> jax.Array:
+    """Samples ``max_new_tokens`` tokens after ``prompt``; returns them, ``[N]`` (or ``[B, N]`` for a batch).
+
+    model: a decoder LM (continues the prompt) or an encoder–decoder (the prompt is the
+      source; the target starts with ``start_token``).
+    prompt: token ids ``[T]`` or ``[B, T]`` (all rows the same length).
+    temperature: 0 is greedy (argmax); top_k / top_p restrict to the k most likely tokens
+      / the nucleus of mass ``top_p`` (see ``jaxformer.functional.sampling_distribution``).
+    seed: the sampling key; the same seed gives the same tokens.
+    """
+    cfg: ModelConfig = model.cfg
+    if cfg.family == "encoder":
+        raise ValueError("generation needs a decoder or encoder_decoder model, got model.family 'encoder'")
+    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
+    check_sampling(temperature, top_k, top_p, cfg.vocab_size)
+    prompt_BT = _prompt_batch(prompt, cfg)
+    check_context(cfg, prompt_BT.shape[1], what="prompt")
+    memory_BSE = None
+    if cfg.family == "encoder_decoder":
+        memory_BSE, _ = model.encode(prompt_BT)
+        first_BT = jnp.full((prompt_BT.shape[0], 1), start_token, jnp.int32)
+    else:
+        first_BT = prompt_BT
+    # the last sampled token is returned, not fed back: the cache holds one position fewer
+    length = first_BT.shape[1] + max_new_tokens - 1
+    if length > cfg.max_seq_len:
+        raise ValueError(f"prompt ({first_BT.shape[1]} tokens) + max_new_tokens ({max_new_tokens}) needs {length} "
+                         f"positions, past the context (model.max_seq_len={cfg.max_seq_len})")
+    cache = KVCache.create(cfg, prompt_BT.shape[0], length, dtype=cache_dtype)
+    graphdef, state = nnx.split(model)
+    options = dict(temperature=temperature, top_k=top_k, top_p=top_p)
+    base_key = jax.random.key(seed)
+    tokens, fed_BT = [], first_BT
+    for i in range(max_new_tokens):
+        next_B, cache = advance(graphdef, state, fed_BT, cache, jax.random.fold_in(base_key, i), memory_BSE, **options)
+        tokens.append(next_B)
+        fed_BT = next_B[:, None]
+    out_BN = jnp.stack(tokens, axis=1)
+    return out_BN[0] if np.ndim(prompt) == 1 else out_BN

@@ -1,0 +1,50 @@
+"""The pure-function view of a model: a parameter pytree and ``apply``, for training and sharding.
+
+``params`` is an ``nnx.State`` (a nested mapping, module path -> ``nnx.Param``): a
+pytree whose leaves are the arrays, so ``jax.grad``, ``optax`` and Orbax take it as
+is; each ``nnx.Param`` also carries its logical axis names (``out_sharding`` metadata),
+read by :func:`logical_axes`. ``graphdef`` is the static rest of the model (hashable:
+pass it to ``jax.jit`` as a static argument or close over it)::
+
+    graphdef, params = init_params(cfg, seed=0)
+    loss = lambda p, x, y: cross_entropy(apply(graphdef, p, x)[0], y)
+    grads = jax.jit(jax.grad(loss))(params, x, y)       # grads: an nnx.State like params
+    axes = logical_axes(params)                          # same structure, tuples of names
+    plain = nnx.to_pure_dict(params)                     # {'decoder': {'blocks': {0: …}}} of arrays
+"""
+
+from __future__ import annotations
+
+import jax
+from flax import nnx
+
+from jaxformer.models.build import build_model
+from jaxformer.models.config import ModelConfig
+
+
+def init_params(cfg: ModelConfig, seed: int) -> tuple[nnx.GraphDef, nnx.State]:
+    """``(graphdef, params)`` of the model ``cfg`` describes, initialised from ``seed``."""
+    return nnx.split(build_model(cfg, rngs=nnx.Rngs(params=seed)))
+
+
+def apply(graphdef: nnx.GraphDef, params: nnx.State, *inputs: jax.Array, **kwargs) -> tuple[jax.Array, jax.Array]:
+    """``(logits, aux_loss)`` of the model with ``params`` on ``inputs`` (tokens, or source and target).
+
+    Pure: usable inside ``jax.jit``/``jax.grad``/``jax.vmap``; ``kwargs`` go to the
+    model's ``__call__`` (e.g. ``lengths``).
+    """
+    return nnx.merge(graphdef, params)(*inputs, **kwargs)
+
+
+def _is_param(x) -> bool:
+    return isinstance(x, nnx.Variable)
+
+
+def logical_axes(params: nnx.State) -> nnx.State:
+    """The same structure as ``params`` with each parameter replaced by its tuple of logical axis names.
+
+    Names come from "vocab", "embed", "heads", "kv_heads", "head_dim", "mlp",
+    "experts", "norm", "position" or None (one per dimension). Map the two trees
+    together with ``jax.tree.map(f, logical_axes(p), p, is_leaf=lambda x: isinstance(x, tuple))``.
+    """
+    return jax.tree.map(lambda p: tuple(p.get_metadata()["out_sharding"]), params, is_leaf=_is_param)

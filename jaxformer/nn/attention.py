@@ -1,0 +1,114 @@
+"""`Attention`: multi-head, grouped-query and multi-query attention; self or cross; with a KV cache.
+
+The module owns the projections; masks, biases and the softmax come from the
+dispatcher ``jaxformer.functional.attention`` through one call with structured
+arguments (causal flag, query offset, valid key lengths, window, ALiBi slopes), so
+the implementation (``cfg.attention_impl``: naive | blockwise | xla) is chosen there.
+
+Letters: B batch, T query length, S key length, E model width, H query heads,
+K key/value heads, D head dimension.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+import jaxformer.functional as F
+from jaxformer.models.config import ModelConfig
+from jaxformer.nn import params
+
+KV = tuple[jax.Array, jax.Array]  # one layer's cache: (k [B, S_max, K, D], v [B, S_max, K, D])
+
+
+class Attention(nnx.Module):
+    """Attention sublayer ``[B, T, E] -> [B, T, E]``.
+
+    Parameters: ``wq [E, H, D]``, ``wk, wv [E, K, D]``, ``wo [H, D, E]``; with
+    ``cfg.use_bias`` also ``bq [H, D]``, ``bk, bv [K, D]``, ``bo [E]``. ``causal``: a
+    query sees only keys at its position or before (and, with ``cfg.sliding_window``,
+    only the last ``sliding_window`` of them). ``cross=True`` makes keys and values
+    come from a context (the encoder output), never causal, with no position signal.
+    """
+
+    def __init__(self, cfg: ModelConfig, *, causal: bool = False, cross: bool = False, rngs: nnx.Rngs):
+        E, H, K, D = cfg.d_model, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.cfg, self.cross, self.causal = cfg, cross, causal and not cross
+        self.wq = params.normal(rngs, (E, H, D), ("embed", "heads", "head_dim"))
+        self.wk = params.normal(rngs, (E, K, D), ("embed", "kv_heads", "head_dim"))
+        self.wv = params.normal(rngs, (E, K, D), ("embed", "kv_heads", "head_dim"))
+        self.wo = params.normal(rngs, (H, D, E), ("heads", "head_dim", "embed"), std=params.residual_std(cfg.num_layers))
+        bias = cfg.use_bias
+        self.bq = params.zeros((H, D), ("heads", "head_dim")) if bias else None
+        self.bk = params.zeros((K, D), ("kv_heads", "head_dim")) if bias else None
+        self.bv = params.zeros((K, D), ("kv_heads", "head_dim")) if bias else None
+        self.bo = params.zeros((E,), ("embed",)) if bias else None
+
+    def _project(self, x_BTE: jax.Array, w, b) -> jax.Array:
+        y = jnp.einsum("bte,ehd->bthd", x_BTE, w[...])
+        return y if b is None else y + b[...]
+
+    def _rope(self, x_BTHD: jax.Array, offset) -> jax.Array:
+        if self.cfg.position != "rope" or self.cross:
+            return x_BTHD
+        positions_T = offset + jnp.arange(x_BTHD.shape[1])
+        return F.apply_rope(x_BTHD, positions_T, base=self.cfg.rope_base, scale=self.cfg.rope_scale)
+
+    def queries_keys_values(self, x_BTE, context_BSE=None, *, offset=0):
+        """``q [B, T, H, D]``, ``k, v [B, S, K, D]`` with RoPE applied at positions ``offset + t``."""
+        source_BSE = x_BTE if context_BSE is None else context_BSE
+        q_BTHD = self._rope(self._project(x_BTE, self.wq, self.bq), offset)
+        k_BSKD = self._rope(self._project(source_BSE, self.wk, self.bk), offset)
+        return q_BTHD, k_BSKD, self._project(source_BSE, self.wv, self.bv)
+
+    def __call__(
+        self,
+        x_BTE: jax.Array,
+        *,
+        context_BSE: jax.Array | None = None,
+        key_lengths: jax.Array | None = None,
+        offset: int | jax.Array = 0,
+        kv_cache: KV | None = None,
+    ) -> tuple[jax.Array, KV | None]:
+        """Returns ``(out [B, T, E], kv_cache)``.
+
+        context_BSE: keys/values source for cross-attention (required iff ``cross``).
+        key_lengths: ``[B]`` valid keys per sequence (padding is on the right); with a
+          cache, the valid keys are the cache's first ``offset + T`` slots instead.
+        offset: absolute position of ``x``'s first token (the cache length when decoding).
+        kv_cache: self-attention only; the new keys/values are written at ``offset`` and
+          the queries attend to the cache's first ``offset + T`` slots. The updated cache
+          is returned (``None`` when none was given).
+        """
+        if self.cross != (context_BSE is not None):
+            raise ValueError("cross-attention needs context_BSE; self-attention takes none")
+        cfg = self.cfg
+        q_BTHD, k_BSKD, v_BSKD = self.queries_keys_values(x_BTE, context_BSE, offset=offset)
+        if kv_cache is not None:
+            k_cache, v_cache = kv_cache
+            start = (0, offset, 0, 0)
+            k_BSKD = jax.lax.dynamic_update_slice(k_cache, k_BSKD.astype(k_cache.dtype), start)
+            v_BSKD = jax.lax.dynamic_update_slice(v_cache, v_BSKD.astype(v_cache.dtype), start)
+            kv_cache = (k_BSKD, v_BSKD)
+            # slots past offset + T hold nothing yet
+            key_lengths = jnp.full((x_BTE.shape[0],), offset + x_BTE.shape[1])
+        causal = self.causal
+        out_BTHD = F.attention(
+            q_BTHD, k_BSKD.astype(q_BTHD.dtype), v_BSKD.astype(q_BTHD.dtype),
+            impl=cfg.attention_impl,
+            causal=causal,
+            q_offset=0 if self.cross else offset,
+            key_lengths=key_lengths,
+            window=cfg.sliding_window if causal else None,
+            alibi_slopes=F.alibi_slopes(cfg.num_heads) if cfg.position == "alibi" and not self.cross else None,
+            block_size=cfg.attention_block_size,
+        )
+        out_BTE = jnp.einsum("bthd,hde->bte", out_BTHD, self.wo[...])
+        return (out_BTE if self.bo is None else out_BTE + self.bo[...]), kv_cache
+
+    def weights(self, x_BTE: jax.Array, context_BSE: jax.Array, *, key_lengths: jax.Array | None = None) -> jax.Array:
+        """Cross-attention weights ``[B, H, T, S]`` (rows sum to one over the S context positions)."""
+        q_BTHD, k_BSKD, v_BSKD = self.queries_keys_values(x_BTE, context_BSE)
+        mask = None if key_lengths is None else F.padding_mask(key_lengths, k_BSKD.shape[1])
+        return F.dot_product_attention(q_BTHD, k_BSKD, v_BSKD, mask=mask, return_weights=True)[1]

@@ -1,0 +1,108 @@
+"""`Block` (one transformer layer) and `Stack` (layers plus the final norm).
+
+Norm placement (``cfg.norm_position``), for each sublayer ``f`` (self-attention,
+cross-attention, FFN/MoE):
+
+- ``pre`` (GPT-2, Llama):  ``x + f(norm(x))``; the stack ends with a final norm;
+- ``post`` (original transformer, BERT): ``norm(x + f(x))``; no final norm;
+- ``sandwich`` (CogView, Gemma 2): ``x + norm_out(f(norm_in(x)))``; final norm.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jaxformer.models.config import ModelConfig
+from jaxformer.nn.attention import KV, Attention
+from jaxformer.nn.feedforward import FeedForward
+from jaxformer.nn.moe import MoE
+from jaxformer.nn.norms import Norm
+
+
+def _norms(cfg: ModelConfig) -> nnx.List:
+    return nnx.List([Norm(cfg) for _ in range(2 if cfg.norm_position == "sandwich" else 1)])
+
+
+class Block(nnx.Module):
+    """One layer ``[B, T, E] -> [B, T, E]``: self-attention, optional cross-attention, FFN or MoE.
+
+    ``causal``: self-attention sees only earlier positions (decoders). ``cross``: a
+    cross-attention sublayer over a context (the decoder of an encoder–decoder).
+    """
+
+    def __init__(self, cfg: ModelConfig, *, causal: bool, cross: bool = False, rngs: nnx.Rngs):
+        self.position = cfg.norm_position
+        self.attention = Attention(cfg, causal=causal, rngs=rngs)
+        self.attention_norms = _norms(cfg)
+        self.cross_attention = Attention(cfg, cross=True, rngs=rngs) if cross else None
+        self.cross_attention_norms = _norms(cfg) if cross else None
+        self.feed_forward = MoE(cfg, rngs=rngs) if cfg.is_moe else FeedForward(cfg, rngs=rngs)
+        self.feed_forward_norms = _norms(cfg)
+
+    def _residual(self, x_BTE: jax.Array, norms: nnx.List, sublayer: Callable) -> tuple[jax.Array, object]:
+        """Applies ``sublayer`` (returning ``(y, extra)``) with this block's norm placement."""
+        if self.position == "post":
+            y_BTE, extra = sublayer(x_BTE)
+            return norms[0](x_BTE + y_BTE), extra
+        y_BTE, extra = sublayer(norms[0](x_BTE))
+        return x_BTE + (norms[1](y_BTE) if self.position == "sandwich" else y_BTE), extra
+
+    def __call__(
+        self,
+        x_BTE: jax.Array,
+        *,
+        key_lengths: jax.Array | None = None,
+        offset: int | jax.Array = 0,
+        kv_cache: KV | None = None,
+        context_BSE: jax.Array | None = None,
+        context_lengths: jax.Array | None = None,
+    ) -> tuple[jax.Array, jax.Array, KV | None]:
+        """Returns ``(x [B, T, E], aux_loss, kv_cache)``; see `Attention` for the arguments."""
+        x_BTE, kv_cache = self._residual(
+            x_BTE, self.attention_norms,
+            lambda h: self.attention(h, key_lengths=key_lengths, offset=offset, kv_cache=kv_cache),
+        )
+        if self.cross_attention is not None:
+            x_BTE, _ = self._residual(
+                x_BTE, self.cross_attention_norms,
+                lambda h: self.cross_attention(h, context_BSE=context_BSE, key_lengths=context_lengths),
+            )
+        if isinstance(self.feed_forward, MoE):
+            x_BTE, aux_loss = self._residual(x_BTE, self.feed_forward_norms, self.feed_forward)
+        else:
+            x_BTE, _ = self._residual(x_BTE, self.feed_forward_norms, lambda h: (self.feed_forward(h), None))
+            aux_loss = jnp.zeros((), jnp.float32)
+        return x_BTE, aux_loss, kv_cache
+
+
+class Stack(nnx.Module):
+    """``num_layers`` blocks and, for pre-norm and sandwich, a final norm.
+
+    Returns the summed per-layer MoE aux losses, unweighted (0 for dense layers).
+    """
+
+    def __init__(self, cfg: ModelConfig, num_layers: int, *, causal: bool, cross: bool = False, rngs: nnx.Rngs):
+        self.blocks = nnx.List([Block(cfg, causal=causal, cross=cross, rngs=rngs) for _ in range(num_layers)])
+        self.final_norm = Norm(cfg) if cfg.has_final_norm else None
+
+    def __call__(
+        self,
+        x_BTE: jax.Array,
+        *,
+        kv_caches: tuple[KV, ...] | None = None,
+        **kwargs,
+    ) -> tuple[jax.Array, jax.Array, tuple[KV, ...] | None]:
+        """``kwargs`` go to every `Block`; ``kv_caches`` holds one ``(k, v)`` per layer."""
+        aux_total = jnp.zeros((), jnp.float32)
+        new_caches = []
+        for i, block in enumerate(self.blocks):
+            x_BTE, aux_loss, kv = block(x_BTE, kv_cache=None if kv_caches is None else kv_caches[i], **kwargs)
+            aux_total = aux_total + aux_loss
+            new_caches.append(kv)
+        if self.final_norm is not None:
+            x_BTE = self.final_norm(x_BTE)
+        return x_BTE, aux_total, None if kv_caches is None else tuple(new_caches)

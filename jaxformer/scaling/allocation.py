@@ -1,0 +1,136 @@
+"""Compute-optimal allocation in closed form: N_opt(C), D_opt(C), tokens per parameter, loss.
+
+From a parametric law L = E + A/N^α + B/D^β under C = 6ND (Hoffmann et al. 2022, eq. 4):
+
+    N_opt = G (C/6)^a,   D_opt = G⁻¹ (C/6)^b,   G = (αA / (βB))^(1/(α+β)),
+    a = β/(α+β),         b = α/(α+β).
+
+From IsoFLOP power laws (Approach 2): N_opt = k_N C^a, D_opt = k_D C^b, and the loss at the
+optimum L_opt = k_L C^γ fitted to the parabolas' minima.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class ParametricLaw:
+    """L(N, D) = E + A/N^α + B/D^β (nats/token)."""
+
+    E: float
+    A: float
+    B: float
+    alpha: float
+    beta: float
+
+    @classmethod
+    def from_log_params(cls, x) -> "ParametricLaw":
+        """From the fit's (log A, log B, log E, α, β)."""
+        log_a, log_b, log_e, alpha, beta = (float(v) for v in x)
+        return cls(E=float(np.exp(log_e)), A=float(np.exp(log_a)), B=float(np.exp(log_b)), alpha=alpha, beta=beta)
+
+    @classmethod
+    def from_dict(cls, d: dict, source: str = "law") -> "ParametricLaw":
+        missing = [k for k in ("E", "A", "B", "alpha", "beta") if k not in d]
+        if missing:
+            raise ValueError(f"{source}: missing {', '.join(missing)} (need E, A, B, alpha, beta)")
+        values = {k: float(d[k]) for k in ("E", "A", "B", "alpha", "beta")}
+        bad = [k for k, v in values.items() if not (np.isfinite(v) and (v > 0 or k == "E" and v >= 0))]
+        if bad:
+            raise ValueError(f"{source}: {bad[0]} must be positive and finite, got {values[bad[0]]!r}")
+        return cls(**values)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def loss(self, N, D) -> np.ndarray:
+        N, D = np.asarray(N, np.float64), np.asarray(D, np.float64)
+        return self.E + self.A / N**self.alpha + self.B / D**self.beta
+
+    @property
+    def a(self) -> float:
+        """N_opt ∝ C^a."""
+        return self.beta / (self.alpha + self.beta)
+
+    @property
+    def b(self) -> float:
+        """D_opt ∝ C^b."""
+        return self.alpha / (self.alpha + self.beta)
+
+    @property
+    def G(self) -> float:
+        return (self.alpha * self.A / (self.beta * self.B)) ** (1.0 / (self.alpha + self.beta))
+
+    def n_opt(self, C) -> np.ndarray:
+        return self.G * (np.asarray(C, np.float64) / 6.0) ** self.a
+
+    def d_opt(self, C) -> np.ndarray:
+        return (np.asarray(C, np.float64) / 6.0) ** self.b / self.G
+
+    def loss_opt(self, C) -> np.ndarray:
+        return self.loss(self.n_opt(C), self.d_opt(C))
+
+
+@dataclass(frozen=True)
+class PowerLawAllocation:
+    """N_opt = k_N C^a, D_opt = k_D C^b, L_opt = k_L C^γ (from Approach 1 or 2)."""
+
+    k_N: float
+    a: float
+    k_D: float
+    b: float
+    k_L: float | None = None
+    gamma: float | None = None
+
+    def n_opt(self, C) -> np.ndarray:
+        return self.k_N * np.asarray(C, np.float64) ** self.a
+
+    def d_opt(self, C) -> np.ndarray:
+        return self.k_D * np.asarray(C, np.float64) ** self.b
+
+    def loss_opt(self, C) -> np.ndarray:
+        if self.k_L is None:
+            return np.full(np.shape(C), np.nan)
+        return self.k_L * np.asarray(C, np.float64) ** self.gamma
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+Law = ParametricLaw | PowerLawAllocation
+
+# Hoffmann et al. (2022) Approach 3 as published; Besiroglu et al. (2024) refit of the same data.
+PRESETS: dict[str, ParametricLaw] = {
+    "chinchilla": ParametricLaw(E=1.69, A=406.4, B=410.7, alpha=0.34, beta=0.28),
+    "epoch": ParametricLaw(E=1.817, A=482.0, B=2085.4, alpha=0.348, beta=0.366),
+}
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """Compute-optimal N, D, D/N and loss at each budget; arrays ``[K]``."""
+
+    C: np.ndarray
+    N: np.ndarray
+    D: np.ndarray
+    tokens_per_param: np.ndarray
+    loss: np.ndarray
+
+    def rows(self) -> list[dict]:
+        return [
+            {"flops": float(c), "N_opt": float(n), "D_opt": float(d), "tokens_per_param": float(t), "loss": float(l)}
+            for c, n, d, t, l in zip(self.C, self.N, self.D, self.tokens_per_param, self.loss)
+        ]
+
+
+def allocate(law: Law, flops) -> Allocation:
+    """N_opt, D_opt, tokens per parameter and predicted loss at each budget C (FLOPs)."""
+    C = np.atleast_1d(np.asarray(flops, np.float64))
+    bad = np.flatnonzero(~(np.isfinite(C) & (C > 0)))
+    if bad.size:
+        raise ValueError(f"flops must be positive and finite, got {C[bad[0]]!r}")
+    N, D = law.n_opt(C), law.d_opt(C)
+    return Allocation(C, N, D, D / N, law.loss_opt(C))

@@ -1,0 +1,221 @@
+"""Tables of training runs → arrays: CSV, Parquet, JSONL, or a sweep directory.
+
+A run has a parameter count N, training tokens D, training FLOPs C (either of D and C may be
+missing: D = C / 6N, C = 6ND) and a final loss; optionally an IsoFLOP budget label and a
+loss curve (tokens seen → loss). Column names are found automatically (``Model Size`` /
+``Training FLOP`` / ``loss`` of the Chinchilla extraction, ``params`` / ``tokens`` /
+``flops`` / ``val_loss`` of a sweep…) or given explicitly.
+
+A table in *long* form (a run column whose values repeat, one row per evaluation) holds
+curves: each run's final point is its row with the most tokens. A sweep directory holds one
+sub-directory per run with ``final.json`` (``params``/``N``, ``tokens``/``D``,
+``flops``/``C``, ``val_loss``/``loss``) and optionally ``curve.jsonl`` (one
+``{"tokens": …, "loss": …}`` per line).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+# role -> accepted names, compared after lower-casing and mapping spaces/dashes to "_"
+CANDIDATES: dict[str, tuple[str, ...]] = {
+    "N": ("n", "params", "model_size", "n_params", "num_params", "parameters"),
+    "D": ("d", "tokens", "training_tokens", "n_tokens", "num_tokens", "train_tokens"),
+    "C": ("c", "flops", "training_flop", "training_flops", "compute", "train_flops"),
+    "loss": ("loss", "val_loss", "final_loss", "eval_loss", "validation_loss"),
+    "budget": ("budget", "flops_budget", "isoflop", "isoflop_budget"),
+    "run": ("run", "run_id", "run_name"),
+}
+CURVE_FILE = "curve.jsonl"
+
+
+@dataclass(frozen=True)
+class RunTable:
+    """One row per run; arrays ``[R]``. ``curve_*`` are ``[K]`` points of the runs' curves."""
+
+    N: np.ndarray
+    D: np.ndarray
+    C: np.ndarray
+    loss: np.ndarray
+    budget: np.ndarray | None = None  # IsoFLOP budget label per run (FLOPs), if the table has one
+    curve_run: np.ndarray | None = None  # index into the runs
+    curve_tokens: np.ndarray | None = None
+    curve_loss: np.ndarray | None = None
+    source: str = "arrays"
+
+    def __len__(self) -> int:
+        return len(self.N)
+
+    @property
+    def has_curves(self) -> bool:
+        return self.curve_run is not None
+
+    @classmethod
+    def from_arrays(cls, N, loss, D=None, C=None, budget=None, source: str = "arrays") -> "RunTable":
+        """Builds and validates a table; give D or C (or both)."""
+        cols = {"N": N, "loss": loss, "D": D, "C": C, "budget": budget}
+        arrays = {k: _positive(k, np.asarray(v, dtype=np.float64).ravel(), source) for k, v in cols.items() if v is not None}
+        if "D" not in arrays and "C" not in arrays:
+            raise ValueError(f"{source}: need tokens D or FLOPs C for every run, got neither")
+        lengths = {k: len(v) for k, v in arrays.items()}
+        if len(set(lengths.values())) != 1:
+            raise ValueError(f"{source}: columns have different lengths {lengths}")
+        n = arrays["N"]
+        d = arrays["D"] if "D" in arrays else arrays["C"] / (6.0 * n)
+        c = arrays["C"] if "C" in arrays else 6.0 * n * d
+        return cls(n, d, c, arrays["loss"], arrays.get("budget"), source=source)
+
+    def with_curves(self, run: np.ndarray, tokens: np.ndarray, loss: np.ndarray) -> "RunTable":
+        tokens = _positive("curve tokens", np.asarray(tokens, np.float64), self.source)
+        loss = _positive("curve loss", np.asarray(loss, np.float64), self.source)
+        return replace(self, curve_run=np.asarray(run, np.int64), curve_tokens=tokens, curve_loss=loss)
+
+    def subset(self, index: np.ndarray) -> "RunTable":
+        """The runs at ``index`` (curves dropped: they refer to run positions)."""
+        pick = lambda a: None if a is None else a[index]  # noqa: E731
+        return RunTable(self.N[index], self.D[index], self.C[index], self.loss[index], pick(self.budget),
+                        source=self.source)
+
+    def exclude_highest_loss(self, k: int) -> "RunTable":
+        """Drops the k runs with the highest loss (Besiroglu et al. drop 5 outliers)."""
+        if k < 0 or k >= len(self):
+            raise ValueError(f"exclude_highest_loss must be in [0, {len(self) - 1}], got {k}")
+        if k == 0:
+            return self
+        return self.subset(np.sort(np.argsort(self.loss, kind="stable")[: len(self) - k]))
+
+
+def _positive(name: str, values: np.ndarray, source: str) -> np.ndarray:
+    bad = np.flatnonzero(~(np.isfinite(values) & (values > 0)))
+    if bad.size:
+        raise ValueError(f"{source}: column {name!r} row {bad[0]}: {values[bad[0]]!r} is not positive and finite")
+    return values
+
+
+def _norm(name: str) -> str:
+    return name.strip().lower().replace(" ", "_").replace("-", "_")
+
+
+def find_column(columns: list[str], role: str, explicit: str | None, source: str, required: bool = True) -> str | None:
+    """The column playing ``role``: ``explicit`` if given (must exist), else the first candidate."""
+    if explicit is not None:
+        if explicit not in columns:
+            raise ValueError(f"{source}: column {explicit!r} not found (columns: {', '.join(columns)})")
+        return explicit
+    by_norm = {_norm(c): c for c in columns}
+    for candidate in CANDIDATES[role]:
+        if candidate in by_norm:
+            return by_norm[candidate]
+    if required:
+        tried = ", ".join(CANDIDATES[role])
+        raise ValueError(f"{source}: no {role} column (tried {tried}; columns: {', '.join(columns)})")
+    return None
+
+
+def _numbers(name: str, values: list, source: str) -> np.ndarray:
+    out = np.empty(len(values))
+    for i, v in enumerate(values):
+        try:
+            out[i] = float(v)
+        except (TypeError, ValueError):
+            raise ValueError(f"{source}: column {name!r} row {i}: {v!r} is not a number") from None
+    return out
+
+
+def _read_columns(path: Path) -> dict[str, list]:
+    suffix = path.suffix.lower()
+    if suffix == ".csv":
+        with path.open(newline="") as fh:
+            rows = list(csv.DictReader(fh))
+        return {k: [r[k] for r in rows] for k in (rows[0].keys() if rows else [])}
+    if suffix in (".jsonl", ".ndjson"):
+        return _records_to_columns([json.loads(line) for line in path.read_text().splitlines() if line.strip()], path)
+    if suffix == ".parquet":
+        import pyarrow.parquet as pq  # imported here: only Parquet users pay for it
+
+        return pq.read_table(path).to_pydict()
+    raise ValueError(f"{path}: unknown table format {suffix!r} (use .csv, .parquet, .jsonl or a sweep directory)")
+
+
+def _records_to_columns(records: list[dict], source) -> dict[str, list]:
+    names: list[str] = []
+    for r in records:
+        if not isinstance(r, dict):
+            raise ValueError(f"{source}: every record must be a JSON object, got {r!r}")
+        names += [k for k in r if k not in names]
+    return {k: [r.get(k, math.nan) for r in records] for k in names}
+
+
+def _from_columns(cols: dict[str, list], source: str, names: dict[str, str | None]) -> RunTable:
+    columns = list(cols)
+    if not columns or not any(len(v) for v in cols.values()):
+        raise ValueError(f"{source}: the table has no rows")
+    found = {role: find_column(columns, role, names.get(role), source, required=role in ("N", "loss"))
+             for role in ("N", "D", "C", "loss", "budget", "run")}
+    if found["D"] is None and found["C"] is None:
+        raise ValueError(f"{source}: no tokens (D) or FLOPs (C) column (columns: {', '.join(columns)})")
+    num = {role: _numbers(col, cols[col], source) for role, col in found.items() if col and role != "run"}
+    run = found["run"]
+    if run is None or len(set(map(str, cols[run]))) == len(cols[run]):
+        return RunTable.from_arrays(num["N"], num["loss"], num.get("D"), num.get("C"), num.get("budget"), source)
+    return _long_form([str(v) for v in cols[run]], num, source)
+
+
+def _long_form(run_ids: list[str], num: dict[str, np.ndarray], source: str) -> RunTable:
+    """One row per evaluation: the final point of each run is its row with the most tokens."""
+    names, index = np.unique(np.array(run_ids), return_inverse=True)
+    n = num["N"]
+    tokens = num["D"] if "D" in num else num["C"] / (6.0 * n)
+    finals = []
+    for r in range(len(names)):
+        rows = np.flatnonzero(index == r)
+        if np.ptp(n[rows]) > 0:
+            raise ValueError(f"{source}: run {names[r]!r} has more than one N")
+        finals.append(rows[np.argmax(tokens[rows])])
+    finals = np.array(finals)
+    pick = lambda k: num[k][finals] if k in num else None  # noqa: E731
+    table = RunTable.from_arrays(n[finals], num["loss"][finals], tokens[finals], pick("C"), pick("budget"), source)
+    return table.with_curves(index, tokens, num["loss"])
+
+
+def _load_sweep(path: Path, names: dict[str, str | None]) -> RunTable:
+    run_dirs = sorted(p.parent for p in path.glob("*/final.json"))
+    if not run_dirs:
+        raise ValueError(f"{path}: no run sub-directories with final.json")
+    records = []
+    for d in run_dirs:
+        try:
+            records.append(json.loads((d / "final.json").read_text()))
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{d / 'final.json'}: not valid JSON ({error.msg})") from None
+    table = _from_columns(_records_to_columns(records, path), str(path), {**names, "run": None})
+    curves = [(i, d / CURVE_FILE) for i, d in enumerate(run_dirs) if (d / CURVE_FILE).exists()]
+    if not curves:
+        return table
+    run, tokens, loss = [], [], []
+    for i, file in curves:
+        cols = _read_columns(file)
+        t_col = find_column(list(cols), "D", None, str(file))
+        l_col = find_column(list(cols), "loss", names.get("loss"), str(file))
+        run += [i] * len(cols[t_col])
+        tokens += list(_numbers(t_col, cols[t_col], str(file)))
+        loss += list(_numbers(l_col, cols[l_col], str(file)))
+    return table.with_curves(np.array(run), np.array(tokens), np.array(loss))
+
+
+def load_table(path: str | Path, *, n_col: str | None = None, d_col: str | None = None, c_col: str | None = None,
+               loss_col: str | None = None, budget_col: str | None = None, run_col: str | None = None) -> RunTable:
+    """Reads a table file or a sweep directory into a validated ``RunTable``."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no such file or directory")
+    names = {"N": n_col, "D": d_col, "C": c_col, "loss": loss_col, "budget": budget_col, "run": run_col}
+    if path.is_dir():
+        return _load_sweep(path, names)
+    return _from_columns(_read_columns(path), str(path), names)

@@ -1,0 +1,38 @@
+"""`jaxformer sweep SWEEP.yaml [--executor local|ray] [--workers N] [--dry-run] [--out DIR]`."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("spec", help="sweep YAML (see sweeps/)")
+    parser.add_argument("--executor", choices=("local", "ray"), default="local")
+    parser.add_argument("--workers", type=int, help="parallel runs (local; default: one per core)")
+    parser.add_argument("--threads", type=int, default=1, help="CPU threads per run (0: no limit)")
+    parser.add_argument("--dry-run", action="store_true", help="print the plan and exit")
+    parser.add_argument("--out", help="sweep directory (default: runs/<sweep name>)")
+    parser.add_argument("--retry-failed", action="store_true", help="train failed runs again")
+    parser.add_argument("--ray-address", help="an existing Ray cluster (default: start a local instance)")
+    parser.add_argument("--gpus-per-run", type=float, default=0.0, help="GPUs each Ray task asks for")
+    parser.add_argument("--no-probe", action="store_true", help="dry run without the throughput probe")
+
+
+def run(args: argparse.Namespace) -> int:
+    from jaxformer.sweep.launch import launch, print_plan
+    from jaxformer.sweep.plan import plan_runs
+    from jaxformer.sweep.spec import load_spec
+
+    for name in ("workers", "threads"):
+        value = getattr(args, name)
+        if value is not None and value < (1 if name == "workers" else 0):
+            raise ValueError(f"--{name} must be positive, got {value}")
+    spec = load_spec(args.spec)
+    runs = plan_runs(spec)
+    if args.dry_run:
+        print_plan(runs, workers=args.workers or os.cpu_count() or 1, probe=not args.no_probe)
+        return 0
+    out = Path(args.out) if args.out else Path("runs") / spec.name
+    return launch(spec, runs, out, args)

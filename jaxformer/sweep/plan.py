@@ -1,0 +1,108 @@
+"""The planner: a sweep spec → the list of runs, each with an exact N, D, C and a full training config."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from typing import Any
+
+from jaxformer.accounting import count_params, forward_flops_per_token
+from jaxformer.configs import set_dotted, to_dict
+from jaxformer.models.config import ModelConfig
+from jaxformer.sweep.sizing import shape_for_params
+from jaxformer.sweep.spec import SweepSpec, evaluate_formula
+from jaxformer.train.config import TrainConfig, config_from_dict
+
+SHAPE_FIELDS = ("num_layers", "d_model", "num_heads", "num_kv_heads", "head_dim", "d_ff", "expert_d_ff")
+
+
+@dataclasses.dataclass(frozen=True)
+class PlannedRun:
+    """One training run of the sweep.
+
+    N: exact total parameters of the shaped model (embeddings and head included).
+    D: tokens it trains on (whole optimizer steps of batch_size × seq_len).
+    C: training FLOPs of those tokens, ``6·N·D`` or exact (the spec's ``flops``).
+    budget: the IsoFLOP budget it belongs to (None for a grid).
+    """
+
+    name: str
+    N: int
+    N_non_embedding: int
+    D: int
+    C: float
+    budget: float | None
+    target_params: float
+    steps: int
+    seed: int
+    config: dict[str, Any]
+
+    @property
+    def tokens_per_param(self) -> float:
+        return self.D / self.N
+
+
+def _flops_per_token(model: ModelConfig, seq_len: int, rule: str) -> float:
+    """Training FLOPs per token: ``6·N`` or the exact ``3 ×`` forward count."""
+    return 6.0 * count_params(model).total if rule == "6ND" else 3.0 * forward_flops_per_token(model, seq_len).total
+
+
+def _short(value: float) -> str:
+    return f"{value:.3g}".replace("+", "")
+
+
+def _run_config(spec: SweepSpec, model: ModelConfig, tokens: float, seed: int, variables: dict) -> TrainConfig:
+    """The base config with this run's shape, formulas, budget and seed, validated."""
+    data = copy.deepcopy(spec.base)
+    model_fields = to_dict(model)
+    for field in SHAPE_FIELDS:
+        set_dotted(data, f"model.{field}", model_fields[field])
+    for key, formula in spec.hyperparameters.items():
+        set_dotted(data, key, evaluate_formula(key, formula, variables))
+    set_dotted(data, "train.tokens", int(tokens))
+    set_dotted(data, "train.seed", seed)
+    return config_from_dict(data)
+
+
+def plan_runs(spec: SweepSpec) -> list[PlannedRun]:
+    """Every run of the sweep, in launch order (budgets ascending, then sizes).
+
+    Raises ``ValueError`` naming the budget and size when a run would take no optimizer step.
+    """
+    base = config_from_dict(dict(spec.base))
+    shapes = {target: shape_for_params(target, base.model, spec.shape) for target in
+              (spec.isoflop.params if spec.isoflop else spec.grid.params)}
+    rule = spec.isoflop.flops if spec.isoflop else "6ND"
+    runs: list[PlannedRun] = []
+    for budget_or_tokens in sorted(spec.isoflop.budgets if spec.isoflop else spec.grid.tokens):
+        for target, model in shapes.items():
+            params = count_params(model)
+            for seed in spec.seeds:
+                per_token = _flops_per_token(model, base.train.seq_len, rule)
+                wanted = budget_or_tokens / per_token if spec.isoflop else budget_or_tokens
+                variables = {"N": params.total, "D": wanted, "C": wanted * per_token, "d_model": model.d_model,
+                             "num_layers": model.num_layers, "seed": seed}
+                config = _run_config(spec, model, wanted, seed, variables)
+                steps = round(wanted / config.tokens_per_step)
+                if steps < 1:
+                    what = f"budget C={budget_or_tokens:.3g}" if spec.isoflop else f"tokens D={budget_or_tokens:.3g}"
+                    raise ValueError(
+                        f"{what} is too small for params={target:.3g} (N={params.total:,}): {wanted:,.0f} tokens "
+                        f"is less than one step of {config.tokens_per_step:,} tokens"
+                    )
+                tokens = steps * config.tokens_per_step
+                config = _run_config(spec, model, tokens, seed, variables)
+                budget = budget_or_tokens if spec.isoflop else None
+                name = (f"C{_short(budget_or_tokens)}-N{params.total}" if spec.isoflop
+                        else f"N{params.total}-D{_short(tokens)}") + f"-s{seed}"
+                runs.append(PlannedRun(
+                    name=name, N=params.total, N_non_embedding=params.non_embedding, D=tokens,
+                    C=tokens * _flops_per_token(model, config.train.seq_len, rule), budget=budget,
+                    target_params=target, steps=config.total_steps, seed=seed, config=to_dict(config),
+                ))
+    names = [run.name for run in runs]
+    if len(set(names)) != len(names):
+        duplicate = next(name for name in names if names.count(name) > 1)
+        raise ValueError(f"two runs of the sweep have the same shape and budget ({duplicate}); "
+                         "the size rule mapped two targets to one model")
+    return runs

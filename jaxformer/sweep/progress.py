@@ -1,0 +1,110 @@
+"""The live view of a sweep: queued / running / done / failed, each run's loss and ETA.
+
+On a terminal the table redraws in place (``rich``); otherwise one plain line per change.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+from pathlib import Path
+
+from jaxformer.sweep.executors import Outcome
+from jaxformer.sweep.runs import RunPaths
+
+
+def _last_metrics(path: Path) -> dict:
+    """The newest row of a run's ``metrics.jsonl`` (empty before its first log line)."""
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(0, 2)
+            handle.seek(max(0, handle.tell() - 4096))
+            lines = handle.read().decode(errors="replace").strip().splitlines()
+        return json.loads(lines[-1]) if lines else {}
+    except (OSError, json.JSONDecodeError):
+        return {}
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return ""
+    seconds = int(seconds)
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
+
+
+class SweepProgress:
+    """Tracks every run's state; ``event`` is the executors' callback."""
+
+    def __init__(self, sweep_dir: Path, runs: list[dict], initial: dict[str, str], live: bool | None = None) -> None:
+        self.sweep_dir, self.runs = sweep_dir, runs
+        self.state = dict(initial)
+        self.reasons: dict[str, str] = {}
+        self.live = sys.stdout.isatty() if live is None else live
+        self.lock = threading.Lock()
+        self.started = time.time()
+        self._stop = threading.Event()
+        self._display = None
+
+    def event(self, name: str, what: str, outcome: Outcome | None) -> None:
+        with self.lock:
+            if outcome is None:
+                self.state[name] = what
+            else:
+                self.state[name] = {"skipped": "done", "busy": "elsewhere"}.get(outcome.status, outcome.status)
+                if outcome.reason and outcome.status == "failed":
+                    self.reasons[name] = outcome.reason
+        if not self.live:
+            detail = f" ({outcome.reason})" if outcome and outcome.reason else ""
+            wall = f" in {_duration(outcome.wall_s)}" if outcome and outcome.wall_s else ""
+            print(f"[{self._counts()}] {name}: {self.state[name]}{wall}{detail}", flush=True)
+
+    def _counts(self) -> str:
+        values = list(self.state.values())
+        return " ".join(f"{label} {values.count(label)}" for label in ("queued", "submitted", "running", "done", "failed", "elsewhere")
+                        if values.count(label))
+
+    def _row(self, run: dict) -> tuple[str, ...]:
+        name, state = run["name"], self.state[run["name"]]
+        metrics = _last_metrics(RunPaths(self.sweep_dir, name).run_dir / "metrics.jsonl") if state == "running" else {}
+        loss = metrics.get("val_loss") or metrics.get("train_loss")
+        eta = None
+        if metrics.get("tokens_per_s") and metrics.get("tokens") is not None:
+            eta = max(0.0, run["D"] - metrics["tokens"]) / metrics["tokens_per_s"]
+        return (name, f"{run['N']:,}", f"{run['D']:.3g}", f"{run['C']:.3g}", state,
+                "" if loss is None else f"{loss:.4f}", _duration(eta))
+
+    def table(self):
+        from rich.table import Table
+
+        table = Table(title=f"sweep {self.sweep_dir.name} — {self._counts()} — {_duration(time.time() - self.started)}")
+        for column in ("run", "N", "D", "C", "state", "loss", "ETA"):
+            table.add_column(column, justify="left" if column in ("run", "state") else "right")
+        for run in self.runs:
+            table.add_row(*self._row(run))
+        return table
+
+    def __enter__(self) -> "SweepProgress":
+        if self.live:
+            from rich.live import Live
+
+            self._display = Live(self.table(), refresh_per_second=1)
+            self._display.__enter__()
+            threading.Thread(target=self._refresh, daemon=True).start()
+        return self
+
+    def _refresh(self) -> None:
+        while not self._stop.wait(1.0):
+            self._display.update(self.table())
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        if self._display is not None:
+            self._display.update(self.table())
+            self._display.__exit__(*exc)
+
+    def summary(self) -> str:
+        lines = [f"sweep {self.sweep_dir}: {self._counts()} in {_duration(time.time() - self.started)}"]
+        lines += [f"  failed {name}: {reason}" for name, reason in self.reasons.items()]
+        return "\n".join(lines)

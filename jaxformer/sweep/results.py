@@ -1,0 +1,87 @@
+"""`jaxformer results`: one table of a sweep's runs — N, D, C, final losses, status — that the fits read as is."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import os
+import sys
+from pathlib import Path
+
+from jaxformer.sweep.runs import RunPaths, read_json
+
+COLUMNS = ("run", "status", "N", "N_non_embedding", "D", "C", "budget", "tokens_per_param", "loss", "train_loss",
+           "val_bits_per_byte", "seed", "wall_s", "reason")
+
+
+def load_plan(sweep_dir: Path) -> list[dict]:
+    plan = sweep_dir / "plan.json"
+    if not plan.is_file():
+        raise FileNotFoundError(f"not a sweep directory (no plan.json): {sweep_dir}")
+    return json.loads(plan.read_text())["runs"]
+
+
+def collect(sweep_dir: Path) -> list[dict]:
+    """One row per planned run; finished runs carry their measured losses (``loss`` = final validation loss)."""
+    sweep_dir = Path(sweep_dir)
+    rows = []
+    for planned in load_plan(sweep_dir):
+        paths = RunPaths(sweep_dir, planned["name"])
+        state = paths.state()
+        final = read_json(paths.final) if state == "done" else {}
+        status = read_json(paths.status)
+        row = {
+            "run": planned["name"], "status": state, "N": planned["N"], "N_non_embedding": planned["N_non_embedding"],
+            "D": final.get("tokens", planned["D"]), "C": planned["C"], "budget": planned["budget"],
+            "tokens_per_param": planned["D"] / planned["N"], "loss": final.get("val_loss"),
+            "train_loss": final.get("train_loss"), "val_bits_per_byte": final.get("val_bits_per_byte"),
+            "seed": planned["seed"], "wall_s": final.get("wall_s", status.get("wall_s")),
+            "reason": status.get("reason", "") if state == "failed" else "",
+        }
+        rows.append(row)
+    return rows
+
+
+def render(rows: list[dict], fmt: str) -> bytes:
+    """The table as ``csv``, ``json`` (a list of records) or ``parquet`` bytes."""
+    if fmt == "json":
+        return (json.dumps(rows, indent=1) + "\n").encode()
+    if fmt == "csv":
+        buffer = io.StringIO()
+        writer = csv.DictWriter(buffer, fieldnames=COLUMNS)
+        writer.writeheader()
+        writer.writerows({key: ("" if row[key] is None else row[key]) for key in COLUMNS} for row in rows)
+        return buffer.getvalue().encode()
+    if fmt == "parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        buffer = io.BytesIO()
+        pq.write_table(pa.Table.from_pylist(rows), buffer)
+        return buffer.getvalue()
+    raise ValueError(f"--format must be csv, parquet or json, got {fmt!r}")
+
+
+def write_atomic(path: Path, payload: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_bytes(payload)
+    os.replace(tmp, path)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("sweep_dir")
+    parser.add_argument("--format", default="csv", choices=("csv", "parquet", "json"))
+    parser.add_argument("--output", help="write to this file (default: stdout; parquet needs a file)")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.format == "parquet" and not args.output:
+        raise ValueError("--format parquet needs --output FILE")
+    payload = render(collect(Path(args.sweep_dir)), args.format)
+    if args.output:
+        write_atomic(Path(args.output), payload)
+    else:
+        sys.stdout.write(payload.decode())
+    return 0

@@ -1,0 +1,95 @@
+"""One run of a sweep on disk: its directory, its lock, its status.
+
+Layout of a sweep directory::
+
+    spec.yaml  plan.json                 the spec as launched and the planned runs
+    configs/NAME.yaml                    each run's full training config
+    runs/NAME/                           the run directory `jaxformer train` writes (final.json …)
+    status/NAME.json                     the sweep's record: done / failed (with the reason)
+    logs/NAME.log                        the run's stdout and stderr
+    locks/NAME.lock                      held while a process trains the run
+
+A run is *done* when ``runs/NAME/final.json`` exists, *failed* when its status record
+says so (until ``--retry-failed``), *partial* when it has checkpoints, else *queued*.
+The lock (``fcntl.flock``, released by the kernel if the holder dies) is what stops two
+launches on one directory from training the same run twice.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import time
+from pathlib import Path
+from typing import Iterator
+
+from jaxformer.train.metrics import write_json_atomic
+
+
+class RunPaths:
+    def __init__(self, sweep_dir: Path, name: str) -> None:
+        self.name = name
+        self.config = sweep_dir / "configs" / f"{name}.yaml"
+        self.run_dir = sweep_dir / "runs" / name
+        self.status = sweep_dir / "status" / f"{name}.json"
+        self.log = sweep_dir / "logs" / f"{name}.log"
+        self.lock = sweep_dir / "locks" / f"{name}.lock"
+
+    @property
+    def final(self) -> Path:
+        return self.run_dir / "final.json"
+
+    def state(self) -> str:
+        """``done``, ``failed``, ``partial`` or ``queued``."""
+        if self.final.is_file():
+            return "done"
+        if self.status.is_file() and read_json(self.status).get("status") == "failed":
+            return "failed"
+        checkpoints = self.run_dir / "checkpoints"
+        if checkpoints.is_dir() and any(child.name.isdigit() for child in checkpoints.iterdir()):
+            return "partial"
+        return "queued"
+
+    def record(self, status: str, **fields) -> None:
+        self.status.parent.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(self.status, {"status": status, "time": time.time(), **fields})
+
+
+def read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+
+
+@contextlib.contextmanager
+def run_lock(paths: RunPaths) -> Iterator[bool]:
+    """Yields True when this process holds the run's lock, False when another process does."""
+    paths.lock.parent.mkdir(parents=True, exist_ok=True)
+    descriptor = os.open(paths.lock, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        os.ftruncate(descriptor, 0)
+        os.write(descriptor, f"{os.getpid()}\n".encode())
+        try:
+            yield True
+        finally:
+            fcntl.flock(descriptor, fcntl.LOCK_UN)
+    finally:
+        os.close(descriptor)
+
+
+def failure_reason(paths: RunPaths, returncode: int) -> str:
+    """The run's own error record if it wrote one, else the last line of its log."""
+    error = read_json(paths.run_dir / "error.json")
+    if error.get("message"):
+        return f"{error.get('error', 'error')}: {error['message']}"
+    lines = [line for line in (paths.log.read_text(errors="replace").splitlines() if paths.log.is_file() else [])
+             if line.strip()]
+    return lines[-1].strip() if lines else f"exit status {returncode}"

@@ -1,0 +1,83 @@
+"""The size rule: a target parameter count N → a model shape (layers, width, heads).
+
+Rule (documented, deterministic): heads have a fixed width ``head_dim``; the width is a
+multiple of it, ``d_model = head_dim · num_heads``; depth follows a fixed aspect ratio
+``d_model ≈ aspect_ratio · num_layers`` (Kaplan et al. found loss insensitive to the
+ratio over a wide range, so holding it fixed isolates N). For every depth from 1 to
+``max_layers`` the width whose *exact* count (``jaxformer.accounting``, embeddings and
+the output head included unless ``count: non_embedding``) is nearest the target is
+found; among those within ``tolerance`` of the target, the shape nearest the aspect
+ratio wins, else the nearest count. All other architecture fields come from the base
+model config, so N is always the exact count of the model that trains.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Literal
+
+from jaxformer.accounting import count_params
+from jaxformer.models.config import ModelConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class ShapeRule:
+    """How a target N becomes a shape. ``count``: which N the targets mean."""
+
+    head_dim: int = 16
+    aspect_ratio: float = 16.0
+    max_layers: int = 12
+    max_heads: int = 64
+    tolerance: float = 0.15
+    count: Literal["total", "non_embedding"] = "total"
+
+    def __post_init__(self) -> None:
+        for name in ("head_dim", "max_layers", "max_heads"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"shape.{name} must be positive, got {getattr(self, name)}")
+        if self.aspect_ratio <= 0 or self.tolerance <= 0:
+            raise ValueError(f"shape.aspect_ratio and shape.tolerance must be positive, got "
+                             f"{self.aspect_ratio} and {self.tolerance}")
+
+
+def _shape(base: ModelConfig, layers: int, heads: int, rule: ShapeRule) -> ModelConfig:
+    """``base`` at this depth and width; sizes derived from the width are re-derived."""
+    kv_ratio = base.num_heads // base.num_kv_heads
+    return dataclasses.replace(
+        base, num_layers=layers, num_heads=heads, head_dim=rule.head_dim, d_model=heads * rule.head_dim,
+        num_kv_heads=heads // kv_ratio if heads % kv_ratio == 0 else heads,
+        d_ff=None, expert_d_ff=None,
+    )
+
+
+def _counted(cfg: ModelConfig, rule: ShapeRule) -> int:
+    params = count_params(cfg)
+    return params.total if rule.count == "total" else params.non_embedding
+
+
+def shape_for_params(target: float, base: ModelConfig, rule: ShapeRule) -> ModelConfig:
+    """The model of ``base``'s architecture whose exact N is nearest ``target`` under ``rule``.
+
+    Raises ``ValueError`` when even one layer of one head overshoots the target by more
+    than the tolerance (the rule would need zero layers).
+    """
+    if target <= 0:
+        raise ValueError(f"target params must be positive, got {target}")
+    candidates = []
+    for layers in range(1, rule.max_layers + 1):
+        best = min(
+            (_shape(base, layers, heads, rule) for heads in range(1, rule.max_heads + 1)),
+            key=lambda cfg: abs(math.log(_counted(cfg, rule) / target)),
+        )
+        candidates.append(best)
+    smallest = _counted(_shape(base, 1, 1, rule), rule)
+    if smallest > target * (1 + rule.tolerance):
+        raise ValueError(
+            f"shape rule gives zero layers for params={target:.4g}: one layer of width {rule.head_dim} "
+            f"already holds {smallest:,} parameters"
+        )
+    close = [cfg for cfg in candidates if abs(_counted(cfg, rule) / target - 1) <= rule.tolerance]
+    if close:
+        return min(close, key=lambda cfg: abs(math.log(cfg.d_model / (rule.aspect_ratio * cfg.num_layers))))
+    return min(candidates, key=lambda cfg: abs(math.log(_counted(cfg, rule) / target)))

@@ -1,0 +1,115 @@
+"""The sweep specification: a base training config, a size rule, and a grid or IsoFLOP budgets.
+
+```yaml
+name: quick
+base: {model: {preset: tiny}, data: {corpus: stdlib}, train: {batch_size: 8, seq_len: 128}}
+shape: {head_dim: 16, aspect_ratio: 16}          # target N -> layers/width (sizing.py)
+isoflop: {budgets: [1e11, 3e11, 1e12], params: [8e3, 16e3, 32e3, 64e3, 128e3], flops: 6ND}
+# or: grid: {params: [...], tokens: [...]}
+hyperparameters:                                  # formulas of N, D, C, d_model, num_layers
+  optimizer.lr: "min(1e-2, 3e-3 * (N / 1e5) ** -0.3)"
+seeds: [0]
+fit: {approaches: [2, 3]}
+```
+
+IsoFLOP runs take ``D = C / (6·N)`` (``flops: 6ND``) or ``D = C / (3·F)`` with F the exact
+forward FLOPs per token (``flops: exact``), N being the exact count of the shaped model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+from typing import Any, Literal
+
+from jaxformer.configs import from_dict, load_yaml
+from jaxformer.sweep.sizing import ShapeRule
+from jaxformer.train.config import config_from_dict
+
+FORMULA_NAMES = ("N", "D", "C", "d_model", "num_layers", "seed")
+FORMULA_FUNCTIONS = {name: getattr(math, name) for name in ("sqrt", "log", "log2", "log10", "exp")} | {
+    "min": min, "max": max, "round": round, "int": int,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class IsoFlopSpec:
+    """Compute budgets C (FLOPs) × target sizes N; D follows from C."""
+
+    budgets: list[float]
+    params: list[float]
+    flops: Literal["6ND", "exact"] = "6ND"
+
+
+@dataclasses.dataclass(frozen=True)
+class GridSpec:
+    """Target sizes N × token budgets D."""
+
+    params: list[float]
+    tokens: list[float]
+
+
+@dataclasses.dataclass(frozen=True)
+class FitSpec:
+    """What to fit when the sweep ends (Chinchilla approaches)."""
+
+    approaches: list[int] = dataclasses.field(default_factory=lambda: [2, 3])
+    bootstrap: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class SweepSpec:
+    name: str
+    base: dict[str, Any] = dataclasses.field(default_factory=dict)
+    shape: ShapeRule = dataclasses.field(default_factory=ShapeRule)
+    isoflop: IsoFlopSpec | None = None
+    grid: GridSpec | None = None
+    hyperparameters: dict[str, Any] = dataclasses.field(default_factory=dict)
+    seeds: list[int] = dataclasses.field(default_factory=lambda: [0])
+    fit: FitSpec | None = None
+
+    def __post_init__(self) -> None:
+        if (self.isoflop is None) == (self.grid is None):
+            raise ValueError("a sweep needs exactly one of 'isoflop' or 'grid'")
+        values = {"isoflop.budgets": self.isoflop.budgets if self.isoflop else [],
+                  "isoflop.params": self.isoflop.params if self.isoflop else [],
+                  "grid.params": self.grid.params if self.grid else [],
+                  "grid.tokens": self.grid.tokens if self.grid else []}
+        for field, numbers in values.items():
+            for number in numbers:
+                if not math.isfinite(number) or number <= 0:
+                    raise ValueError(f"{field} must hold positive numbers, got {number}")
+        if (self.isoflop and not (self.isoflop.budgets and self.isoflop.params)) or (
+            self.grid and not (self.grid.params and self.grid.tokens)
+        ):
+            raise ValueError("the sweep's size and budget lists must not be empty")
+        if not self.seeds:
+            raise ValueError("seeds must list at least one seed")
+        for approach in self.fit.approaches if self.fit else []:
+            if approach not in (1, 2, 3):
+                raise ValueError(f"fit.approaches must be 1, 2 or 3, got {approach}")
+
+
+def evaluate_formula(key: str, formula: Any, variables: dict[str, float]) -> Any:
+    """A hyperparameter for one run: a number, or an expression of ``FORMULA_NAMES``."""
+    if not isinstance(formula, str):
+        return formula
+    try:
+        return eval(compile(formula, key, "eval"), {"__builtins__": {}}, {**FORMULA_FUNCTIONS, **variables})  # noqa: S307
+    except Exception as error:  # a user formula: report it as one line
+        raise ValueError(f"hyperparameters.{key}: cannot evaluate {formula!r} ({type(error).__name__}: {error})") from None
+
+
+def load_spec(path: str | Path) -> SweepSpec:
+    """Reads and validates a sweep YAML: unknown keys, bad values and bad formulas raise ``ValueError``."""
+    data = load_yaml(path)
+    data.setdefault("name", Path(path).stem)
+    spec = from_dict(SweepSpec, data)
+    config_from_dict(dict(spec.base))  # the base config must itself be valid
+    probe = {name: 1.0 for name in FORMULA_NAMES}
+    for key, formula in spec.hyperparameters.items():
+        if key.split(".")[0] not in ("model", "data", "optimizer", "train", "checkpoint", "logging", "parallel"):
+            raise ValueError(f"hyperparameters.{key}: not a training config field")
+        evaluate_formula(key, formula, probe)
+    return spec

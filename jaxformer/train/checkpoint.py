@@ -1,0 +1,109 @@
+"""Orbax checkpoints of a run: the train state plus a JSON record, with fallback past bad ones.
+
+Each step directory holds two items: ``state`` (parameters, optimizer state, step and the
+metric accumulators, through ``StandardSave``) and ``meta`` (``JsonSave``: the loader's
+position, wall time so far, and a SHA-256 digest of every state array). Orbax writes a step
+into a temporary directory and renames it when complete, so a process killed mid-save
+leaves no half-written step behind; ``max_to_keep`` keeps the last ``keep`` steps.
+
+Restoring tries the newest step first. A step that fails to load, or whose arrays no longer
+match their digest, is moved to ``RUN_DIR/corrupt_checkpoints/`` with a warning and the
+previous step is tried — a run never silently restarts from step 0 when checkpoints exist.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+
+
+class CheckpointError(RuntimeError):
+    """Checkpoints exist but none of them can be restored."""
+
+
+def state_digest(state: Any) -> str:
+    """SHA-256 over every leaf's dtype, shape and bytes, in tree order."""
+    digest = hashlib.sha256()
+    for leaf in jax.tree.leaves(jax.device_get(state)):
+        array = np.asarray(leaf)
+        digest.update(f"{array.dtype}{array.shape}".encode() + array.tobytes())
+    return digest.hexdigest()
+
+
+class Checkpointer:
+    """Saves and restores ``(state, meta)`` under ``directory`` (synchronously)."""
+
+    def __init__(self, directory: Path, keep: int) -> None:
+        self.directory = Path(directory).absolute()
+        options = ocp.CheckpointManagerOptions(
+            max_to_keep=keep, create=True, enable_async_checkpointing=False, cleanup_tmp_directories=True
+        )
+        self.manager = ocp.CheckpointManager(self.directory, options=options)
+
+    def steps(self) -> list[int]:
+        return sorted(self.manager.all_steps())
+
+    def save(self, step: int, state: Any, meta: dict) -> None:
+        """Writes step ``step``; ``meta`` must be JSON-serialisable."""
+        meta = {**meta, "step": step, "digest": state_digest(state)}
+        self.manager.save(
+            step,
+            args=ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)),
+            force=True,
+        )
+        self.manager.wait_until_finished()
+
+    def restore_latest(self, abstract_state: Any) -> tuple[int, Any, dict] | None:
+        """``(step, state, meta)`` of the newest readable step; None when there is no checkpoint.
+
+        abstract_state: a tree of ``jax.ShapeDtypeStruct`` (with shardings) shaped like the state.
+        Raises `CheckpointError` when steps exist but none restores.
+        """
+        steps = self.steps()
+        for step in reversed(steps):
+            try:
+                restored = self.manager.restore(
+                    step,
+                    args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state), meta=ocp.args.JsonRestore()),
+                )
+                state, meta = restored["state"], dict(restored["meta"])
+                if state_digest(state) != meta.get("digest"):
+                    raise ValueError("array contents do not match the digest saved with them")
+                return step, state, meta
+            except Exception as error:  # noqa: BLE001 — any failure to read a step means: try the previous one
+                self._set_aside(step, error)
+        if steps:
+            raise CheckpointError(
+                f"none of the checkpoints {steps} in {self.directory} could be restored; "
+                f"they were moved to {self._corrupt_dir()} (start a new run directory to begin again)"
+            )
+        return None
+
+    def _corrupt_dir(self) -> Path:
+        return self.directory.parent / "corrupt_checkpoints"
+
+    def _set_aside(self, step: int, error: Exception) -> None:
+        reason = str(error).splitlines()[0] if str(error) else ""
+        print(
+            f"warning: checkpoint step {step} is unreadable ({type(error).__name__}: {reason[:200]}); "
+            f"moving it to {self._corrupt_dir()} and falling back to the previous one",
+            file=sys.stderr,
+        )
+        source = self.directory / str(step)
+        if source.exists():
+            target = self._corrupt_dir() / str(step)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if target.exists():
+                shutil.rmtree(target)
+            shutil.move(str(source), str(target))
+        self.manager.reload()
+
+    def close(self) -> None:
+        self.manager.close()

@@ -1,0 +1,161 @@
+"""Corpora: where a run's text (or tokens) comes from, read deterministically and hashed.
+
+- ``stdlib``: the running Python's standard-library ``.py`` sources (tests, ``idle_test`` and
+  installed packages excluded), files sorted by relative path.
+- ``files:GLOB[,GLOB…]``: the user's text files (recursive ``**`` globs), sorted.
+- ``synthetic-markov``: documents drawn from `jaxformer.train.markov` (entropy rate reported).
+- ``tokens:PATH``: pre-tokenised ids, nanoGPT's ``.bin`` layout (a flat uint16/uint32 array):
+  a directory with ``train.bin`` and ``val.bin``, or one file whose last ``val_fraction`` of
+  64K-token blocks is the validation split.
+
+Text corpora are lists of documents (name, bytes); files longer than ``data.doc_bytes`` are cut
+at a newline into several documents. ``info["sha256"]`` is a hash of every name and byte read.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import hashlib
+import os
+import sysconfig
+from pathlib import Path
+
+import numpy as np
+
+from jaxformer.train.config import DataConfig
+from jaxformer.train.markov import make_markov_source
+
+MARKOV_DOC_BYTES = 4096  # length of each independent stationary Markov document
+TOKEN_BLOCK = 65_536  # tokens per "document" when one .bin file is split
+_STDLIB_EXCLUDED_DIRS = {"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__"}
+
+
+@dataclasses.dataclass(frozen=True)
+class TextCorpus:
+    """Documents in a fixed order; ``info`` describes the source (kind, counts, sha256, entropy)."""
+
+    documents: list[tuple[str, bytes]]
+    info: dict
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenCorpus:
+    """Already-split token ids (memory-mapped)."""
+
+    train: np.ndarray
+    val: np.ndarray
+    info: dict
+
+
+def load_corpus(data: DataConfig) -> TextCorpus | TokenCorpus:
+    """Reads the corpus ``data.corpus`` names; missing files raise ``FileNotFoundError`` naming it."""
+    kind, _, rest = data.corpus.partition(":")
+    if data.corpus == "stdlib":
+        root = Path(sysconfig.get_paths()["stdlib"])
+        return _text_corpus("stdlib", root, stdlib_files(root), data.doc_bytes)
+    if kind == "files":
+        return _text_corpus("files", Path.cwd(), _glob_files(data.corpus, rest), data.doc_bytes)
+    if data.corpus == "synthetic-markov":
+        return markov_corpus(data)
+    return _token_corpus(data, Path(rest).expanduser())
+
+
+def stdlib_files(root: Path) -> list[Path]:
+    """Sorted ``.py`` files under ``root``, skipping test suites and installed packages."""
+    found = []
+    for directory, subdirs, names in os.walk(root):
+        subdirs[:] = sorted(d for d in subdirs if d not in _STDLIB_EXCLUDED_DIRS)
+        found += [Path(directory) / name for name in names if name.endswith(".py")]
+    return sorted(found, key=lambda path: path.relative_to(root).as_posix())
+
+
+def markov_corpus(data: DataConfig) -> TextCorpus:
+    """``data.markov.bytes`` bytes (rounded up to whole documents) of the seeded chain."""
+    m = data.markov
+    source = make_markov_source(m.order, m.alphabet, m.branching, m.concentration, m.seed)
+    num_documents = -(-m.bytes // MARKOV_DOC_BYTES)
+    texts = source.sample(num_documents, MARKOV_DOC_BYTES, seed=m.seed + 1)
+    documents = [(f"markov-{i:06d}", text) for i, text in enumerate(texts)]
+    info = {
+        "kind": "synthetic-markov",
+        "markov": dataclasses.asdict(m),
+        "entropy_rate_bits_per_byte": source.entropy_rate_bits(),
+        "unigram_entropy_bits_per_byte": source.unigram_entropy_bits(),
+    }
+    return TextCorpus(documents, {**info, **_describe(documents)})
+
+
+def _glob_files(spec: str, patterns: str) -> list[Path]:
+    files: set[Path] = set()
+    for pattern in (p.strip() for p in patterns.split(",") if p.strip()):
+        matches = [Path(m) for m in glob.glob(os.path.expanduser(pattern), recursive=True) if Path(m).is_file()]
+        if not matches:
+            raise FileNotFoundError(f"data.corpus {spec!r}: no file matches {pattern!r}")
+        files.update(matches)
+    return sorted(files, key=lambda path: path.as_posix())
+
+
+def _text_corpus(kind: str, root: Path, files: list[Path], doc_bytes: int) -> TextCorpus:
+    documents = []
+    for path in files:
+        name = path.relative_to(root).as_posix() if path.is_relative_to(root) else path.as_posix()
+        pieces = split_text(path.read_bytes(), doc_bytes)
+        documents += [(name if len(pieces) == 1 else f"{name}#{i}", piece) for i, piece in enumerate(pieces)]
+    info = {"kind": kind, "root": str(root), "files": len(files), **_describe(documents)}
+    return TextCorpus(documents, info)
+
+
+def split_text(text: bytes, max_bytes: int) -> list[bytes]:
+    """Cuts ``text`` into pieces of at most ``max_bytes``, after the last newline when there is one."""
+    pieces, start = [], 0
+    while len(text) - start > max_bytes:
+        cut = text.rfind(b"\n", start, start + max_bytes)
+        end = cut + 1 if cut >= start else start + max_bytes
+        pieces.append(text[start:end])
+        start = end
+    if start < len(text) or not pieces:
+        pieces.append(text[start:])
+    return pieces
+
+
+def _describe(documents: list[tuple[str, bytes]]) -> dict:
+    digest = hashlib.sha256()
+    for name, text in documents:
+        digest.update(name.encode() + b"\0" + len(text).to_bytes(8, "little") + text)
+    return {"documents": len(documents), "bytes": sum(len(t) for _, t in documents), "sha256": digest.hexdigest()}
+
+
+def _token_corpus(data: DataConfig, path: Path) -> TokenCorpus:
+    dtype = np.dtype(data.token_dtype)
+    if path.is_dir():
+        train_path, val_path = path / "train.bin", path / "val.bin"
+        for part in (train_path, val_path):
+            if not part.is_file():
+                raise FileNotFoundError(f"data.corpus {data.corpus!r}: {part} not found")
+        train, val = _memmap(train_path, dtype, data.corpus), _memmap(val_path, dtype, data.corpus)
+        files = [train_path, val_path]
+    elif path.is_file():
+        tokens = _memmap(path, dtype, data.corpus)
+        blocks = -(-len(tokens) // TOKEN_BLOCK)
+        val_blocks = max(1, round(blocks * data.val_fraction)) if blocks > 1 else 0
+        cut = (blocks - val_blocks) * TOKEN_BLOCK if val_blocks else int(len(tokens) * (1 - data.val_fraction))
+        train, val = tokens[:cut], tokens[cut:]
+        files = [path]
+    else:
+        raise FileNotFoundError(f"data.corpus {data.corpus!r}: {path} not found")
+    digest = hashlib.sha256()
+    for file in files:
+        with open(file, "rb") as handle:
+            for chunk in iter(lambda: handle.read(1 << 24), b""):
+                digest.update(chunk)
+    info = {"kind": "tokens", "path": str(path), "dtype": data.token_dtype, "tokens": len(train) + len(val),
+            "sha256": digest.hexdigest()}
+    return TokenCorpus(train, val, info)
+
+
+def _memmap(path: Path, dtype: np.dtype, spec: str) -> np.ndarray:
+    size = path.stat().st_size
+    if size == 0 or size % dtype.itemsize:
+        raise ValueError(f"data.corpus {spec!r}: {path} holds {size} bytes, not a whole number of {dtype} tokens")
+    return np.memmap(path, dtype=dtype, mode="r")

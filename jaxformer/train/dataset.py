@@ -1,0 +1,140 @@
+"""From a corpus to the two token streams a run reads: the split by document, tokenization, checks.
+
+A document goes to validation when a hash of ``(data.split_seed, its name)`` falls below
+``data.val_fraction`` — deterministic, independent of the order and number of other
+documents, so adding files never moves an existing one between splits. At least one
+document is held out. Each split's documents are concatenated in corpus order without a
+separator (byte vocabularies have no spare id for one).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import math
+from pathlib import Path
+
+import numpy as np
+
+from jaxformer.train.config import TrainConfig
+from jaxformer.train.corpora import TextCorpus, load_corpus
+from jaxformer.train.tokenizer import BPETokenizer, ByteTokenizer
+
+
+@dataclasses.dataclass(frozen=True)
+class Dataset:
+    """Token streams of the two splits and what is known about them.
+
+    val_bytes: bytes of validation text (None for a pre-tokenised corpus), so that
+    bits/byte = nats/token / ln 2 × ``len(val) / val_bytes``.
+    """
+
+    train: np.ndarray
+    val: np.ndarray
+    val_bytes: int | None
+    tokenizer: ByteTokenizer | BPETokenizer | None
+    info: dict
+
+    @property
+    def tokens_per_byte(self) -> float | None:
+        return len(self.val) / self.val_bytes if self.val_bytes else None
+
+    def bits_per_byte(self, nats_per_token: float) -> float | None:
+        per_byte = self.tokens_per_byte
+        return None if per_byte is None else nats_per_token / math.log(2) * per_byte
+
+
+def validation_mask(names: list[str], val_fraction: float, seed: int) -> np.ndarray:
+    """``[len(names)]`` bool: True for held-out documents (at least one, never all when possible)."""
+    keys = np.array([_unit_hash(f"{seed}:{name}") for name in names])
+    is_val = keys < val_fraction
+    if not is_val.any() and len(names):
+        is_val[np.argmin(keys)] = True
+    if is_val.all() and len(names) > 1:
+        is_val[np.argmax(keys)] = False
+    return is_val
+
+
+def prepare_dataset(config: TrainConfig, saved_tokenizer: Path | None = None) -> Dataset:
+    """Loads, splits and tokenizes ``config.data``; checks it against the model and batch shape.
+
+    saved_tokenizer: a run's ``tokenizer.json`` to reuse (resume) instead of training a BPE.
+    Raises ``ValueError``/``FileNotFoundError`` naming ``data.corpus`` on unusable data.
+    """
+    data = config.data
+    corpus = load_corpus(data)
+    if isinstance(corpus, TextCorpus):
+        dataset = _tokenize(config, corpus, saved_tokenizer)
+    else:
+        top = max(_max_token(corpus.train), _max_token(corpus.val))
+        if top >= config.model.vocab_size:
+            raise ValueError(
+                f"data.corpus {data.corpus!r} holds token id {top}, beyond model.vocab_size={config.model.vocab_size}"
+            )
+        dataset = Dataset(corpus.train, corpus.val, None, None, corpus.info)
+    check_sizes(config, dataset)
+    return dataset
+
+
+def check_sizes(config: TrainConfig, dataset: Dataset) -> None:
+    """The training split must fill one batch of windows, the validation split one window."""
+    batch, seq_len = config.train.batch_size, config.train.seq_len
+    needed = (batch + 1) * seq_len + 1  # batch windows plus the loader's shift of up to one window
+    if len(dataset.train) < needed:
+        raise ValueError(
+            f"data.corpus {config.data.corpus!r}: the training split has {len(dataset.train):,} tokens, fewer than "
+            f"one batch needs ({needed:,} for train.batch_size={batch} × train.seq_len={seq_len})"
+        )
+    if len(dataset.val) < seq_len + 1:
+        raise ValueError(
+            f"data.corpus {config.data.corpus!r}: the validation split has {len(dataset.val):,} tokens, "
+            f"fewer than one window of train.seq_len={seq_len} + 1"
+        )
+
+
+def _tokenize(config: TrainConfig, corpus: TextCorpus, saved_tokenizer: Path | None) -> Dataset:
+    data = config.data
+    names = [name for name, _ in corpus.documents]
+    is_val = validation_mask(names, data.val_fraction, data.split_seed)
+    if is_val.all():
+        raise ValueError(f"data.corpus {data.corpus!r} has a single document of at most "
+                         f"data.doc_bytes={data.doc_bytes}; lower data.doc_bytes to split it for validation")
+    train_docs = [text for (_, text), val in zip(corpus.documents, is_val) if not val]
+    val_docs = [text for (_, text), val in zip(corpus.documents, is_val) if val]
+    if data.tokenizer == "byte":
+        tokenizer = ByteTokenizer()
+    elif saved_tokenizer is not None and saved_tokenizer.is_file():
+        tokenizer = BPETokenizer.load(saved_tokenizer)
+    else:
+        tokenizer = BPETokenizer.train(_prefix(train_docs, data.bpe_train_bytes), data.bpe_vocab_size)
+    info = {
+        **corpus.info,
+        "train_documents": len(train_docs),
+        "val_documents": len(val_docs),
+        "tokenizer": tokenizer.name,
+        "vocab_size": tokenizer.vocab_size,
+    }
+    train, val = tokenizer.encode_documents(train_docs), tokenizer.encode_documents(val_docs)
+    info.update(train_tokens=len(train), val_tokens=len(val), val_bytes=sum(map(len, val_docs)))
+    return Dataset(train, val, info["val_bytes"], tokenizer, info)
+
+
+def _prefix(documents: list[bytes], max_bytes: int) -> list[bytes]:
+    """The leading documents holding at most ``max_bytes`` (at least one)."""
+    taken, total = [], 0
+    for text in documents:
+        if taken and total + len(text) > max_bytes:
+            break
+        taken.append(text)
+        total += len(text)
+    return taken
+
+
+def _max_token(tokens: np.ndarray) -> int:
+    chunk = 1 << 24
+    return max((int(tokens[i : i + chunk].max()) for i in range(0, len(tokens), chunk)), default=-1)
+
+
+def _unit_hash(text: str) -> float:
+    """A number in [0, 1) from the first 8 bytes of sha256(text)."""
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big") / 2.0**64

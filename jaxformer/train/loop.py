@@ -1,0 +1,237 @@
+"""`train(config, run_dir)`: one run from a validated config to ``final.json``.
+
+Order of work: every check that can fail on user input (config, resume compatibility,
+corpus, sizes) runs before anything is written to the run directory. Then the resolved
+``config.yaml``, ``data.json`` (corpus description and hash) and, for BPE, ``tokenizer.json``
+are written; the model is initialised, or restored from the latest readable checkpoint
+(resume is the default); the loop runs with host synchronisation only at log, evaluation
+and checkpoint steps; ``final.json`` is the record sweeps and fits read.
+
+Run directory: ``config.yaml data.json [tokenizer.json] checkpoints/ metrics.jsonl
+tensorboard/ final.json`` (or only ``error.json`` when the input was bad).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+import yaml
+
+from jaxformer.accounting import count_params, training_flops
+from jaxformer.models.pure import init_params
+from jaxformer.train.checkpoint import Checkpointer
+from jaxformer.train.config import TrainConfig, config_to_dict, resume_conflict
+from jaxformer.train.dataset import Dataset, prepare_dataset
+from jaxformer.train.loader import Loader, eval_batches
+from jaxformer.train.metrics import MetricsLogger, probe_matmul_peak, write_json_atomic
+from jaxformer.train.optimizer import learning_rates, make_optimizer
+from jaxformer.train.step import empty_sums, init_state, make_eval_pass, make_train_step
+
+
+class NonFiniteLoss(RuntimeError):
+    """The loss or gradient norm became NaN or infinite; the last good checkpoint is kept."""
+
+
+def enable_compilation_cache(directory: str) -> None:
+    """JAX's persistent compilation cache in ``directory`` ("" leaves it off)."""
+    if directory:
+        path = Path(directory).expanduser()
+        path.mkdir(parents=True, exist_ok=True)
+        jax.config.update("jax_compilation_cache_dir", str(path))
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+
+
+def has_checkpoints(run_dir: Path) -> bool:
+    directory = run_dir / "checkpoints"
+    return directory.is_dir() and any(child.name.isdigit() for child in directory.iterdir())
+
+
+def check_resume(config: TrainConfig, run_dir: Path) -> bool:
+    """Whether the run resumes; raises ``ValueError`` when the run directory holds a different run."""
+    if not has_checkpoints(run_dir):
+        return False
+    if not config.checkpoint.resume:
+        raise ValueError(f"checkpoint.resume=false but {run_dir} holds checkpoints; use a new train.run_dir")
+    saved = run_dir / "config.yaml"
+    if saved.is_file():
+        conflict = resume_conflict(yaml.safe_load(saved.read_text()) or {}, config)
+        if conflict:
+            raise ValueError(f"cannot resume {run_dir}: {conflict} (use a new train.run_dir)")
+    return True
+
+
+def train(config: TrainConfig, run_dir: Path) -> dict:
+    """Trains (or resumes) the run in ``run_dir``; returns the ``final.json`` record."""
+    started = time.perf_counter()
+    run_dir = Path(run_dir)
+    resuming = check_resume(config, run_dir)
+    dataset = prepare_dataset(config, run_dir / "tokenizer.json" if resuming else None)
+    # --- all input checks passed: from here on the run directory is written ---
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "error.json").unlink(missing_ok=True)
+    _write_run_files(config, run_dir, dataset)
+    enable_compilation_cache(config.train.compilation_cache)
+    return _Run(config, run_dir, dataset, started).run()
+
+
+def _write_run_files(config: TrainConfig, run_dir: Path, dataset: Dataset) -> None:
+    tmp = run_dir / ".config.yaml.tmp"
+    tmp.write_text(yaml.safe_dump(config_to_dict(config), sort_keys=False))
+    os.replace(tmp, run_dir / "config.yaml")
+    write_json_atomic(run_dir / "data.json", dataset.info)
+    if dataset.tokenizer is not None and dataset.tokenizer.name == "bpe":
+        dataset.tokenizer.save(run_dir / "tokenizer.json")
+
+
+class _Run:
+    """The state of one training process (one segment of a possibly resumed run)."""
+
+    def __init__(self, config: TrainConfig, run_dir: Path, dataset: Dataset, started: float) -> None:
+        self.config, self.run_dir, self.dataset, self.started = config, run_dir, dataset, started
+        train = config.train
+        self.total_steps = config.total_steps
+        self.tokens_per_step = config.tokens_per_step
+        self.learning_rates = learning_rates(config.optimizer, self.total_steps)
+        self.optimizer = make_optimizer(config.optimizer)
+        self.flops_per_token = training_flops(config.model, 1, train.seq_len)["exact"]
+        self.loader = Loader(dataset.train, train.seq_len, train.batch_size, train.seed)
+        self.micro_batch = train.batch_size // train.grad_accum
+        self.val_batches = eval_batches(dataset.val, train.seq_len, self.micro_batch, train.eval_tokens)
+
+    def _initial_state(self):
+        graphdef, params = init_params(self.config.model, self.config.train.seed)
+        counts = count_params(self.config.model)
+        actual = sum(int(np.prod(leaf.shape)) for leaf in jax.tree.leaves(params))
+        if actual != counts.total:
+            raise RuntimeError(f"the model holds {actual:,} parameters but the accounting counts {counts.total:,}")
+        return graphdef, init_state(params, self.optimizer)
+
+    def run(self) -> dict:
+        config, run_dir = self.config, self.run_dir
+        graphdef, state = self._initial_state()
+        checkpointer = Checkpointer(run_dir / "checkpoints", config.checkpoint.keep)
+        abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state)
+        restored = checkpointer.restore_latest(abstract)
+        self.previous_wall_s = 0.0
+        if restored is not None:
+            _, state, meta = restored
+            self.loader.load_state_dict(meta["loader"])
+            self.previous_wall_s = float(meta["wall_s"])
+        start_step = self.start_step = int(state["step"])
+        self.peak_flops = config.train.peak_flops or probe_matmul_peak(config.train.compute_dtype)
+
+        example = np.zeros((config.train.grad_accum, self.micro_batch, config.train.seq_len + 1), np.int32)
+        compile_start = time.perf_counter()
+        train_step = make_train_step(graphdef, self.optimizer, config.train.compute_dtype).lower(
+            state, example, self.learning_rates[0]).compile()
+        eval_pass = make_eval_pass(graphdef, config.train.compute_dtype).lower(state["params"], self.val_batches).compile()
+        self.compile_s = time.perf_counter() - compile_start
+
+        logger = MetricsLogger(run_dir, start_step=start_step, total_steps=self.total_steps,
+                               progress=config.logging.progress, tensorboard=config.logging.tensorboard)
+        self.last_train_loss = _last_logged(run_dir / "metrics.jsonl", "train_loss")
+        self.val_loss = None
+        self.train_s, self.mark = 0.0, time.perf_counter()
+        self.logged = (start_step, 0.0)  # (step, training seconds) at the last train-loss row
+        try:
+            for step in range(start_step + 1, self.total_steps + 1):
+                batch = self.loader.next_batch().reshape(example.shape)
+                state = train_step(state, batch, self.learning_rates[step - 1])
+                logger.advance()
+                state = self._maybe_report(step, state, eval_pass, checkpointer, logger)
+            if self.val_loss is None:  # resumed at the very end: evaluate the restored parameters
+                self.val_loss = float(eval_pass(state["params"], self.val_batches))
+        finally:
+            logger.close()
+            checkpointer.close()
+        record = self._final_record()
+        write_json_atomic(run_dir / "final.json", record)
+        return record
+
+    def _maybe_report(self, step, state, eval_pass, checkpointer, logger):
+        """At log, eval and checkpoint steps: synchronise, check the loss, write rows and checkpoints."""
+        cfg, last = self.config, step == self.total_steps
+        log = step % cfg.logging.interval == 0 or last
+        evaluate = (cfg.train.eval_interval and step % cfg.train.eval_interval == 0) or last
+        save = step % cfg.checkpoint.interval == 0 or last
+        if not (log or evaluate or save):
+            return state
+        host = jax.device_get({"sums": state["sums"], "first_nonfinite": state["first_nonfinite"]})
+        now = time.perf_counter()
+        self.train_s += now - self.mark
+        if host["first_nonfinite"] >= 0:
+            saved = checkpointer.steps()
+            kept = f"the last good checkpoint is step {saved[-1]}" if saved else "no checkpoint was saved yet"
+            raise NonFiniteLoss(
+                f"non-finite loss, gradient or parameters at step {int(host['first_nonfinite'])} "
+                f"(optimizer.lr={cfg.optimizer.lr}); {kept} in {self.run_dir / 'checkpoints'}"
+            )
+        row = {"step": step, "tokens": step * self.tokens_per_step}
+        if log:
+            count = int(host["sums"]["count"])
+            self.last_train_loss = float(host["sums"]["loss"]) / count
+            steps_done, seconds = step - self.logged[0], self.train_s - self.logged[1]
+            tokens_per_s = steps_done * self.tokens_per_step / seconds if seconds > 0 else None
+            row.update(train_loss=self.last_train_loss, grad_norm=float(host["sums"]["grad_norm"]) / count,
+                       lr=float(self.learning_rates[step - 1]), tokens_per_s=tokens_per_s,
+                       mfu=tokens_per_s * self.flops_per_token / self.peak_flops if tokens_per_s else None)
+            self.logged = (step, self.train_s)
+            state = {**state, "sums": empty_sums()}
+        if evaluate:
+            self.val_loss = float(eval_pass(state["params"], self.val_batches))
+            row.update(val_loss=self.val_loss, val_bits_per_byte=self.dataset.bits_per_byte(self.val_loss))
+        row["wall_s"] = self._wall_s()
+        logger.log(row)
+        if save:
+            meta = {"loader": self.loader.state_dict(), "wall_s": self._wall_s()}
+            checkpointer.save(step, state, meta)
+        self.mark = time.perf_counter()
+        return state
+
+    def _wall_s(self) -> float:
+        return self.previous_wall_s + time.perf_counter() - self.started
+
+    def _final_record(self) -> dict:
+        cfg, counts = self.config, count_params(self.config.model)
+        tokens = self.total_steps * self.tokens_per_step
+        flops = training_flops(cfg.model, tokens, cfg.train.seq_len)
+        segment_tokens = (self.total_steps - self.start_step) * self.tokens_per_step
+        tokens_per_s = segment_tokens / self.train_s if self.train_s > 0 else None
+        return {
+            "params": counts.total,
+            "params_non_embedding": counts.non_embedding,
+            "params_active": counts.active,
+            "tokens": tokens,
+            "tokens_requested": cfg.train.tokens,
+            "steps": self.total_steps,
+            "batch_size": cfg.train.batch_size,
+            "seq_len": cfg.train.seq_len,
+            "flops_6nd": flops["6ND"],
+            "flops_6nd_non_embedding": flops["6ND_non_embedding"],
+            "flops_exact": flops["exact"],
+            "train_loss": self.last_train_loss,
+            "val_loss": self.val_loss,
+            "val_bits_per_byte": self.dataset.bits_per_byte(self.val_loss),
+            "wall_s": self._wall_s(),
+            "compile_s": self.compile_s,
+            "tokens_per_s": tokens_per_s,
+            "mfu": tokens_per_s * self.flops_per_token / self.peak_flops if tokens_per_s else None,
+            "peak_flops": self.peak_flops,
+            "data": self.dataset.info,
+            "config": config_to_dict(cfg),
+        }
+
+
+def _last_logged(path: Path, key: str) -> float | None:
+    """The last value of ``key`` in ``metrics.jsonl`` (after resume truncation), for the final record."""
+    value = None
+    if path.exists():
+        for line in path.read_text().splitlines():
+            value = json.loads(line).get(key, value)
+    return value
+

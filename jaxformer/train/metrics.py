@@ -1,0 +1,153 @@
+"""What a run reports: ``metrics.jsonl`` rows, TensorBoard scalars, a progress bar or plain lines.
+
+Rows are written at log and evaluation steps only (that is where the loop synchronises
+with the device). Units: losses in nats/token, ``*_bits_per_byte`` in bits per byte of
+text, ``lr`` per update, ``tokens_per_s`` target tokens per second of training time,
+``mfu`` the fraction of the probed matmul peak reached by the exact training FLOPs.
+On resume, rows after the restored step are dropped first, so a resumed run's file is
+the same as an uninterrupted run's.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+
+
+def write_json_atomic(path: Path, payload: dict) -> None:
+    """Writes ``payload`` as JSON via a temporary file and a rename."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(payload, indent=2, sort_keys=False) + "\n")
+    os.replace(tmp, path)
+
+
+def truncate_rows(path: Path, last_step: int) -> None:
+    """Keeps the rows of ``metrics.jsonl`` with ``step <= last_step`` (atomic rewrite)."""
+    if not path.exists():
+        return
+    kept = []
+    for line in path.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:  # a line cut short by a kill
+            continue
+        if row.get("step", math.inf) <= last_step:
+            kept.append(line)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text("".join(line + "\n" for line in kept))
+    os.replace(tmp, path)
+
+
+def probe_matmul_peak(dtype: str = "float32", n: int = 1024, repeats: int = 5) -> float:
+    """FLOP/s of the best of ``repeats`` jitted ``[n, n] @ [n, n]`` products (2n³ FLOPs each)."""
+    a = jnp.ones((n, n), dtype=dtype)
+    matmul = jax.jit(lambda x, y: x @ y)
+    matmul(a, a).block_until_ready()  # compile
+    best = math.inf
+    for _ in range(repeats):
+        start = time.perf_counter()
+        matmul(a, a).block_until_ready()
+        best = min(best, time.perf_counter() - start)
+    return 2.0 * n**3 / best
+
+
+def _summary_writer(logdir: Path, purge_step: int):
+    """A tensorboardX ``SummaryWriter`` that drops events after ``purge_step - 1`` (resume).
+
+    tensorboardX imports PyTorch when it is installed, only to accept torch tensors; that
+    import costs seconds per run, so it is held off while tensorboardX loads.
+    """
+    held_off = "torch" not in sys.modules
+    if held_off:
+        sys.modules["torch"] = None  # makes `import torch` raise ImportError, which tensorboardX handles
+    try:
+        from tensorboardX import SummaryWriter
+    finally:
+        if held_off:
+            del sys.modules["torch"]
+    return SummaryWriter(str(logdir), purge_step=purge_step)
+
+
+def format_duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    hours, rest = divmod(seconds, 3600)
+    return f"{hours}h{rest // 60:02d}m{rest % 60:02d}s" if hours else f"{rest // 60}m{rest % 60:02d}s"
+
+
+class MetricsLogger:
+    """Appends rows to ``metrics.jsonl``, mirrors them to TensorBoard and the terminal."""
+
+    def __init__(self, run_dir: Path, *, start_step: int, total_steps: int, progress: str, tensorboard: bool) -> None:
+        self.path = run_dir / "metrics.jsonl"
+        truncate_rows(self.path, start_step)
+        self.file = open(self.path, "a")
+        self.total_steps = total_steps
+        self.writer = None
+        if tensorboard:
+            self.writer = _summary_writer(run_dir / "tensorboard", purge_step=start_step + 1)
+        if progress == "auto":
+            progress = "bar" if sys.stderr.isatty() else "plain"
+        self.mode = progress
+        self.bar = None
+        if progress == "bar":
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total_steps, initial=start_step, unit="step", dynamic_ncols=True)
+        self._segment = (time.perf_counter(), start_step)  # for the ETA of plain lines
+
+    def advance(self, steps: int = 1) -> None:
+        """Moves the progress bar (no device synchronisation)."""
+        if self.bar is not None:
+            self.bar.update(steps)
+
+    def log(self, row: dict) -> None:
+        """Writes one row (``step`` required); None values are kept in the file, skipped elsewhere."""
+        self.file.write(json.dumps(row) + "\n")
+        self.file.flush()
+        values = {k: v for k, v in row.items() if k != "step" and isinstance(v, (int, float)) and v is not None}
+        if self.writer is not None:
+            for key, value in values.items():
+                self.writer.add_scalar(key, value, row["step"])
+            self.writer.flush()
+        summary = self._summary(row)
+        if self.bar is not None:
+            self.bar.set_postfix_str(summary, refresh=True)
+        elif self.mode == "plain":
+            print(f"step {row['step']}/{self.total_steps} | {summary}{self._eta(row['step'])}", flush=True)
+
+    def _summary(self, row: dict) -> str:
+        parts = []
+        if row.get("train_loss") is not None:
+            parts.append(f"loss {row['train_loss']:.4f}")
+        if row.get("val_loss") is not None:
+            bpb = row.get("val_bits_per_byte")
+            parts.append(f"val {row['val_loss']:.4f}" + (f" ({bpb:.3f} bpb)" if bpb is not None else ""))
+        if row.get("lr") is not None:
+            parts.append(f"lr {row['lr']:.2e}")
+        if row.get("tokens_per_s"):
+            parts.append(f"{row['tokens_per_s']:,.0f} tok/s")
+        if row.get("mfu") is not None:
+            parts.append(f"MFU {row['mfu']:.1%}")
+        return " | ".join(parts)
+
+    def _eta(self, step: int) -> str:
+        start_time, start_step = self._segment
+        done = step - start_step
+        if done <= 0 or step >= self.total_steps:
+            return ""
+        remaining = (time.perf_counter() - start_time) / done * (self.total_steps - step)
+        return f" | ETA {format_duration(remaining)}"
+
+    def close(self) -> None:
+        self.file.close()
+        if self.writer is not None:
+            self.writer.close()
+        if self.bar is not None:
+            self.bar.close()

@@ -1,0 +1,105 @@
+"""The jitted pieces of training: the train step (with gradient accumulation) and the validation pass.
+
+The train state is one pytree, donated to each step so parameters and optimizer state are
+updated in place::
+
+    {"params": nnx.State,             # fp32 master weights
+     "opt_state": optax state,
+     "step": int32,                   # updates taken
+     "sums": {"loss", "grad_norm": f32, "count": int32},   # since the last log row
+     "first_nonfinite": int32}        # the first step with a non-finite loss, gradient or parameter norm, else -1
+
+The running sums live on the device and in the checkpoint, so logging needs no per-step
+host synchronisation and a resumed run logs the same means as an uninterrupted one.
+Losses are next-token cross-entropy in nats/token (the MoE auxiliary loss is added to the
+objective, not to the reported loss).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from jaxformer.models.pure import apply
+
+State = dict[str, Any]
+
+
+def empty_sums() -> dict[str, jax.Array]:
+    return {"loss": jnp.zeros((), jnp.float32), "grad_norm": jnp.zeros((), jnp.float32),
+            "count": jnp.zeros((), jnp.int32)}
+
+
+def init_state(params: nnx.State, optimizer: optax.GradientTransformation) -> State:
+    return {"params": params, "opt_state": optimizer.init(params), "step": jnp.zeros((), jnp.int32),
+            "sums": empty_sums(), "first_nonfinite": jnp.full((), -1, jnp.int32)}
+
+
+def next_token_loss(graphdef: nnx.GraphDef, params: nnx.State, window_BT1: jax.Array,
+                    compute_dtype: jnp.dtype) -> tuple[jax.Array, jax.Array]:
+    """``(objective, cross_entropy)`` on windows ``[B, T+1]``: predict ``w[:, 1:]`` from ``w[:, :-1]``.
+
+    Parameters are cast to ``compute_dtype`` (bf16 compute from fp32 masters); logits are float32.
+    """
+    inputs_BT, targets_BT = window_BT1[:, :-1], window_BT1[:, 1:]
+    compute_params = jax.tree.map(lambda p: p.astype(compute_dtype), params)
+    logits_BTV, aux_loss = apply(graphdef, compute_params, inputs_BT)
+    cross_entropy = optax.softmax_cross_entropy_with_integer_labels(logits_BTV.astype(jnp.float32), targets_BT).mean()
+    return cross_entropy + aux_loss, cross_entropy
+
+
+def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformation, compute_dtype: str):
+    """``train_step(state, windows_ABT1, lr) -> state``: one update from ``A`` accumulated micro-batches.
+
+    ``optimizer`` works at unit learning rate (`jaxformer.train.optimizer`); ``lr`` (a float32
+    scalar) scales its update, so the compiled step is independent of the schedule.
+    """
+    dtype = jnp.dtype(compute_dtype)
+    grad_fn = jax.value_and_grad(lambda p, w: next_token_loss(graphdef, p, w, dtype), has_aux=True)
+
+    def train_step(state: State, windows_ABT1: jax.Array, lr: jax.Array) -> State:
+        params = state["params"]
+
+        def micro_step(carry, window_BT1):
+            grads_sum, loss_sum = carry
+            (_, loss), grads = grad_fn(params, window_BT1)
+            return (jax.tree.map(jnp.add, grads_sum, grads), loss_sum + loss), None
+
+        zeros = jax.tree.map(jnp.zeros_like, params)
+        (grads, loss), _ = jax.lax.scan(micro_step, (zeros, jnp.zeros((), jnp.float32)), windows_ABT1)
+        micro_batches = windows_ABT1.shape[0]
+        grads = jax.tree.map(lambda g: g / micro_batches, grads)
+        loss = loss / micro_batches
+        grad_norm = optax.tree.norm(grads)
+        updates, opt_state = optimizer.update(grads, state["opt_state"], params)
+        updates = jax.tree.map(lambda u: lr * u, updates)
+        new_params = optax.apply_updates(params, updates)
+        step = state["step"] + 1
+        finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm) & jnp.isfinite(optax.tree.norm(new_params))
+        first_nonfinite = jnp.where((state["first_nonfinite"] < 0) & ~finite, step, state["first_nonfinite"])
+        sums = state["sums"]
+        return {
+            "params": new_params,
+            "opt_state": opt_state,
+            "step": step,
+            "sums": {"loss": sums["loss"] + loss, "grad_norm": sums["grad_norm"] + grad_norm,
+                     "count": sums["count"] + 1},
+            "first_nonfinite": first_nonfinite,
+        }
+
+    return jax.jit(train_step, donate_argnums=0)
+
+
+def make_eval_pass(graphdef: nnx.GraphDef, compute_dtype: str):
+    """``eval_pass(params, batches_NBT1) -> mean cross-entropy`` (nats/token) over all N batches."""
+    dtype = jnp.dtype(compute_dtype)
+
+    def eval_pass(params: nnx.State, batches_NBT1: jax.Array) -> jax.Array:
+        losses = jax.lax.map(lambda window: next_token_loss(graphdef, params, window, dtype)[1], batches_NBT1)
+        return losses.mean()  # equal-sized batches: the mean of means is the mean over tokens
+
+    return jax.jit(eval_pass)

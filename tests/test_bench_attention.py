@@ -1,0 +1,57 @@
+"""`jaxformer bench attention` at toy sizes: the report's structure and the memory search's refusals.
+
+These check what the benchmark reports, not how fast anything is.
+"""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from jaxformer import cli
+from jaxformer.benchmarks.attention_memory import largest_n
+
+SHAPE = {"batch": 1, "heads": 2, "head_dim": 8, "block_size": 32, "causal": True}
+
+
+@pytest.mark.slow
+def test_bench_attention_writes_timings_slopes_memory_and_plot(tmp_path, capsys):
+    code = cli.main(["bench", "attention", "--out", str(tmp_path), "--min-n", "32", "--max-n", "64",
+                     "--repeats", "2", "--impls", "naive,blockwise", "--modes", "forward", "--heads", "2",
+                     "--head-dim", "8", "--block-size", "32", "--fit-min-n", "32", "--memory-impls", "blockwise",
+                     "--memory-start-n", "64", "--memory-max-n", "64", "--memory-budget-gb", "2"])
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert "blockwise/naive" in printed and "largest n = 64" in printed
+    report = json.loads((tmp_path / "attention.json").read_text())
+    assert sorted((r["n"], r["impl"]) for r in report["timings"]) == [(32, "blockwise"), (32, "naive"), (64, "blockwise"), (64, "naive")]
+    assert all(len(r["samples_s"]) == 2 and r["median_s"] > 0 for r in report["timings"])
+    assert len(report["slopes"]["naive/forward"]["local"]) == 1 and report["slopes"]["naive/forward"]["fitted"] is not None
+    (search,) = report["memory"]
+    assert (search["impl"], search["largest_n"], search["limited_by"]) == ("blockwise", 64, "none")
+    (probe,) = search["probes"]
+    assert probe["status"] == "ok" and probe["planned_bytes"] > 0 and probe["peak_added_bytes"] >= 0
+    assert (tmp_path / "attention.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.slow
+def test_memory_search_names_memory_when_the_plan_exceeds_the_budget():
+    search = largest_n("naive", "train", start_n=256, max_n=1024, budget_bytes=2**20, time_budget_s=120,
+                       total_time_s=300, shape=SHAPE)
+    assert (search["largest_n"], search["limited_by"]) == (None, "memory")
+    assert "n = 256: XLA plans" in search["detail"] and "> budget 0.00 GiB" in search["detail"]
+
+
+def test_memory_search_names_time_when_the_budget_is_spent():
+    search = largest_n("blockwise", "train", start_n=64, max_n=128, budget_bytes=2**30, time_budget_s=60,
+                       total_time_s=0, shape=SHAPE)
+    assert (search["largest_n"], search["limited_by"], search["probes"]) == (None, "time", [])
+
+
+def test_bad_impl_is_one_line_exit_2():
+    done = subprocess.run([sys.executable, "-m", "jaxformer.cli", "bench", "attention", "--impls", "naive,flash"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert done.stderr.strip() == ("jaxformer bench: error: --impls must be a comma-separated subset of "
+                                   "naive,blockwise,xla, got 'flash'")

@@ -1,0 +1,141 @@
+"""KV-cache decoding equals full recomputation; generate() and `jaxformer generate`, including bad input."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import yaml
+from flax import nnx
+from model_helpers import TINY, jit_forward, tiny, tokens
+
+import jaxformer
+from jaxformer.cli import main
+from jaxformer.models import KVCache, build_model
+
+
+def jit_extend(model):
+    graphdef, state = nnx.split(model)
+    extend = jax.jit(lambda state, *args: nnx.merge(graphdef, state).extend(*args))
+    return lambda *args: extend(state, *args)
+
+
+def decode_in_steps(extend, x_BT, cache, prefill, *context):
+    """Logits of ``x`` computed as a prefill of ``prefill`` tokens then one token at a time."""
+    logits, cache = extend(x_BT[:, :prefill], *context, cache)
+    pieces = [logits]
+    for t in range(prefill, x_BT.shape[1]):
+        logits, cache = extend(x_BT[:, t:t + 1], *context, cache)
+        pieces.append(logits)
+    return jnp.concatenate(pieces, axis=1), cache
+
+
+@pytest.mark.parametrize("overrides", [
+    dict(position="rope", num_heads=4, num_kv_heads=2, sliding_window=4, activation="swiglu", norm="rmsnorm"),
+    dict(position="learned", norm_position="post", use_bias=True),
+    # capacity_factor = experts / k: no token is ever dropped, so routing does not depend on the batch
+    dict(position="alibi", num_experts=4, experts_per_token=2, capacity_factor=2.0, norm_position="sandwich"),
+])
+def test_cached_decoding_equals_full_recomputation(overrides):
+    cfg = tiny(num_layers=2, **overrides)
+    model = build_model(cfg, rngs=nnx.Rngs(0))
+    x = tokens(2, 10)
+    full, _ = jit_forward(model)(x)
+    stepped, cache = decode_in_steps(jit_extend(model), x, KVCache.create(cfg, 2, 12), prefill=6)
+    assert int(cache.length) == 10
+    np.testing.assert_allclose(stepped, full, atol=1e-5, rtol=0)
+
+
+def test_encoder_decoder_cached_decoding_equals_full_recomputation():
+    cfg = tiny(family="encoder_decoder", position="rope")
+    model = build_model(cfg, rngs=nnx.Rngs(0))
+    source, target = tokens(2, 7, seed=1), tokens(2, 6, seed=2)
+    full, _ = jit_forward(model)(source, target)
+    memory, _ = model.encode(source)
+    stepped, _ = decode_in_steps(jit_extend(model), target, KVCache.create(cfg, 2, 6), 3, memory)
+    np.testing.assert_allclose(stepped, full, atol=1e-5, rtol=0)
+
+
+def test_cache_size_is_the_accounting_formula():
+    cfg = tiny(num_layers=2, num_heads=4, num_kv_heads=2)
+    cache = KVCache.create(cfg, batch=3, max_len=16)
+    assert cache.nbytes == jaxformer.accounting.kv_cache_bytes(cfg, 16, batch=3, bytes_per_value=4) == 2 * 2 * 2 * 4 * 16 * 4 * 3
+
+
+def test_greedy_generation_is_the_argmax_of_full_recomputation():
+    model = build_model(tiny(position="rope"), rngs=nnx.Rngs(0))
+    prompt = [3, 1, 4, 1, 5]
+    new = jaxformer.generate(model, prompt, max_new_tokens=6, temperature=0.0)
+    forward = jit_forward(model)
+    sequence = np.zeros((1, TINY["max_seq_len"]), np.int32)  # a fixed buffer: one compile; causal, so the tail is unseen
+    sequence[0, :5] = prompt
+    for t in range(5, 11):
+        sequence[0, t] = int(jnp.argmax(forward(jnp.asarray(sequence))[0][0, t - 1]))
+    np.testing.assert_array_equal(new, sequence[0, 5:11])
+
+
+def test_sampling_is_reproducible_and_top_k_one_is_greedy():
+    model = build_model(tiny(position="rope"), rngs=nnx.Rngs(0))
+    prompt = jnp.array([[3, 1, 4], [2, 7, 1]])
+    first = jaxformer.generate(model, prompt, max_new_tokens=5, temperature=1.5, top_p=0.9, seed=7)
+    again = jaxformer.generate(model, prompt, max_new_tokens=5, temperature=1.5, top_p=0.9, seed=7)
+    assert first.shape == (2, 5)
+    np.testing.assert_array_equal(first, again)
+    greedy = jaxformer.generate(model, prompt, max_new_tokens=5, temperature=0.0)
+    np.testing.assert_array_equal(jaxformer.generate(model, prompt, max_new_tokens=5, top_k=1, seed=3), greedy)
+
+
+def test_encoder_decoder_generates_from_a_start_token():
+    model = build_model(tiny(family="encoder_decoder"), rngs=nnx.Rngs(0))
+    new = jaxformer.generate(model, [5, 6, 7], max_new_tokens=4, temperature=0.0)
+    assert new.shape == (4,) and int(new.max()) < TINY["vocab_size"]
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(top_p=0.0), r"top_p must be in \(0, 1\], got 0.0"),
+    (dict(top_p=1.5), r"top_p must be in \(0, 1\], got 1.5"),
+    (dict(temperature=-1.0), r"temperature must be >= 0, got -1.0"),
+    (dict(max_new_tokens=0), r"max_new_tokens must be a positive integer, got 0"),
+    (dict(prompt=list(range(17))), r"prompt length 17 is past the learned position table \(model.max_seq_len=16\)"),
+    (dict(prompt=[1] * 10, max_new_tokens=8), r"prompt \(10 tokens\) \+ max_new_tokens \(8\) needs 17 positions"),
+    (dict(prompt=[40]), r"prompt token ids must be in \[0, 32\), got 40..40"),
+])
+def test_bad_generation_requests_are_one_line_errors(options, message):
+    model = build_model(tiny(), rngs=nnx.Rngs(0))
+    options = {"prompt": [1, 2], **options}
+    with pytest.raises(ValueError, match=message):
+        jaxformer.generate(model, options.pop("prompt"), **options)
+
+
+def test_encoders_do_not_generate():
+    with pytest.raises(ValueError, match="generation needs a decoder or encoder_decoder model, got model.family 'encoder'"):
+        jaxformer.generate(build_model(tiny(family="encoder"), rngs=nnx.Rngs(0)), [1, 2])
+
+
+def test_cli_generates_from_a_config_and_from_a_run_directory(tmp_path, capsys):
+    model_section = {**TINY, "vocab_size": 256, "position": "rope"}
+    (tmp_path / "model.yaml").write_text(yaml.safe_dump(model_section))
+    assert main(["generate", str(tmp_path / "model.yaml"), "--prompt", "ab", "--max-new-tokens", "5",
+                 "--temperature", "0"]) == 0
+    from_config = capsys.readouterr().out
+    assert from_config.startswith("ab")
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "config.yaml").write_text(yaml.safe_dump({"model": model_section, "train": {"tokens": 1000}}))
+    assert main(["generate", str(run_dir), "--prompt", "ab", "--max-new-tokens", "5", "--temperature", "0"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out == from_config  # same seed, same untrained model
+    assert "no checkpoint yet" in captured.err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--prompt", "x" * 17], "prompt length 17 is past the context (model.max_seq_len=16)"),
+    (["--prompt", "hi", "--top-p", "0"], "top_p must be in (0, 1], got 0.0"),
+])
+def test_cli_bad_input_exits_2_with_one_line(tmp_path, capsys, argv, message):
+    (tmp_path / "model.yaml").write_text(yaml.safe_dump({"model": {**TINY, "vocab_size": 256, "position": "rope"}}))
+    assert main(["generate", str(tmp_path / "model.yaml"), *argv]) == 2
+    err = capsys.readouterr().err
+    assert err == f"jaxformer generate: error: {message}\n"

@@ -1,0 +1,109 @@
+"""The modules hold exactly the parameters the accounting counts, component by component, with logical axes."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+
+import jax
+import pytest
+from flax import nnx
+
+from jaxformer.accounting import count_params
+from jaxformer.models import PRESETS, build_model, get_preset, init_params, logical_axes
+from jaxformer.models.presets import model_config_from_dict
+from jaxformer.nn.params import AXIS_NAMES
+
+# reduced sizes that keep each preset's architecture (GQA ratio, SwiGLU, biases, tying, norms, MoE…)
+SMALL = dict(d_model=32, num_heads=4, num_layers=2, vocab_size=48, max_seq_len=24)
+KV_HEADS = {"llama3-8b": 2, "mistral-7b": 2}
+
+
+def small(name: str, **overrides):
+    extra = {"num_kv_heads": KV_HEADS[name]} if name in KV_HEADS else {}
+    if get_preset(name).family == "encoder_decoder":
+        extra["num_encoder_layers"] = 3
+    if get_preset(name).sliding_window:
+        extra["sliding_window"] = 8
+    return model_config_from_dict({"preset": name, **SMALL, **extra, **overrides})
+
+
+def component(path: tuple) -> str:
+    """The accounting's breakdown key for a parameter at ``path``."""
+    names = [str(p) for p in path]
+    if names[0] == "embedding":
+        return {"tokens": "token_embedding", "positions": "position_embedding"}[names[1]]
+    if names[0] == "head":
+        return "output_head" if names[-2:] in (["head", "w"], ["output", "w"]) else "mlm_head"
+    if any(n.endswith("norms") or n == "final_norm" for n in names):
+        return "norms"
+    for name in ("router", "cross_attention", "attention", "feed_forward"):
+        if name in names:
+            return name
+    raise AssertionError(f"unclassified parameter {path}")
+
+
+def held_breakdown(cfg) -> dict[str, int]:
+    abstract = nnx.eval_shape(lambda: build_model(cfg, rngs=nnx.Rngs(0)))
+    held: dict[str, int] = {}
+    for path, variable in nnx.to_flat_state(nnx.state(abstract, nnx.Param)):
+        held[component(path)] = held.get(component(path), 0) + math.prod(variable.shape)
+    return held
+
+
+@pytest.mark.parametrize("name", list(PRESETS))
+def test_modules_hold_the_accounted_parameters_component_by_component(name):
+    cfg = small(name)
+    expected = {k: v for k, v in count_params(cfg).breakdown.items() if v}
+    assert held_breakdown(cfg) == expected
+
+
+@pytest.mark.parametrize("overrides", [
+    dict(norm_position="sandwich", use_bias=True, activation="swiglu", tie_embeddings=False),
+    dict(num_shared_experts=2, use_bias=True, expert_d_ff=40, activation="swiglu"),
+    dict(position="sinusoidal", norm="rmsnorm", num_kv_heads=1),
+])
+def test_variants_hold_the_accounted_parameters(overrides):
+    base = "moe-8x-top2" if "num_shared_experts" in overrides else "gpt2"
+    cfg = small(base, **overrides)
+    assert held_breakdown(cfg) == {k: v for k, v in count_params(cfg).breakdown.items() if v}
+
+
+def test_full_size_gpt2_holds_its_published_count():
+    abstract = nnx.eval_shape(lambda: build_model(get_preset("gpt2"), rngs=nnx.Rngs(0)))
+    assert sum(math.prod(p.shape) for p in jax.tree.leaves(nnx.state(abstract, nnx.Param))) == 124_439_808
+
+
+def test_moe_total_and_active_match_the_accounting():
+    cfg = small("moe-8x-top2", num_shared_experts=1, num_experts=6, experts_per_token=2)
+    _, params = init_params(cfg, seed=0)
+    axes = logical_axes(params)
+    sizes = jax.tree.map(lambda p: p.size, params)
+    total = sum(jax.tree.leaves(sizes))
+    # a token uses k of the E routed experts (leading "experts" axis), the router and everything else
+    share = cfg.experts_per_token / cfg.num_experts
+    active = sum(size * (share if names[0] == "experts" else 1)
+                 for names, size in zip(jax.tree.leaves(axes, is_leaf=lambda x: isinstance(x, tuple)),
+                                        jax.tree.leaves(sizes)))
+    counted = count_params(cfg)
+    assert total == counted.total
+    assert active == counted.active < counted.total
+
+
+def test_every_parameter_names_its_axes():
+    cfg = small("moe-8x-top2", num_shared_experts=1, use_bias=True)
+    _, params = init_params(cfg, seed=0)
+    axes = logical_axes(params)
+    pairs = zip(jax.tree.leaves(axes, is_leaf=lambda x: isinstance(x, tuple)), jax.tree.leaves(params))
+    for names, value in pairs:
+        assert len(names) == value.ndim and set(names) - {None} <= AXIS_NAMES
+    assert axes["embedding"]["tokens"] == ("vocab", "embed")
+    assert axes["decoder"]["blocks"][0]["attention"]["wk"] == ("embed", "kv_heads", "head_dim")
+    assert axes["decoder"]["blocks"][0]["feed_forward"]["experts"]["w_in_XEF"] == ("experts", "embed", "mlp")
+
+
+def test_models_package_imports_without_flax():
+    code = "import sys, jaxformer.models; jaxformer.models.get_preset('gpt2'); print('flax' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "False"

@@ -1,0 +1,78 @@
+"""The attention module: GQA/MQA/MHA against jax.nn.dot_product_attention, cross-attention shapes, impl selection."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from model_helpers import tiny
+
+import jaxformer.functional as F
+from jaxformer.models import ModelConfig
+from jaxformer.nn import Attention
+
+B, T = 2, 6
+
+
+def x_BTE(cfg, length=T, seed=1):
+    return jax.random.normal(jax.random.key(seed), (B, length, cfg.d_model))
+
+
+@pytest.mark.parametrize("kv_heads", [1, 4])
+def test_self_attention_matches_jax_for_kv_heads_one_and_all(kv_heads):
+    cfg = tiny(d_model=32, num_heads=4, num_kv_heads=kv_heads, position="rope", use_bias=True)
+    attention = Attention(cfg, causal=True, rngs=nnx.Rngs(0))
+    x = x_BTE(cfg)
+    out, _ = attention(x)
+    q, k, v = attention.queries_keys_values(x)
+    assert k.shape == (B, T, kv_heads, cfg.head_dim)
+    peer = jax.nn.dot_product_attention(q, k, v, is_causal=True)
+    expected = jnp.einsum("bthd,hde->bte", peer, attention.wo[...]) + attention.bo[...]
+    np.testing.assert_allclose(out, expected, atol=1e-5)
+
+
+def test_multi_query_equals_multi_head_with_shared_keys_and_values():
+    mqa_cfg = tiny(d_model=32, num_heads=4, num_kv_heads=1)
+    mqa = Attention(mqa_cfg, causal=True, rngs=nnx.Rngs(0))
+    mha = Attention(dataclasses.replace(mqa_cfg, num_kv_heads=4), causal=True, rngs=nnx.Rngs(1))
+    mha.wq[...], mha.wo[...] = mqa.wq[...], mqa.wo[...]
+    mha.wk[...], mha.wv[...] = (jnp.repeat(w[...], 4, axis=1) for w in (mqa.wk, mqa.wv))
+    x = x_BTE(mqa_cfg)
+    np.testing.assert_allclose(mqa(x)[0], mha(x)[0], atol=1e-5)
+
+
+def test_cross_attention_weights_are_m_by_n():
+    cfg = tiny(family="encoder_decoder", position="rope")
+    cross = Attention(cfg, cross=True, rngs=nnx.Rngs(0))
+    queries, context = x_BTE(cfg, length=3), x_BTE(cfg, length=5, seed=2)
+    weights = cross.weights(queries, context)
+    assert weights.shape == (B, cfg.num_heads, 3, 5)
+    np.testing.assert_allclose(weights.sum(-1), 1.0, rtol=1e-6)
+    _, _, v = cross.queries_keys_values(queries, context)
+    mixed = jnp.einsum("bhts,bshd->bthd", weights, v)  # K = H here
+    np.testing.assert_allclose(cross(queries, context_BSE=context)[0], jnp.einsum("bthd,hde->bte", mixed, cross.wo[...]),
+                               atol=1e-5)
+    with pytest.raises(ValueError, match="cross-attention needs context_BSE"):
+        cross(queries)
+
+
+@pytest.mark.parametrize("impl", ["blockwise", "xla"])
+def test_attention_impl_selects_an_equal_implementation(impl):
+    naive_cfg = tiny(d_model=32, num_heads=4, num_kv_heads=2, position="alibi", sliding_window=4,
+                     attention_block_size=4)
+    naive = Attention(naive_cfg, causal=True, rngs=nnx.Rngs(0))
+    other = Attention(dataclasses.replace(naive_cfg, attention_impl=impl), causal=True, rngs=nnx.Rngs(0))
+    x = x_BTE(naive_cfg, length=7)
+    np.testing.assert_allclose(other(x)[0], naive(x)[0], atol=1e-5)
+
+
+def test_unknown_attention_impl_is_one_line_error():
+    with pytest.raises(ValueError, match=r"model.attention_impl must be one of naive, blockwise, xla, got 'flash'"):
+        ModelConfig(attention_impl="flash")
+    q = jnp.zeros((1, 2, 1, 4))
+    with pytest.raises(ValueError, match=r"attention_impl must be one of naive, blockwise, xla, got 'flash'"):
+        F.attention(q, q, q, impl="flash")

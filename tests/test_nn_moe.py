@@ -1,0 +1,113 @@
+"""Mixture of experts: top-k routing, renormalised gates, capacity dispatch, balancing loss, shared experts."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from model_helpers import tiny
+
+import jaxformer.functional as F
+from jaxformer.functional import moe as M
+from jaxformer.nn import MoE
+
+T, E, X, K = 12, 8, 4, 2
+
+
+def inputs(seed=0):
+    key_x, key_r, key_e = jax.random.split(jax.random.key(seed), 3)
+    x_TE = jax.random.normal(key_x, (T, E))
+    router_EX = jax.random.normal(key_r, (E, X))
+    keys = jax.random.split(key_e, 2)
+    experts = {"w_in_XEF": 0.3 * jax.random.normal(keys[0], (X, E, 16)),
+               "w_out_XFE": 0.3 * jax.random.normal(keys[1], (X, 16, E))}
+    return x_TE, router_EX, experts
+
+
+def test_routing_picks_the_top_k_and_gates_sum_to_one():
+    x_TE, router_EX, _ = inputs()
+    routing = M.route(x_TE, router_EX, K)
+    probs = np.asarray(routing.probs)
+    expected = np.argsort(-probs, axis=-1)[:, :K]
+    np.testing.assert_array_equal(routing.experts, expected)
+    np.testing.assert_allclose(routing.gates.sum(-1), 1.0, rtol=1e-6)
+    chosen = np.take_along_axis(probs, expected, axis=-1)
+    np.testing.assert_allclose(routing.gates, chosen / chosen.sum(-1, keepdims=True), rtol=1e-6)
+
+
+def test_experts_run_on_capacity_rows_not_on_every_token():
+    x_TE, router_EX, _ = inputs()
+    routing = M.route(x_TE, router_EX, K)
+    capacity = M.expert_capacity(T, X, K, capacity_factor=1.25)
+    assert capacity == 8  # ceil(1.25 · 12 · 2 / 4)
+    buffer_XCE = M.dispatch(x_TE, M.dispatch_slots(routing.experts, X, capacity), X, capacity)
+    assert buffer_XCE.shape == (X, capacity, E)
+    assert X * capacity == 32 < T * X == 48  # rows the experts compute vs every expert on every token
+
+
+def test_dispatch_serves_first_choices_first_and_drops_past_capacity():
+    experts_TK = jnp.array([[0, 1], [0, 2], [1, 0], [0, 3]])
+    slots = np.asarray(M.dispatch_slots(experts_TK, num_experts=4, capacity=2))
+    drop = 4 * 2
+    # expert 0 is filled by the first choices of tokens 0 and 1, so token 3's first choice and token 2's
+    # second choice are dropped; at expert 1, token 2's first choice goes before token 0's second choice
+    np.testing.assert_array_equal(slots, [[0, 3], [1, 4], [2, drop], [drop, 6]])
+
+
+def reference(x_TE, router_EX, experts):
+    """Each token alone: Σ_k gate_k · FFN_{expert_k}(x) with the plain feed_forward."""
+    routing = M.route(x_TE, router_EX, K)
+    rows = []
+    for t in range(T):
+        y = sum(routing.gates[t, j] * F.feed_forward(x_TE[t], experts["w_in_XEF"][e], experts["w_out_XFE"][e],
+                                                     activation="gelu")
+                for j, e in enumerate(np.asarray(routing.experts[t])))
+        rows.append(y)
+    return jnp.stack(rows)
+
+
+def test_without_drops_the_mixture_equals_the_per_token_sum():
+    x_TE, router_EX, experts = inputs()
+    y_TE, _ = M.moe_feed_forward(x_TE, router_EX, experts, k=K, capacity_factor=X / K, activation="gelu")
+    np.testing.assert_allclose(y_TE, reference(x_TE, router_EX, experts), atol=1e-5)
+
+
+def test_dropped_assignments_contribute_nothing():
+    x_TE, router_EX, experts = inputs()
+    routing = M.route(x_TE, router_EX, K)
+    slots = M.dispatch_slots(routing.experts, X, 1)
+    y_TE, _ = M.moe_feed_forward(x_TE, router_EX, experts, k=K, capacity_factor=1e-3, activation="gelu")
+    kept = np.asarray(slots) < X
+    assert 0 < kept.sum() <= X
+    full = reference(x_TE, router_EX, experts)
+    np.testing.assert_allclose(y_TE[~kept.any(-1)], 0.0)  # tokens with every assignment dropped
+    assert not np.allclose(y_TE, full)
+
+
+def test_balancing_loss_is_one_when_uniform_and_grows_when_concentrated():
+    x_TE, _, _ = inputs()
+    uniform = M.route(x_TE, jnp.zeros((E, X)), K)
+    assert float(M.load_balancing_loss(uniform)) == pytest.approx(1.0)
+    biased_EX = jnp.zeros((E, X)).at[:, 0].set(50.0)
+    concentrated = M.route(jnp.abs(x_TE), biased_EX, K)  # positive inputs: expert 0 takes every token
+    # f_0 = 1/K, P_0 ≈ 1: loss ≈ X / K
+    assert float(M.load_balancing_loss(concentrated)) == pytest.approx(X / K, rel=1e-3)
+
+
+def test_moe_module_adds_shared_experts_and_passes_gradients_to_the_router():
+    cfg = tiny(num_experts=4, experts_per_token=2, num_shared_experts=1, capacity_factor=2.0)
+    moe = MoE(cfg, rngs=nnx.Rngs(0))
+    x_BTE = jax.random.normal(jax.random.key(1), (2, 3, cfg.d_model))
+    y_BTE, aux_loss = moe(x_BTE)
+    routed, routed_aux = M.moe_feed_forward(
+        x_BTE.reshape(6, -1), moe.router[...], {k: v[...] for k, v in moe.experts.items() if v is not None},
+        k=2, capacity_factor=2.0, activation=cfg.activation)
+    shared = F.feed_forward(x_BTE, moe.shared["w_in_XEF"][0], moe.shared["w_out_XFE"][0], activation=cfg.activation)
+    np.testing.assert_allclose(y_BTE, routed.reshape(2, 3, -1) + shared, atol=1e-5)
+    assert float(aux_loss) == pytest.approx(float(routed_aux))
+
+    graphdef, state = nnx.split(moe)
+    grads = jax.grad(lambda s: jnp.sum(nnx.merge(graphdef, s)(x_BTE)[0] ** 2))(state)
+    assert float(jnp.abs(grads["router"][...]).max()) > 0

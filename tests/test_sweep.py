@@ -1,0 +1,149 @@
+"""The sweep runner end to end: plan, local and Ray executors, resume after SIGKILL, failure isolation, bad input."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from jaxformer.sweep.plan import plan_runs
+from jaxformer.sweep.spec import load_spec
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ROOT / "sweeps" / "tiny.yaml"
+
+
+def jaxformer(*args, cwd=None, **kwargs):
+    return subprocess.run([sys.executable, "-m", "jaxformer.cli", *map(str, args)], capture_output=True, text=True,
+                          cwd=cwd, **kwargs)
+
+
+def variant(tmp_path: Path, name: str, **changes) -> Path:
+    """A copy of sweeps/tiny.yaml with top-level sections replaced."""
+    spec = yaml.safe_load(TINY.read_text())
+    spec.update(name=name, **changes)
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def test_plan_has_exact_counts_whole_steps_and_isoflop_compute():
+    runs = plan_runs(load_spec(TINY))
+    assert len(runs) == 4
+    for run in runs:
+        tokens_per_step = run.config["train"]["batch_size"] * run.config["train"]["seq_len"]
+        assert run.D % tokens_per_step == 0 and run.steps == run.D // tokens_per_step
+        assert run.C == 6 * run.N * run.D
+        assert abs(run.C / run.budget - 1) < 0.03  # whole steps: within a step of the budget
+        assert run.config["train"]["tokens"] == run.D
+    assert len({run.N for run in runs}) == 2
+
+
+@pytest.fixture(scope="module")
+def tiny_sweep(tmp_path_factory):
+    out = tmp_path_factory.mktemp("sweep") / "tiny"
+    result = jaxformer("sweep", TINY, "--out", out, "--workers", 2)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return out, result
+
+
+def test_tiny_sweep_trains_every_run_and_reports(tiny_sweep):
+    out, result = tiny_sweep
+    assert "done 4" in result.stdout
+    table = json.loads(jaxformer("results", out, "--format", "json").stdout)
+    assert [row["status"] for row in table] == ["done"] * 4
+    assert all(0 < row["loss"] < 5.6 for row in table)  # below ln(256): the runs learned something
+
+
+def test_planned_flops_equal_the_runs_recorded_flops(tiny_sweep):
+    out, _ = tiny_sweep
+    for planned in json.loads((out / "plan.json").read_text())["runs"]:
+        final = json.loads((out / "runs" / planned["name"] / "final.json").read_text())
+        assert final["params"] == planned["N"] and final["tokens"] == planned["D"]
+        assert final["flops_6nd"] == pytest.approx(planned["C"], rel=1e-12)
+
+
+def test_results_formats(tiny_sweep, tmp_path):
+    out, _ = tiny_sweep
+    csv_text = jaxformer("results", out).stdout
+    assert csv_text.splitlines()[0].startswith("run,status,N,N_non_embedding,D,C,")
+    assert jaxformer("results", out, "--format", "parquet", "--output", tmp_path / "r.parquet").returncode == 0
+    import pyarrow.parquet as pq
+
+    assert pq.read_table(tmp_path / "r.parquet").num_rows == 4
+
+
+def test_relaunching_a_finished_sweep_trains_nothing(tiny_sweep):
+    out, _ = tiny_sweep
+    before = {p: p.stat().st_mtime for p in (out / "runs").glob("*/final.json")}
+    result = jaxformer("sweep", TINY, "--out", out)
+    assert result.returncode == 0 and "0 to train" in result.stdout
+    assert before == {p: p.stat().st_mtime for p in (out / "runs").glob("*/final.json")}
+
+
+def test_killed_sweep_relaunch_completes_exactly_the_missing_runs(tmp_path):
+    out = tmp_path / "killed"
+    command = [sys.executable, "-m", "jaxformer.cli", "sweep", str(TINY), "--out", str(out), "--workers", "1"]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.time() + 300
+    while not list((out / "runs").glob("*/final.json")) and time.time() < deadline:
+        time.sleep(0.2)
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+    finished_before = {p.parent.name for p in (out / "runs").glob("*/final.json")}
+    assert 1 <= len(finished_before) < 4
+    result = jaxformer("sweep", TINY, "--out", out, "--workers", 2)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert len(list((out / "runs").glob("*/final.json"))) == 4
+    for name in finished_before:  # trained once: one command line in its log
+        assert (out / "logs" / f"{name}.log").read_text().count("$ ") == 1
+
+
+def test_a_failing_run_is_isolated_and_reported(tmp_path):
+    spec = variant(tmp_path, "failing", isoflop={"budgets": [1e9], "params": [8e3, 16e3]},
+                   hyperparameters={"optimizer.lr": "1e12 if N > 10000 else 3e-3", "optimizer.grad_clip": 0})
+    out = tmp_path / "out"
+    result = jaxformer("sweep", spec, "--out", out, "--workers", 2)
+    assert result.returncode == 1
+    rows = {row["run"]: row for row in json.loads(jaxformer("results", out, "--format", "json").stdout)}
+    assert rows["C1e09-N8240-s0"]["status"] == "done"
+    failed = rows["C1e09-N16496-s0"]
+    assert failed["status"] == "failed" and "NonFinite" in failed["reason"]
+    assert "failed C1e09-N16496-s0" in result.stdout
+    again = jaxformer("sweep", spec, "--out", out)
+    assert "0 to train" in again.stdout
+    retried = jaxformer("sweep", spec, "--out", out, "--retry-failed")
+    assert "1 to train" in retried.stdout
+
+
+def test_ray_executor_on_a_local_instance(tmp_path):
+    spec = variant(tmp_path, "ray", isoflop={"budgets": [1e9], "params": [8e3, 16e3]})
+    out = tmp_path / "out"
+    result = jaxformer("sweep", spec, "--out", out, "--executor", "ray", "--workers", 2)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert len(list((out / "runs").glob("*/final.json"))) == 2
+
+
+@pytest.mark.parametrize(("changes", "message"), [
+    ({"isoflop": {"budgets": [1e9], "params": [8e3]}, "learning_rate": 1}, "unknown config key 'learning_rate'"),
+    ({"isoflop": {"budgets": [1e6], "params": [8e3]}}, "budget C=1e+06 is too small for params=8e+03"),
+    ({"isoflop": {"budgets": [1e9], "params": [100]}}, "shape rule gives zero layers for params=100"),
+    ({"base": {"model": {"preset": "tiny", "dmodel": 3}}}, "unknown config key 'model.dmodel'"),
+    ({"hyperparameters": {"optimizer.lr": "N **"}}, "hyperparameters.optimizer.lr: cannot evaluate"),
+])
+def test_bad_specs_exit_2_with_one_line_before_any_run(tmp_path, changes, message):
+    spec = variant(tmp_path, "bad", **changes)
+    result = jaxformer("sweep", spec, "--out", tmp_path / "out")
+    assert result.returncode == 2 and message in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and not (tmp_path / "out").exists()
+
+
+def test_unreachable_ray_address_exits_2_before_any_run(tmp_path):
+    result = jaxformer("sweep", TINY, "--out", tmp_path / "out", "--executor", "ray", "--ray-address", "127.0.0.1:1")
+    assert result.returncode == 2 and "cannot reach Ray" in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and not (tmp_path / "out").exists()

@@ -1,0 +1,147 @@
+"""Training data: tokenizers, corpora, the Markov source's exact entropy, the split and the loader."""
+
+import collections
+import math
+
+import numpy as np
+import pytest
+
+from jaxformer.train.config import DataConfig, MarkovConfig, load_config
+from jaxformer.train.corpora import load_corpus, split_text, stdlib_files
+from jaxformer.train.dataset import prepare_dataset, validation_mask
+from jaxformer.train.loader import Loader, eval_batches
+from jaxformer.train.markov import make_markov_source
+from jaxformer.train.tokenizer import BPETokenizer, ByteTokenizer
+
+SAMPLES = ["", "plain ascii\n", "  leading and trailing spaces  ", "tabs\tand\r\nCRLF\n\n",
+           "ünïcödé — “quotes” 日本語 한국어 🚀🧪", "def f(x):\n    return x ** 2  # comment\n", "\x00\x01 control"]
+
+
+def test_byte_tokenizer_round_trips_any_utf8():
+    tokenizer = ByteTokenizer()
+    for text in SAMPLES:
+        ids = tokenizer.encode(text)
+        assert len(ids) == len(text.encode()) and ids.max(initial=0) < 256
+        assert tokenizer.decode(ids) == text
+
+
+def test_bpe_round_trip_compression_and_save(tmp_path):
+    corpus = [("def function_%d(value):\n    return value * %d  # ünïcödé\n" % (i, i)).encode() * 20 for i in range(50)]
+    tokenizer = BPETokenizer.train(corpus, vocab_size=400)
+    assert 256 < tokenizer.vocab_size <= 400
+    for text in SAMPLES + ["unseen words: zyzzyva qoph", corpus[3].decode()]:
+        assert tokenizer.decode(tokenizer.encode(text)) == text
+    ids = tokenizer.encode(corpus[0])
+    assert len(ids) < len(corpus[0]) / 2  # the merges compress text like the training data
+    tokenizer.save(tmp_path / "tokenizer.json")
+    reloaded = BPETokenizer.load(tmp_path / "tokenizer.json")
+    assert np.array_equal(reloaded.encode(corpus[7]), tokenizer.encode(corpus[7]))
+
+
+def test_markov_entropy_rate_matches_the_empirical_conditional_entropy():
+    source = make_markov_source(order=2, alphabet=8, branching=3, concentration=1.0, seed=3)
+    rate, unigram = source.entropy_rate_bits(), source.unigram_entropy_bits()
+    assert 0 < rate < math.log2(3) and rate < unigram <= math.log2(8)
+    documents = source.sample(num_documents=200, length=2000, seed=1)
+    pairs, contexts = collections.Counter(), collections.Counter()
+    for doc in documents:
+        for i in range(2, len(doc)):
+            pairs[doc[i - 2 : i + 1]] += 1
+            contexts[doc[i - 2 : i]] += 1
+    n = sum(pairs.values())
+    empirical = -sum(c / n * math.log2(c / contexts[key[:2]]) for key, c in pairs.items())
+    assert empirical == pytest.approx(rate, abs=0.01)  # 400K symbols: sampling error ~0.002 bits
+    symbols = collections.Counter(b"".join(documents))
+    total = sum(symbols.values())
+    assert -sum(c / total * math.log2(c / total) for c in symbols.values()) == pytest.approx(unigram, abs=0.01)
+    assert source.sample(3, 50, seed=1) == source.sample(3, 50, seed=1)  # seeded
+
+
+def test_stdlib_corpus_is_sorted_hashed_and_excludes_tests():
+    corpus = load_corpus(DataConfig(corpus="stdlib"))
+    names = [name for name, _ in corpus.documents]
+    files = [name.split("#")[0] for name in names]  # long files are cut into name#0, name#1, …
+    assert files == sorted(files) and len(set(files)) == corpus.info["files"] > 500
+    assert not any(part in ("test", "tests", "idle_test", "site-packages")
+                   for name in names for part in name.split("/"))
+    assert 8e6 < corpus.info["bytes"] < 30e6
+    assert load_corpus(DataConfig(corpus="stdlib")).info["sha256"] == corpus.info["sha256"]
+    from pathlib import Path
+    assert len(stdlib_files(Path(corpus.info["root"]))) == corpus.info["files"]
+
+
+def test_split_text_cuts_at_newlines():
+    assert split_text(b"ab\ncd\nef", 4) == [b"ab\n", b"cd\n", b"ef"]
+    assert split_text(b"abcdefgh", 3) == [b"abc", b"def", b"gh"]
+    assert b"".join(split_text(b"x\n" * 1000, 64)) == b"x\n" * 1000
+
+
+def test_split_is_by_document_stable_and_holds_some_out():
+    names = [f"doc{i}.txt" for i in range(2000)]
+    mask = validation_mask(names, 0.05, seed=0)
+    assert 60 < mask.sum() < 140
+    # adding documents never moves an existing one between the splits
+    assert np.array_equal(validation_mask(names + ["new.txt"], 0.05, seed=0)[:-1], mask)
+    assert not np.array_equal(validation_mask(names, 0.05, seed=1), mask)
+    assert validation_mask(["a", "b"], 0.001, seed=0).sum() == 1  # at least one held out
+
+
+def test_files_corpus_with_bpe_keeps_splits_apart_and_reuses_the_saved_tokenizer(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for i in range(12):
+        (tmp_path / f"f{i:02d}.txt").write_text(f"file {i}: the quick brown fox jumps over the lazy dog\n" * 40)
+    config = load_config(None, ["data.corpus=files:*.txt", "data.tokenizer=bpe", "data.bpe_vocab_size=300",
+                                "model.vocab_size=300", "data.val_fraction=0.2", "train.batch_size=2",
+                                "train.seq_len=16"])
+    dataset = prepare_dataset(config)
+    info = dataset.info
+    assert info["train_documents"] + info["val_documents"] == 12 and info["val_documents"] >= 1
+    assert dataset.tokens_per_byte < 0.5  # BPE: fewer tokens than bytes
+    assert dataset.bits_per_byte(math.log(2)) == pytest.approx(dataset.tokens_per_byte)
+    dataset.tokenizer.save(tmp_path / "tokenizer.json")
+    again = prepare_dataset(config, tmp_path / "tokenizer.json")
+    assert np.array_equal(again.train, dataset.train) and np.array_equal(again.val, dataset.val)
+
+
+def test_tokens_corpus_reads_nanogpt_bins(tmp_path):
+    rng = np.random.default_rng(0)
+    rng.integers(0, 1000, 5000).astype(np.uint16).tofile(tmp_path / "train.bin")
+    rng.integers(0, 1000, 700).astype(np.uint16).tofile(tmp_path / "val.bin")
+    config = load_config(None, [f"data.corpus=tokens:{tmp_path}", "model.vocab_size=1000",
+                                "train.batch_size=4", "train.seq_len=32"])
+    dataset = prepare_dataset(config)
+    assert len(dataset.train) == 5000 and len(dataset.val) == 700 and dataset.bits_per_byte(1.0) is None
+    small = load_config(None, [f"data.corpus=tokens:{tmp_path}", "model.vocab_size=999"])
+    with pytest.raises(ValueError, match="model.vocab_size=999"):
+        prepare_dataset(small)
+
+
+def test_loader_resumes_the_same_stream_across_epochs():
+    tokens = np.arange(3000, dtype=np.uint16)
+    loader = Loader(tokens, seq_len=16, batch_size=8, seed=5)
+    batches = [loader.next_batch() for _ in range(60)]  # 480 samples: past two epochs of 186 windows
+    assert batches[0].shape == (8, 17) and batches[0].dtype == np.int32
+    assert all(np.array_equal(b[:, 1:], b[:, :-1] + 1) for b in batches)  # consecutive tokens
+    resumed = Loader(tokens, seq_len=16, batch_size=8, seed=5)
+    state = {**loader.state_dict(), "position": 8 * 23}
+    resumed.load_state_dict(state)
+    assert all(np.array_equal(resumed.next_batch(), batches[i]) for i in range(23, 60))
+    epoch0 = np.concatenate(batches[:24])[: loader.num_windows, 0]
+    assert len(set(epoch0.tolist())) == loader.num_windows  # an epoch visits every window once
+    other = Loader(tokens, seq_len=16, batch_size=8, seed=6)
+    assert not np.array_equal(other.next_batch(), batches[0])
+    with pytest.raises(ValueError, match="seed"):
+        other.load_state_dict(loader.state_dict())
+
+
+def test_eval_batches_are_the_leading_windows_in_whole_batches():
+    tokens = np.arange(1000, dtype=np.uint16)
+    batches = eval_batches(tokens, seq_len=10, batch_size=4, max_tokens=95)
+    assert batches.shape == (2, 4, 11)  # 9 windows fit the budget, 8 in whole batches
+    assert np.array_equal(batches.reshape(-1, 11)[:, 0], np.arange(8) * 10)
+
+
+def test_markov_corpus_reports_its_entropies():
+    corpus = load_corpus(DataConfig(corpus="synthetic-markov", markov=MarkovConfig(bytes=20_000)))
+    assert corpus.info["bytes"] == 5 * 4096 and corpus.info["documents"] == 5
+    assert corpus.info["entropy_rate_bits_per_byte"] < corpus.info["unigram_entropy_bits_per_byte"]

@@ -1,0 +1,164 @@
+"""`jaxformer train` end to end: learning a source of known entropy, exact resume after SIGKILL, bad input."""
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from jaxformer.accounting import count_params
+from jaxformer.cli import main
+from jaxformer.train.config import load_config
+from jaxformer.train.loop import train
+
+# one model and batch shape for every run here, so JAX's persistent cache compiles the step once
+TINY = ["model.d_model=32", "model.num_layers=1", "model.num_heads=2", "model.max_seq_len=64",
+        "data.corpus=synthetic-markov", "data.markov.order=1", "data.markov.alphabet=32",
+        "data.markov.bytes=400000", "optimizer.lr=1e-2", "train.batch_size=16", "train.seq_len=64",
+        "train.eval_tokens=16384", "logging.progress=plain"]
+CURVE_KEYS = ("step", "tokens", "train_loss", "grad_norm", "lr", "val_loss", "val_bits_per_byte")
+
+
+@pytest.fixture(scope="session")
+def cache_dir(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("xla-cache"))
+
+
+@pytest.fixture
+def empty_yaml(tmp_path):
+    """A config file with no keys: every run here is described by its overrides."""
+    path = tmp_path / "run.yaml"
+    path.write_text("{}\n")
+    return str(path)
+
+
+def _rows(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def _curve(run_dir: Path) -> list[tuple]:
+    return [tuple(row.get(key) for key in CURVE_KEYS) for row in _rows(run_dir)]
+
+
+@pytest.mark.slow
+def test_markov_source_val_loss_falls_far_below_unigram_entropy_to_near_the_entropy_rate(tmp_path, cache_dir):
+    config = load_config(None, TINY + ["train.tokens=150000", "logging.interval=50", "train.eval_interval=50",
+                                       f"train.compilation_cache={cache_dir}"])
+    record = train(config, tmp_path / "run")
+    rate = record["data"]["entropy_rate_bits_per_byte"]  # 1.507 bits/byte for this seed
+    unigram = record["data"]["unigram_entropy_bits_per_byte"]  # 4.396
+    bpb = record["val_bits_per_byte"]  # measured 1.574 (2026-11-29)
+    assert bpb < unigram - 2.5  # context is being used: far below what symbol frequencies allow
+    assert rate - 0.03 < bpb < rate + 0.15  # near the floor, and not below it (16K tokens: noise ~0.01)
+    assert bpb == pytest.approx(record["val_loss"] / math.log(2))  # byte-level: a token is a byte
+
+    steps = -(-150_000 // (16 * 64))
+    params = count_params(config.model)
+    assert (record["steps"], record["tokens"]) == (steps, steps * 16 * 64)
+    assert (record["params"], record["params_non_embedding"]) == (params.total, params.non_embedding)
+    assert record["flops_6nd"] == 6 * params.total * record["tokens"]
+    assert record["flops_exact"] > record["flops_6nd_non_embedding"]
+    rows = _rows(tmp_path / "run")
+    assert [row["step"] for row in rows] == [50, 100, steps]
+    assert rows[0]["val_bits_per_byte"] > rows[-1]["val_bits_per_byte"]
+    assert rows[-1]["lr"] == pytest.approx(1e-3)  # the schedule ends at D: final_lr_fraction · lr
+    assert all(row["tokens_per_s"] > 0 and 0 < row["mfu"] for row in rows)
+    written = sorted(p.name for p in (tmp_path / "run").iterdir())
+    assert written == ["checkpoints", "config.yaml", "data.json", "final.json", "metrics.jsonl", "tensorboard"]
+    assert any((tmp_path / "run" / "tensorboard").glob("events.out.tfevents.*"))
+    assert load_config(tmp_path / "run" / "config.yaml") == config  # the resolved config reloads as is
+
+
+def _launch(config: str, run_dir: Path, cache_dir: str) -> subprocess.Popen:
+    overrides = TINY + ["train.tokens=122880", "checkpoint.interval=10", "checkpoint.keep=3", "logging.interval=5",
+                        "train.eval_interval=20", f"train.compilation_cache={cache_dir}"]
+    command = [sys.executable, "-m", "jaxformer.cli", "train", config, *overrides, "--run-dir", str(run_dir)]
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _final_digest(run_dir: Path) -> str:
+    final = max(int(p.name) for p in (run_dir / "checkpoints").iterdir() if p.name.isdigit())
+    return json.loads((run_dir / "checkpoints" / str(final) / "meta" / "metadata").read_text())["digest"]
+
+
+@pytest.mark.slow
+def test_sigkill_then_resume_ends_bit_identical_even_past_a_corrupt_checkpoint(tmp_path, cache_dir, empty_yaml):
+    reference = _launch(empty_yaml, tmp_path / "reference", cache_dir)
+    out, err = reference.communicate(timeout=600)
+    assert reference.returncode == 0, err
+
+    killed_dir = tmp_path / "killed"
+    victim = _launch(empty_yaml, killed_dir, cache_dir)
+    deadline = time.monotonic() + 600
+    while not (killed_dir / "checkpoints" / "30").is_dir():  # appears whole: Orbax renames a finished step
+        assert victim.poll() is None and time.monotonic() < deadline, victim.stderr.read() if victim.poll() else ""
+        time.sleep(0.01)
+    victim.send_signal(signal.SIGKILL)
+    victim.communicate(timeout=60)
+    assert victim.returncode == -signal.SIGKILL
+    saved = sorted(int(p.name) for p in (killed_dir / "checkpoints").iterdir() if p.name.isdigit())
+    assert 30 <= saved[-1] < 120  # killed mid-run
+    for chunk in (killed_dir / "checkpoints" / str(saved[-1]) / "state").rglob("d/*"):
+        chunk.write_bytes(b"\0" * chunk.stat().st_size)  # and the newest checkpoint is corrupt
+
+    resumed = _launch(empty_yaml, killed_dir, cache_dir)
+    out, err = resumed.communicate(timeout=600)
+    assert resumed.returncode == 0, err
+    assert f"checkpoint step {saved[-1]} is unreadable" in err  # the fallback warns
+    assert _final_digest(killed_dir) == _final_digest(tmp_path / "reference")  # params and optimizer state, bitwise
+    assert _curve(killed_dir) == _curve(tmp_path / "reference")  # the whole loss curve, exactly
+    final = json.loads((killed_dir / "final.json").read_text())
+    reference_final = json.loads((tmp_path / "reference" / "final.json").read_text())
+    assert (final["train_loss"], final["val_loss"]) == (reference_final["train_loss"], reference_final["val_loss"])
+    assert final["wall_s"] > 0
+
+
+def test_a_diverging_run_stops_with_one_line_and_keeps_the_last_good_checkpoint(tmp_path, cache_dir, capsys,
+                                                                                 empty_yaml):
+    run_dir = tmp_path / "run"
+    code = main(["train", empty_yaml, *TINY, "train.tokens=20480", "optimizer.lr=1e10", "optimizer.warmup_fraction=0.5",
+                 "checkpoint.interval=1", "logging.interval=1", f"train.compilation_cache={cache_dir}",
+                 "--run-dir", str(run_dir)])
+    err = capsys.readouterr().err.strip()
+    assert code == 1 and len(err.splitlines()) == 1
+    assert "non-finite loss, gradient or parameters at step 2" in err and "last good checkpoint is step 1" in err
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["1"]
+    assert json.loads((run_dir / "error.json").read_text())["error"] == "NonFiniteLoss"
+    assert not (run_dir / "final.json").exists()
+
+
+@pytest.mark.parametrize(("arguments", "message"), [
+    (["data.corpus=files:no/such/dir/*.txt"], "data.corpus 'files:no/such/dir/*.txt': no file matches"),
+    (["data.corpus=files:{tmp}/small*.txt"], "fewer than one batch needs"),
+    (["model.position=learned", "model.max_seq_len=32"], "train.seq_len=64 exceeds the learned position table"),
+    (["train.epochs=3"], "unknown config key 'train.epochs'"),
+    (["train.batch_size=[16]"], "train.batch_size must be an integer, got [16]"),
+    (["train.tokens=0"], "train.tokens must be positive, got 0"),
+    (["checkpoint.interval=-1"], "checkpoint.interval must be positive, got -1"),
+])
+def test_bad_input_exits_2_with_one_line_and_writes_only_an_error_record(tmp_path, capsys, empty_yaml, arguments,
+                                                                        message):
+    for name in ("small_a.txt", "small_b.txt"):
+        (tmp_path / name).write_text("print('hello')\n" * 5)
+    arguments = [a.replace("{tmp}", str(tmp_path)) for a in arguments]
+    run_dir = tmp_path / "run"
+    assert main(["train", empty_yaml, *TINY, *arguments, "--run-dir", str(run_dir)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and message in err and "Traceback" not in err
+    assert [p.name for p in run_dir.iterdir()] == ["error.json"]
+    assert json.loads((run_dir / "error.json").read_text())["error"] == "bad_input"
+
+
+def test_missing_config_file_and_a_changed_config_on_resume_exit_2(tmp_path, capsys, empty_yaml):
+    assert main(["train", str(tmp_path / "absent.yaml"), "--run-dir", str(tmp_path / "a")]) == 2
+    assert "config file not found" in capsys.readouterr().err
+    run_dir = tmp_path / "b"
+    (run_dir / "checkpoints" / "10").mkdir(parents=True)
+    (run_dir / "config.yaml").write_text("train: {tokens: 1000}\n")
+    assert main(["train", empty_yaml, *TINY, "train.tokens=5000", "--run-dir", str(run_dir)]) == 2
+    assert "cannot resume" in capsys.readouterr().err

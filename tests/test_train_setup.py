@@ -1,0 +1,137 @@
+"""The run's configuration, its learning-rate schedule sized to D, and checkpoints that fall back past bad ones."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+import yaml
+
+from jaxformer.train.checkpoint import CheckpointError, Checkpointer
+from jaxformer.train.config import (
+    OptimizerConfig,
+    config_from_dict,
+    config_to_dict,
+    load_config,
+    resume_conflict,
+)
+from jaxformer.train.optimizer import learning_rate_schedule, learning_rates, make_optimizer, warmup_steps
+
+
+def test_yaml_plus_dotted_overrides_resolve_to_a_reloadable_config(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("model: {preset: tiny, num_layers: 1}\ntrain: {tokens: 1e6, batch_size: 8}\n")
+    config = load_config(path, ["model.d_model=32", "train.tokens=2e6", "optimizer.lr=1e-3"])
+    assert (config.model.d_model, config.model.num_layers, config.model.head_dim) == (32, 1, 8)  # re-derived
+    assert config.model.position == "rope"  # from the preset
+    assert config.train.tokens == 2_000_000 and config.optimizer.lr == 1e-3
+    assert config.total_steps == -(-2_000_000 // (8 * 128))  # ceil(D / (batch · seq_len))
+    resolved = yaml.safe_load(yaml.safe_dump(config_to_dict(config)))
+    assert config_from_dict(resolved) == config
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    ("train.tokens=0", "train.tokens must be positive, got 0"),
+    ("train.tokens=-5e6", "train.tokens must be positive"),
+    ("train.batch_size=many", "train.batch_size must be an integer, got 'many'"),
+    ("train.colour=red", "unknown config key 'train.colour'"),
+    ("model.d_modle=32", "unknown config key 'model.d_modle'"),
+    ("optimizer.lr=-1", "optimizer.lr must be positive"),
+    ("data.corpus=wikipedia", "data.corpus must be stdlib, files:GLOB"),
+    ("train.seq_len=512", "train.seq_len=512 exceeds the model's context (model.max_seq_len=256)"),
+    ("model.family=encoder", "model.family must be decoder"),
+    ("train.grad_accum=3", "train.batch_size (32) must be a multiple of train.grad_accum (3)"),
+])
+def test_bad_values_raise_one_line_naming_the_field(override, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")) as error:
+        load_config(None, [override])
+    assert "\n" not in str(error.value)
+
+
+def test_learned_positions_bound_seq_len():
+    with pytest.raises(ValueError, match=r"train.seq_len=300 exceeds the learned position table \(model.max_seq_len=256\)"):
+        load_config(None, ["model.position=learned", "train.seq_len=300"])
+
+
+def test_resume_conflict_names_the_changed_field():
+    config = load_config(None, [])
+    saved = config_to_dict(config)
+    assert resume_conflict(saved, load_config(None, ["logging.interval=3", "checkpoint.keep=9"])) is None
+    assert resume_conflict(saved, load_config(None, ["train.tokens=3e6"])).startswith("train.tokens was 2000000")
+
+
+@pytest.mark.parametrize("total_steps", [1, 2, 7, 489, 3000])
+def test_schedule_reaches_its_final_value_exactly_at_the_last_step(total_steps):
+    config = OptimizerConfig(lr=3e-3, warmup_fraction=0.05, final_lr_fraction=0.1)
+    lrs = learning_rates(config, total_steps)
+    assert lrs.shape == (total_steps,)  # one learning rate per update: the schedule is the run
+    assert lrs[-1] == np.float32(3e-4)  # exactly, at the update that completes D tokens
+    assert np.all(lrs > 0) and lrs.max() <= np.float32(3e-3)
+    warmup = warmup_steps(config, total_steps)
+    assert np.all(lrs[warmup:-1] > lrs[-1])  # after warmup, nowhere before D does it reach its end
+
+
+def test_schedule_shape_warmup_peak_and_cosine_midpoint():
+    config = OptimizerConfig(lr=1e-2, warmup_fraction=0.1, final_lr_fraction=0.0)
+    lrs = learning_rates(config, 1000)
+    assert warmup_steps(config, 1000) == 100
+    assert lrs[0] == pytest.approx(1e-4, rel=1e-5) and lrs[99] == pytest.approx(1e-2)  # linear warmup, update k uses k+1
+    assert lrs[549] == pytest.approx(5e-3, rel=1e-5)  # half-way through the cosine
+    assert lrs[-1] == 0.0
+    # exactly at the end for lr/fraction pairs where Optax's cosine lands an ulp off
+    for lr, fraction, steps in [(0.0014945139248881535, 0.1, 4079), (0.026891628709146725, 0.0335855753, 3648)]:
+        schedule = learning_rate_schedule(OptimizerConfig(lr=lr, final_lr_fraction=fraction), steps)
+        assert schedule(steps - 1) == np.float32(lr * fraction)
+
+
+def test_optimizer_is_adamw_at_unit_rate_with_clipping_and_no_decay_on_vectors():
+    config = OptimizerConfig(lr=1.0, weight_decay=0.5, grad_clip=1.0)
+    params = {"w": jnp.ones((2, 2)), "scale": jnp.ones(2)}
+    grads = {"w": jnp.full((2, 2), 100.0), "scale": jnp.zeros(2)}
+    optimizer = make_optimizer(config)
+    updates, _ = optimizer.update(grads, optimizer.init(params), params)
+    reference = optax.chain(optax.clip_by_global_norm(1.0),
+                            optax.adamw(1.0, b1=0.9, b2=0.95, eps=1e-8, weight_decay=0.5,
+                                        mask={"w": True, "scale": False}))
+    expected, _ = reference.update(grads, reference.init(params), params)
+    assert jax.tree.all(jax.tree.map(lambda a, b: bool(jnp.allclose(a, b)), updates, expected))
+    assert float(updates["scale"][0]) == 0.0  # no gradient, no decay on a vector
+
+
+def _state(value: float):
+    params = {"w": jnp.full((3, 2), value), "b": jnp.zeros(2)}
+    return {"params": params, "opt_state": optax.adam(1e-3).init(params), "step": jnp.int32(value)}
+
+
+def _restore(directory, abstract):
+    checkpointer = Checkpointer(directory, keep=2)
+    try:
+        return checkpointer.restore_latest(abstract)
+    finally:
+        checkpointer.close()
+
+
+def test_checkpoints_keep_last_k_and_fall_back_past_a_corrupt_latest(tmp_path, capsys):
+    checkpointer = Checkpointer(tmp_path / "checkpoints", keep=2)
+    for step in (1, 2, 3):
+        checkpointer.save(step, _state(step), {"loader": {"position": 8 * step}})
+    assert checkpointer.steps() == [2, 3]
+    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), _state(0))
+    checkpointer.close()
+    step, state, meta = _restore(tmp_path / "checkpoints", abstract)
+    assert (step, int(state["step"]), meta["loader"]["position"]) == (3, 3, 24)
+    assert type(state["opt_state"][0]) is type(_state(0)["opt_state"][0])  # structure, not just arrays
+
+    for chunk in (tmp_path / "checkpoints" / "3" / "state").rglob("d/*"):
+        chunk.write_bytes(b"\0" * chunk.stat().st_size)  # same sizes, wrong bytes
+    capsys.readouterr()
+    step, state, meta = _restore(tmp_path / "checkpoints", abstract)
+    assert step == 2 and float(state["params"]["w"][0, 0]) == 2.0
+    warning = capsys.readouterr().err
+    assert "checkpoint step 3 is unreadable" in warning and "falling back" in warning
+    assert (tmp_path / "corrupt_checkpoints" / "3").is_dir()
+
+    (tmp_path / "checkpoints" / "2" / "meta" / "metadata").write_text("{not json")
+    with pytest.raises(CheckpointError, match="none of the checkpoints"):  # never a silent restart from 0
+        _restore(tmp_path / "checkpoints", abstract)
+    assert _restore(tmp_path / "fresh", abstract) is None
