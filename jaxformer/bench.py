@@ -15,17 +15,32 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "jaxformer.benchmarks.attention",
         "naive vs blockwise vs XLA attention: time and log-log slopes, peak memory, largest n",
     ),
+    "decode": (
+        "jaxformer.benchmarks.decode",
+        "per-token latency with and without the KV cache, speedup, cache bytes vs the formula",
+    ),
+    "train": (
+        "jaxformer.benchmarks.train",
+        "the real train step's tokens/s and MFU against PyTorch eager on the same model, side by side",
+    ),
+    "fit": (
+        "jaxformer.scaling.bench",
+        "Approach-3 fit: pooled JAX L-BFGS vs scipy L-BFGS-B from 4500 starts, and bootstrap time",
+    ),
 }
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    sub = parser.add_subparsers(dest="what", required=True, parser_class=type(parser))
-    for what, (module_name, help_text) in BENCHMARKS.items():
-        bench_parser = sub.add_parser(what, help=help_text, description=help_text)
-        module = importlib.import_module(module_name)
-        module.add_arguments(bench_parser)
-        bench_parser.set_defaults(_bench_run=module.run)
+    # only the chosen benchmark's module is imported (in run), as jaxformer.cli does for commands
+    parser.add_argument("what", choices=list(BENCHMARKS),
+                        help="; ".join(f"{what}: {help_text}" for what, (_, help_text) in BENCHMARKS.items()))
+    parser.add_argument("options", nargs=argparse.REMAINDER, help="the benchmark's own options: jaxformer bench WHAT --help")
+    parser.set_defaults(_parser_class=type(parser))
 
 
 def run(args: argparse.Namespace) -> int:
-    return int(args._bench_run(args) or 0)
+    module_name, help_text = BENCHMARKS[args.what]
+    module = importlib.import_module(module_name)
+    bench_parser = args._parser_class(prog=f"jaxformer bench {args.what}", description=help_text)
+    module.add_arguments(bench_parser)
+    return int(module.run(bench_parser.parse_args(args.options)) or 0)

@@ -23,6 +23,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("jaxformer.train.cli", "train a decoder on a token budget, with checkpoints and exact resume"),
     "sweep": ("jaxformer.sweep.cli", "train an (N, D) grid or IsoFLOP budgets, locally or on Ray, then fit"),
     "results": ("jaxformer.sweep.results", "one table of a sweep's runs: N, D, C, losses, status"),
+    "fit": ("jaxformer.scaling.fit_cli", "scaling-law fits (Chinchilla Approaches 1-3) with bootstrap intervals"),
+    "allocate": ("jaxformer.scaling.allocate_cli", "compute-optimal N, D, tokens per parameter and loss at C"),
 }
 
 

@@ -43,10 +43,13 @@ def test_memory_search_names_memory_when_the_plan_exceeds_the_budget():
     assert "n = 256: XLA plans" in search["detail"] and "> budget 0.00 GiB" in search["detail"]
 
 
-def test_memory_search_names_time_when_the_budget_is_spent():
+@pytest.mark.slow
+def test_memory_search_names_time_then_keeps_checking_the_plan():
     search = largest_n("blockwise", "train", start_n=64, max_n=128, budget_bytes=2**30, time_budget_s=60,
                        total_time_s=0, shape=SHAPE)
-    assert (search["largest_n"], search["limited_by"], search["probes"]) == (None, "time", [])
+    assert (search["largest_n"], search["limited_by"], search["plan_fits_up_to"]) == (None, "time", 128)
+    assert search["detail"] == "total time budget 0 s spent before n = 64"
+    assert [(p["n"], p["status"]) for p in search["probes"]] == [(64, "planned"), (128, "planned")]
 
 
 def test_bad_impl_is_one_line_exit_2():

@@ -52,15 +52,33 @@ def test_encoder_decoder_cached_decoding_equals_full_recomputation():
     model = build_model(cfg, rngs=nnx.Rngs(0))
     source, target = tokens(2, 7, seed=1), tokens(2, 6, seed=2)
     full, _ = jit_forward(model)(source, target)
-    memory, _ = model.encode(source)
-    stepped, _ = decode_in_steps(jit_extend(model), target, KVCache.create(cfg, 2, 6), 3, memory)
+    context_kvs = model.context_kvs(source)  # the encoder runs once; cross-attention K/V are reused every step
+    stepped, _ = decode_in_steps(jit_extend(model), target, KVCache.create(cfg, 2, 6), 3, context_kvs)
     np.testing.assert_allclose(stepped, full, atol=1e-5, rtol=0)
 
 
-def test_cache_size_is_the_accounting_formula():
-    cfg = tiny(num_layers=2, num_heads=4, num_kv_heads=2)
+@pytest.mark.parametrize("prefill", [2, 7])
+def test_a_sliding_window_ring_cache_decodes_like_full_recomputation(prefill):
+    cfg = tiny(position="alibi", sliding_window=4)
+    model = build_model(cfg, rngs=nnx.Rngs(0))
+    x = tokens(1, 12, seed=3)
+    full, _ = jit_forward(model)(x)
+    extend = jit_extend(model)
+    stepped, cache = decode_in_steps(extend, x, KVCache.create(cfg, 1, 12), prefill=prefill)
+    assert cache.slots == 4  # the window, not the 12 positions
+    np.testing.assert_allclose(stepped, full, atol=1e-5, rtol=0)
+    # a multi-token extension of a non-empty ring is not supported: NaN, never a wrong number
+    logits, _ = extend(x[:, :2], cache)
+    assert np.isnan(np.asarray(logits)).all()
+
+
+@pytest.mark.parametrize("window, slots", [(None, 16), (4, 4)])
+def test_cache_size_is_the_accounting_formula(window, slots):
+    cfg = tiny(num_layers=2, num_heads=4, num_kv_heads=2, sliding_window=window)
     cache = KVCache.create(cfg, batch=3, max_len=16)
-    assert cache.nbytes == jaxformer.accounting.kv_cache_bytes(cfg, 16, batch=3, bytes_per_value=4) == 2 * 2 * 2 * 4 * 16 * 4 * 3
+    # 2 (K and V) · 2 layers · 2 kv heads · head_dim 4 · slots · 4 bytes · batch 3
+    formula = jaxformer.accounting.kv_cache_bytes(cfg, 16, batch=3, bytes_per_value=4)
+    assert cache.nbytes == formula == 2 * 2 * 2 * 4 * slots * 4 * 3
 
 
 def test_greedy_generation_is_the_argmax_of_full_recomputation():
@@ -68,7 +86,8 @@ def test_greedy_generation_is_the_argmax_of_full_recomputation():
     prompt = [3, 1, 4, 1, 5]
     new = jaxformer.generate(model, prompt, max_new_tokens=6, temperature=0.0)
     forward = jit_forward(model)
-    sequence = np.zeros((1, TINY["max_seq_len"]), np.int32)  # a fixed buffer: one compile; causal, so the tail is unseen
+    # a fixed buffer, so one compile; the model is causal, so the unfilled tail is never seen
+    sequence = np.zeros((1, TINY["max_seq_len"]), np.int32)
     sequence[0, :5] = prompt
     for t in range(5, 11):
         sequence[0, t] = int(jnp.argmax(forward(jnp.asarray(sequence))[0][0, t - 1]))
@@ -109,7 +128,8 @@ def test_bad_generation_requests_are_one_line_errors(options, message):
 
 
 def test_encoders_do_not_generate():
-    with pytest.raises(ValueError, match="generation needs a decoder or encoder_decoder model, got model.family 'encoder'"):
+    message = "generation needs a decoder or encoder_decoder model, got model.family 'encoder'"
+    with pytest.raises(ValueError, match=message):
         jaxformer.generate(build_model(tiny(family="encoder"), rngs=nnx.Rngs(0)), [1, 2])
 
 

@@ -54,9 +54,11 @@ def test_cross_attention_weights_are_m_by_n():
     np.testing.assert_allclose(weights.sum(-1), 1.0, rtol=1e-6)
     _, _, v = cross.queries_keys_values(queries, context)
     mixed = jnp.einsum("bhts,bshd->bthd", weights, v)  # K = H here
-    np.testing.assert_allclose(cross(queries, context_BSE=context)[0], jnp.einsum("bthd,hde->bte", mixed, cross.wo[...]),
-                               atol=1e-5)
-    with pytest.raises(ValueError, match="cross-attention needs context_BSE"):
+    expected = jnp.einsum("bthd,hde->bte", mixed, cross.wo[...])
+    np.testing.assert_allclose(cross(queries, context_BSE=context)[0], expected, atol=1e-5)
+    np.testing.assert_allclose(cross(queries, kv_cache=cross.context_kv(context))[0],
+                               cross(queries, context_BSE=context)[0], atol=1e-6)
+    with pytest.raises(ValueError, match="cross-attention needs context_BSE or its context_kv"):
         cross(queries)
 
 

@@ -2,7 +2,6 @@
 
 import json
 import math
-import os
 import signal
 import subprocess
 import sys
@@ -72,6 +71,7 @@ def test_markov_source_val_loss_falls_far_below_unigram_entropy_to_near_the_entr
     assert written == ["checkpoints", "config.yaml", "data.json", "final.json", "metrics.jsonl", "tensorboard"]
     assert any((tmp_path / "run" / "tensorboard").glob("events.out.tfevents.*"))
     assert load_config(tmp_path / "run" / "config.yaml") == config  # the resolved config reloads as is
+    assert train(config, tmp_path / "run") == record  # resuming a finished run changes nothing
 
 
 def _launch(config: str, run_dir: Path, cache_dir: str) -> subprocess.Popen:
@@ -81,8 +81,14 @@ def _launch(config: str, run_dir: Path, cache_dir: str) -> subprocess.Popen:
     return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
+def _saved_steps(run_dir: Path) -> list[int]:
+    """Finished checkpoint steps: Orbax writes ``N.orbax-checkpoint-tmp-*`` and renames it to ``N`` when whole."""
+    directory = run_dir / "checkpoints"
+    return sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit()) if directory.is_dir() else []
+
+
 def _final_digest(run_dir: Path) -> str:
-    final = max(int(p.name) for p in (run_dir / "checkpoints").iterdir() if p.name.isdigit())
+    final = _saved_steps(run_dir)[-1]
     return json.loads((run_dir / "checkpoints" / str(final) / "meta" / "metadata").read_text())["digest"]
 
 
@@ -95,14 +101,14 @@ def test_sigkill_then_resume_ends_bit_identical_even_past_a_corrupt_checkpoint(t
     killed_dir = tmp_path / "killed"
     victim = _launch(empty_yaml, killed_dir, cache_dir)
     deadline = time.monotonic() + 600
-    while not (killed_dir / "checkpoints" / "30").is_dir():  # appears whole: Orbax renames a finished step
+    while max(_saved_steps(killed_dir), default=0) < 30:
         assert victim.poll() is None and time.monotonic() < deadline, victim.stderr.read() if victim.poll() else ""
         time.sleep(0.01)
     victim.send_signal(signal.SIGKILL)
     victim.communicate(timeout=60)
     assert victim.returncode == -signal.SIGKILL
-    saved = sorted(int(p.name) for p in (killed_dir / "checkpoints").iterdir() if p.name.isdigit())
-    assert 30 <= saved[-1] < 120  # killed mid-run
+    saved = _saved_steps(killed_dir)
+    assert 30 <= saved[-1] < 120  # killed mid-run, of 120 steps
     for chunk in (killed_dir / "checkpoints" / str(saved[-1]) / "state").rglob("d/*"):
         chunk.write_bytes(b"\0" * chunk.stat().st_size)  # and the newest checkpoint is corrupt
 
@@ -162,3 +168,12 @@ def test_missing_config_file_and_a_changed_config_on_resume_exit_2(tmp_path, cap
     (run_dir / "config.yaml").write_text("train: {tokens: 1000}\n")
     assert main(["train", empty_yaml, *TINY, "train.tokens=5000", "--run-dir", str(run_dir)]) == 2
     assert "cannot resume" in capsys.readouterr().err
+
+
+def test_time_train_step_times_the_runs_own_step_without_reading_its_corpus(cache_dir):
+    from jaxformer.train.throughput import time_train_step
+
+    config = load_config(None, TINY + ["data.corpus=files:no/such/*.txt", f"train.compilation_cache={cache_dir}"])
+    timing = time_train_step(config, steps=2)
+    assert timing.compile_s > 0 and 0 < timing.step_s < timing.compile_s
+    assert timing.tokens_per_s == pytest.approx(16 * 64 / timing.step_s)

@@ -139,8 +139,8 @@ def memory_table(searches: list[dict], shape: dict) -> str:
     mib = 2**20
     by_n: dict[int, dict] = {}
     for search in searches:
-        for p in search["probes"]:
-            by_n.setdefault(p["n"], {})[search["impl"]] = p
+        for p in search["probes"]:  # a run's record wins over the same n's plan-only record
+            by_n.setdefault(p["n"], {}).setdefault(search["impl"], p)
     impls = [s["impl"] for s in searches]
     header = f"{'n':>6} | {'scores MiB':>10} | " + " | ".join(f"{impl + ' plan/peak MiB, s':>34}" for impl in impls)
     lines = [header, "-" * len(header)]
@@ -153,11 +153,18 @@ def memory_table(searches: list[dict], shape: dict) -> str:
                 cells.append(f"{'':>34}")
             elif p["status"] == "ok":
                 cells.append(f"{p['planned_bytes'] / mib:>12.0f} {p['peak_added_bytes'] / mib:>12.0f} {p['seconds']:>8.2f}")
+            elif p["status"] == "planned":
+                cells.append(f"{p['planned_bytes'] / mib:>12.0f} {'(plan only)':>21}")
             else:
                 cells.append(f"{'refused: ' + p['status']:>34}")
         lines.append(f"{n:>6} | {score_mib:>10.0f} | " + " | ".join(cells))
     for s in searches:
-        lines.append(f"{s['impl']}: largest n = {s['largest_n']}; stopped by {s['limited_by']}: {s['detail']}")
+        line = f"{s['impl']}: largest n = {s['largest_n']}; stopped by {s['limited_by']}: {s['detail']}"
+        if s["limited_by"] == "time":
+            last = s["probes"][-1]
+            tail = "the cap" if last["status"] == "planned" else f"n = {last['n']}: {last['detail']}"
+            line += f"; XLA's plan fits the budget up to n = {s['plan_fits_up_to']} ({tail})"
+        lines.append(line)
     return "\n".join(lines)
 
 
@@ -178,9 +185,10 @@ def plot(rows: list[dict], searches: list[dict], shape: dict, path: Path) -> Non
         if done:
             line, = ax_memory.loglog([p["n"] for p in done], [p["peak_added_bytes"] / 2**20 for p in done], marker="o",
                                      label=f"{search['impl']} {search['mode']}: peak RSS rise")
-            ax_memory.loglog([p["n"] for p in done], [p["planned_bytes"] / 2**20 for p in done], "--",
+            planned = [p for p in search["probes"] if "planned_bytes" in p]
+            ax_memory.loglog([p["n"] for p in planned], [p["planned_bytes"] / 2**20 for p in planned], "--",
                              color=line.get_color(), label=f"{search['impl']}: XLA plan")
-    ns = sorted({p["n"] for s in searches for p in s["probes"]})
+    ns = sorted({p["n"] for s in searches for p in s["probes"] if "planned_bytes" in p})
     if ns:
         ax_memory.loglog(ns, [shape["batch"] * shape["heads"] * n * n * 4 / 2**20 for n in ns], "k:", label="one fp32 score tensor")
     ax_memory.set(xlabel="sequence length n", ylabel="MiB", title="peak memory of one call (fresh process each)")

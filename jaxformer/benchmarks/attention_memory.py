@@ -12,9 +12,10 @@ one call and prints one JSON line with three numbers:
 
 A probe refuses with status ``memory`` when the plan exceeds the budget, and runs under
 ``RLIMIT_AS`` = its virtual size + budget, so an allocation failure also reads ``memory``;
-a probe that outlives its time budget is killed by the parent and reads ``time``. The
-budget stands in for "this machine": on a shared box, running into the real limit would
-wake the kernel's OOM killer for everyone.
+a probe that outlives its time budget is killed by the parent and reads ``time``; with
+``--plan-only`` it stops after the plan (status ``planned``). The budget stands in for "this
+machine": on a shared box, running into the real limit would wake the kernel's OOM killer
+for everyone.
 """
 
 from __future__ import annotations
@@ -70,6 +71,7 @@ def _probe_main(argv: list[str] | None = None) -> int:
     parser.add_argument("--impl", required=True)
     parser.add_argument("--mode", choices=MODES, required=True)
     parser.add_argument("--causal", action="store_true")
+    parser.add_argument("--plan-only", action="store_true", help="compile and report XLA's plan, do not run")
     args = parser.parse_args(argv)
     fn, inputs = attention_call(args.impl, args.mode, args.n, batch=args.batch, heads=args.heads,
                                 head_dim=args.head_dim, block_size=args.block_size, causal=args.causal)
@@ -78,6 +80,8 @@ def _probe_main(argv: list[str] | None = None) -> int:
     result = {"impl": args.impl, "mode": args.mode, "n": args.n, "planned_bytes": planned}
     if planned > args.budget_bytes:
         result |= {"status": "memory", "detail": f"XLA plans {planned / 2**30:.2f} GiB > budget {args.budget_bytes / 2**30:.2f} GiB"}
+    elif args.plan_only:
+        result |= {"status": "planned", "detail": f"XLA plans {planned / 2**30:.2f} GiB, within the budget; not run"}
     else:
         limit = _proc_status_bytes("VmSize") + args.budget_bytes
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
@@ -100,13 +104,14 @@ def _probe_main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def probe(impl: str, mode: str, n: int, *, budget_bytes: int, time_budget_s: float, shape: dict) -> dict:
-    """Runs one probe in a subprocess; status ``ok``, ``memory``, ``time`` or ``error`` with a detail."""
+def probe(impl: str, mode: str, n: int, *, budget_bytes: int, time_budget_s: float, shape: dict,
+          plan_only: bool = False) -> dict:
+    """Runs one probe in a subprocess; status ``ok``, ``planned``, ``memory``, ``time`` or ``error`` with a detail."""
     command = [sys.executable, "-m", "jaxformer.benchmarks.attention_memory", "--impl", impl, "--mode", mode,
                "--n", str(n), "--budget-bytes", str(int(budget_bytes))]
     for name in ("batch", "heads", "head_dim", "block_size"):
         command += [f"--{name.replace('_', '-')}", str(shape[name])]
-    command += ["--causal"] if shape["causal"] else []
+    command += (["--causal"] if shape["causal"] else []) + (["--plan-only"] if plan_only else [])
     base = {"impl": impl, "mode": mode, "n": n}
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=time_budget_s)
@@ -120,35 +125,64 @@ def probe(impl: str, mode: str, n: int, *, budget_bytes: int, time_budget_s: flo
     return base | {"status": "memory" if out_of_memory else "error", "detail": f"exit {done.returncode}: {last_line}"}
 
 
+def _time_stop(probes: list[dict], n: int, time_budget_s: float, deadline: float, total_time_s: float) -> str | None:
+    """Why the call at ``n`` should not be run for time, or None.
+
+    Its time is extrapolated from the last two runs with their local slope: same ratio again.
+    """
+    done = [p for p in probes if p["status"] == "ok"]
+    if len(done) >= 2:
+        predicted_s = done[-1]["seconds"] ** 2 / done[-2]["seconds"]
+        if predicted_s > time_budget_s:
+            return f"n = {n} predicted at {predicted_s:.0f} s > time budget {time_budget_s:g} s"
+    if time.monotonic() > deadline:
+        return f"total time budget {total_time_s:g} s spent before n = {n}"
+    return None
+
+
 def largest_n(impl: str, mode: str, *, start_n: int, max_n: int, budget_bytes: int, time_budget_s: float,
               total_time_s: float, shape: dict) -> dict:
-    """Doubles n from ``start_n`` until a probe is refused, ``max_n`` is passed, or time runs out.
+    """Doubles n from ``start_n``, running one call per n, until one is refused or ``max_n`` is passed.
 
-    Before each probe the next call's time is extrapolated from the last two (their local
-    slope); a prediction past ``time_budget_s`` stops the search without running it.
+    Once time stops the runs (predicted, or a probe killed), the doubling goes on with
+    plan-only probes (compile, no run), so the report says how far XLA's memory plan fits the
+    budget. ``limited_by`` names what refused the first n not handled: ``memory`` when its
+    plan (or allocation) does not fit, whatever the time; else ``time``; ``none`` at the cap.
     """
     deadline = time.monotonic() + total_time_s
     probes: list[dict] = []
+    time_stop = None  # why calls stopped being run
     n = start_n
-    limited_by, detail = "none", f"reached the cap n = {max_n}"
     while n <= max_n:
-        done = [p for p in probes if p["status"] == "ok"]
-        if len(done) >= 2:
-            predicted_s = done[-1]["seconds"] ** 2 / done[-2]["seconds"]  # same ratio again: same local slope
-            if predicted_s > time_budget_s:
-                limited_by, detail = "time", f"n = {n} predicted at {predicted_s:.0f} s > time budget {time_budget_s:g} s"
+        time_stop = time_stop or _time_stop(probes, n, time_budget_s, deadline, total_time_s)
+        if time_stop is None:
+            probes.append(probe(impl, mode, n, budget_bytes=budget_bytes, time_budget_s=time_budget_s, shape=shape))
+            if probes[-1]["status"] == "ok":
+                n *= 2
+                continue
+            if probes[-1]["status"] != "time":
                 break
-        if time.monotonic() > deadline:
-            limited_by, detail = "time", f"total time budget {total_time_s:g} s spent before n = {n}"
-            break
-        probes.append(probe(impl, mode, n, budget_bytes=budget_bytes, time_budget_s=time_budget_s, shape=shape))
-        if probes[-1]["status"] != "ok":
-            limited_by, detail = probes[-1]["status"], f"n = {n}: {probes[-1]['detail']}"
+            time_stop = f"n = {n}: {probes[-1]['detail']}"
+        probes.append(probe(impl, mode, n, budget_bytes=budget_bytes, time_budget_s=time_budget_s, shape=shape,
+                            plan_only=True))
+        if probes[-1]["status"] != "planned":
             break
         n *= 2
-    handled = [p["n"] for p in probes if p["status"] == "ok"]
-    return {"impl": impl, "mode": mode, "largest_n": max(handled, default=None), "limited_by": limited_by,
-            "detail": detail, "probes": probes}
+    handled = max((p["n"] for p in probes if p["status"] == "ok"), default=None)
+    first_refused = start_n if handled is None else 2 * handled
+    refusals = {p["status"]: p["detail"] for p in probes if p["n"] == first_refused and p["status"] != "planned"}
+    if "memory" in refusals:
+        limited_by, detail = "memory", f"n = {first_refused}: {refusals['memory']}"
+        detail += f" (time alone: {time_stop})" if time_stop else ""
+    elif time_stop:
+        limited_by, detail = "time", time_stop
+    elif refusals:
+        limited_by, detail = "error", f"n = {first_refused}: {refusals.popitem()[1]}"
+    else:
+        limited_by, detail = "none", f"reached the cap n = {max_n}"
+    return {"impl": impl, "mode": mode, "largest_n": handled, "limited_by": limited_by, "detail": detail,
+            "plan_fits_up_to": max((p["n"] for p in probes if p["status"] in ("ok", "planned")), default=None),
+            "probes": probes}
 
 
 if __name__ == "__main__":

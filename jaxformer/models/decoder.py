@@ -49,9 +49,10 @@ class DecoderLM(nnx.Module):
         return self.head(x_BTE, self.embedding), self.cfg.router_aux_loss_weight * aux_loss
 
     def extend(self, tokens_BT: jax.Array, cache: KVCache) -> tuple[jax.Array, KVCache]:
-        """Appends ``tokens_BT`` at positions ``cache.length …``: returns their logits ``[B, T, V]`` and the new cache.
+        """Appends ``tokens_BT`` at positions ``cache.length …``: their logits ``[B, T, V]`` and the new cache.
 
-        The caller keeps ``cache.length + T <= cache.max_len`` (`jaxformer.generate` checks it).
+        The caller keeps ``cache.length + T`` within the ``max_len`` the cache was created for
+        (`jaxformer.generate` checks it).
         """
         x_BTE = self.embedding(tokens_BT, offset=cache.length)
         x_BTE, _, layers = self.decoder(x_BTE, offset=cache.length, kv_caches=cache.layers())

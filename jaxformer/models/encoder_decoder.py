@@ -49,12 +49,17 @@ class EncoderDecoder(nnx.Module):
         aux_loss = self.cfg.router_aux_loss_weight * (encoder_aux + decoder_aux)
         return self.head(x_BTE, self.embedding), aux_loss
 
+    def context_kvs(self, source_BS: jax.Array, *, source_lengths: jax.Array | None = None) -> tuple:
+        """Encodes the source once and returns each decoder layer's cross-attention ``(k, v)``, ``[B, S, K, D]``."""
+        memory_BSE, _ = self.encode(source_BS, source_lengths=source_lengths)
+        return self.decoder.context_kvs(memory_BSE)
+
     def extend(
-        self, target_BT: jax.Array, memory_BSE: jax.Array, cache: KVCache, *, source_lengths: jax.Array | None = None
+        self, target_BT: jax.Array, context_kvs: tuple, cache: KVCache, *, source_lengths: jax.Array | None = None
     ) -> tuple[jax.Array, KVCache]:
-        """Appends target tokens at ``cache.length …`` given the encoder output: logits ``[B, T, V]`` and the new cache."""
+        """Appends target tokens at ``cache.length …`` given :meth:`context_kvs`: logits ``[B, T, V]``, new cache."""
         x_BTE, _, layers = self.decoder(
             self.embedding(target_BT, offset=cache.length), offset=cache.length, kv_caches=cache.layers(),
-            context_BSE=memory_BSE, context_lengths=source_lengths,
+            context_kvs=context_kvs, context_lengths=source_lengths,
         )
         return self.head(x_BTE, self.embedding), cache.advanced(layers, target_BT.shape[1])

@@ -1,7 +1,7 @@
 """Autoregressive generation with a KV cache: one prefill, then one jitted step per token.
 
-``advance`` runs the model on new tokens against the cache and samples the next token;
-it is jitted once for the prompt's length and once for single tokens, and the cache
+``decode_step`` runs the model on new tokens against the cache and samples the next
+token; it is jitted once for the prompt's length and once for single tokens, and the cache
 has a fixed size (prompt + new tokens), so decoding never recompiles. Decoder LMs
 continue the prompt; an encoder–decoder encodes the prompt once and decodes a target
 that starts from ``start_token``.
@@ -40,20 +40,35 @@ def _prompt_batch(prompt, cfg: ModelConfig) -> jax.Array:
     return jnp.asarray(tokens, jnp.int32)
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "temperature", "top_k", "top_p"), donate_argnames=("cache",))
-def advance(graphdef, state, tokens_BT, cache: KVCache, key, memory_BSE=None, *, temperature=1.0, top_k=None,
-            top_p=None) -> tuple[jax.Array, KVCache]:
-    """Appends ``tokens_BT`` to ``cache`` and samples the next token ``[B]`` from the last position's logits.
+@functools.lru_cache(maxsize=32)
+def decode_step(graphdef: nnx.GraphDef, temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None):
+    """The jitted ``advance(state, tokens_BT, cache, key, step, context_kvs=None) -> (next_B1, cache)`` of a model.
 
-    ``memory_BSE``: the encoder output for an encoder–decoder (None for a decoder LM).
+    ``advance`` appends ``tokens_BT`` to ``cache`` (donated) and samples the next token
+    ``[B, 1]`` from the last position's logits (shaped to be fed straight back) with
+    ``fold_in(key, step)``; ``context_kvs`` are an encoder–decoder's cross-attention
+    keys and values of the encoded source (None for a decoder LM). Built once per (model structure, sampling
+    options) — hashing the graph on every token would cost more than a small model's step.
     """
-    model = nnx.merge(graphdef, state)
-    if memory_BSE is None:
-        logits_BTV, cache = model.extend(tokens_BT, cache)
-    else:
-        logits_BTV, cache = model.extend(tokens_BT, memory_BSE, cache)
-    next_B = F.sample_logits(key, logits_BTV[:, -1], temperature=temperature, top_k=top_k, top_p=top_p)
-    return next_B.astype(jnp.int32), cache
+
+    @functools.partial(jax.jit, donate_argnames=("cache",))
+    def advance(state, tokens_BT, cache: KVCache, key, step, context_kvs=None) -> tuple[jax.Array, KVCache]:
+        model = nnx.merge(graphdef, state)
+        if context_kvs is None:
+            logits_BTV, cache = model.extend(tokens_BT, cache)
+        else:
+            logits_BTV, cache = model.extend(tokens_BT, context_kvs, cache)
+        next_B = F.sample_logits(jax.random.fold_in(key, step), logits_BTV[:, -1], temperature=temperature,
+                                 top_k=top_k, top_p=top_p)
+        return next_B[:, None].astype(jnp.int32), cache
+
+    return advance
+
+
+@functools.lru_cache(maxsize=32)
+def _encoder(graphdef: nnx.GraphDef):
+    """The jitted ``encode(state, source_BS) -> context_kvs`` of an encoder–decoder (once per decode)."""
+    return jax.jit(lambda state, source_BS: nnx.merge(graphdef, state).context_kvs(source_BS))
 
 
 def generate(
@@ -85,9 +100,10 @@ def generate(
     check_sampling(temperature, top_k, top_p, cfg.vocab_size)
     prompt_BT = _prompt_batch(prompt, cfg)
     check_context(cfg, prompt_BT.shape[1], what="prompt")
-    memory_BSE = None
+    graphdef, state = nnx.split(model)
+    context_kvs = None
     if cfg.family == "encoder_decoder":
-        memory_BSE, _ = model.encode(prompt_BT)
+        context_kvs = _encoder(graphdef)(state, prompt_BT)
         first_BT = jnp.full((prompt_BT.shape[0], 1), start_token, jnp.int32)
     else:
         first_BT = prompt_BT
@@ -97,13 +113,11 @@ def generate(
         raise ValueError(f"prompt ({first_BT.shape[1]} tokens) + max_new_tokens ({max_new_tokens}) needs {length} "
                          f"positions, past the context (model.max_seq_len={cfg.max_seq_len})")
     cache = KVCache.create(cfg, prompt_BT.shape[0], length, dtype=cache_dtype)
-    graphdef, state = nnx.split(model)
-    options = dict(temperature=temperature, top_k=top_k, top_p=top_p)
+    advance = decode_step(graphdef, temperature, top_k, top_p)
     base_key = jax.random.key(seed)
     tokens, fed_BT = [], first_BT
     for i in range(max_new_tokens):
-        next_B, cache = advance(graphdef, state, fed_BT, cache, jax.random.fold_in(base_key, i), memory_BSE, **options)
-        tokens.append(next_B)
-        fed_BT = next_B[:, None]
-    out_BN = jnp.stack(tokens, axis=1)
+        fed_BT, cache = advance(state, fed_BT, cache, base_key, i, context_kvs)
+        tokens.append(fed_BT)
+    out_BN = jnp.concatenate(tokens, axis=1)
     return out_BN[0] if np.ndim(prompt) == 1 else out_BN

@@ -1,12 +1,12 @@
 """`KVCache`: the keys and values of every self-attention layer, for decoding one token at a time.
 
-A fixed-size buffer per layer (``[B, max_len, K, D]`` for K and for V) and the number
+A fixed-size buffer per layer (``[B, slots, K, D]`` for K and for V) and the number
 of filled positions. Its shapes never change while decoding, so the jitted step
 compiles once; writing at ``length`` is an in-place ``dynamic_update_slice`` when the
-cache is donated. Its size is ``2 · layers · K · D · max_len · bytes · B`` — exactly
-``jaxformer.accounting.kv_cache_bytes(cfg, max_len, batch=B, bytes_per_value=…)`` for a
-model without a sliding window (a windowed model's cache is not a ring buffer here, so
-it holds ``max_len`` positions, not ``sliding_window``).
+cache is donated. ``slots`` is ``max_len``, or ``min(max_len, sliding_window)`` for a
+windowed model (a ring buffer, see `jaxformer.nn.kv`), so the size is
+``2 · layers · K · D · slots · bytes · B`` — exactly
+``jaxformer.accounting.kv_cache_bytes(cfg, max_len, batch=B, bytes_per_value=…)``.
 """
 
 from __future__ import annotations
@@ -18,12 +18,13 @@ import jax.numpy as jnp
 
 from jaxformer.models.config import ModelConfig
 from jaxformer.nn.embeddings import check_context
+from jaxformer.nn.kv import cache_slots
 
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class KVCache:
-    """``keys``/``values``: one ``[B, max_len, K, D]`` array per layer; ``length``: int32 scalar, filled positions."""
+    """``keys``/``values``: one ``[B, slots, K, D]`` array per layer; ``length``: int32 scalar, positions written."""
 
     keys: tuple[jax.Array, ...]
     values: tuple[jax.Array, ...]
@@ -35,13 +36,14 @@ class KVCache:
         check_context(cfg, max_len, what="cache")
         if batch <= 0 or max_len <= 0:
             raise ValueError(f"cache batch and max_len must be positive, got {batch} and {max_len}")
-        shape = (batch, max_len, cfg.num_kv_heads, cfg.head_dim)
+        shape = (batch, cache_slots(max_len, cfg.sliding_window), cfg.num_kv_heads, cfg.head_dim)
         empty = tuple(jnp.zeros(shape, dtype) for _ in range(cfg.num_layers))
         return cls(keys=empty, values=tuple(jnp.zeros(shape, dtype) for _ in range(cfg.num_layers)),
                    length=jnp.zeros((), jnp.int32))
 
     @property
-    def max_len(self) -> int:
+    def slots(self) -> int:
+        """Positions held per layer: ``max_len``, or the sliding window when that is shorter."""
         return self.keys[0].shape[1]
 
     @property

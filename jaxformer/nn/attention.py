@@ -17,9 +17,8 @@ from flax import nnx
 
 import jaxformer.functional as F
 from jaxformer.models.config import ModelConfig
-from jaxformer.nn import params
-
-KV = tuple[jax.Array, jax.Array]  # one layer's cache: (k [B, S_max, K, D], v [B, S_max, K, D])
+from jaxformer.nn import kv, params
+from jaxformer.nn.kv import KV
 
 
 class Attention(nnx.Module):
@@ -38,7 +37,8 @@ class Attention(nnx.Module):
         self.wq = params.normal(rngs, (E, H, D), ("embed", "heads", "head_dim"))
         self.wk = params.normal(rngs, (E, K, D), ("embed", "kv_heads", "head_dim"))
         self.wv = params.normal(rngs, (E, K, D), ("embed", "kv_heads", "head_dim"))
-        self.wo = params.normal(rngs, (H, D, E), ("heads", "head_dim", "embed"), std=params.residual_std(cfg.num_layers))
+        out_std = params.residual_std(cfg.num_layers)
+        self.wo = params.normal(rngs, (H, D, E), ("heads", "head_dim", "embed"), std=out_std)
         bias = cfg.use_bias
         self.bq = params.zeros((H, D), ("heads", "head_dim")) if bias else None
         self.bk = params.zeros((K, D), ("kv_heads", "head_dim")) if bias else None
@@ -62,6 +62,10 @@ class Attention(nnx.Module):
         k_BSKD = self._rope(self._project(source_BSE, self.wk, self.bk), offset)
         return q_BTHD, k_BSKD, self._project(source_BSE, self.wv, self.bv)
 
+    def context_kv(self, context_BSE: jax.Array) -> KV:
+        """Cross-attention keys and values ``[B, S, K, D]`` of a context, computed once for a whole decode."""
+        return self._project(context_BSE, self.wk, self.bk), self._project(context_BSE, self.wv, self.bv)
+
     def __call__(
         self,
         x_BTE: jax.Array,
@@ -73,37 +77,44 @@ class Attention(nnx.Module):
     ) -> tuple[jax.Array, KV | None]:
         """Returns ``(out [B, T, E], kv_cache)``.
 
-        context_BSE: keys/values source for cross-attention (required iff ``cross``).
+        context_BSE: keys/values source for cross-attention (cross-attention needs it or
+          ``kv_cache``; self-attention takes none).
         key_lengths: ``[B]`` valid keys per sequence (padding is on the right); with a
-          cache, the valid keys are the cache's first ``offset + T`` slots instead.
+          self-attention cache, the cache decides which keys are valid instead.
         offset: absolute position of ``x``'s first token (the cache length when decoding).
-        kv_cache: self-attention only; the new keys/values are written at ``offset`` and
-          the queries attend to the cache's first ``offset + T`` slots. The updated cache
-          is returned (``None`` when none was given).
+        kv_cache: self-attention: the new keys/values are written at ``offset``, the
+          queries attend to the cached positions (`jaxformer.nn.kv`: linear or ring
+          layout), and the updated cache is returned. Cross-attention: the context's
+          keys/values from :meth:`context_kv`, used as they are and returned unchanged.
+          ``None``: nothing cached.
         """
-        if self.cross != (context_BSE is not None):
-            raise ValueError("cross-attention needs context_BSE; self-attention takes none")
+        if self.cross and context_BSE is None and kv_cache is None:
+            raise ValueError("cross-attention needs context_BSE or its context_kv")
+        if not self.cross and context_BSE is not None:
+            raise ValueError("self-attention takes no context_BSE")
         cfg = self.cfg
-        q_BTHD, k_BSKD, v_BSKD = self.queries_keys_values(x_BTE, context_BSE, offset=offset)
-        if kv_cache is not None:
-            k_cache, v_cache = kv_cache
-            start = (0, offset, 0, 0)
-            k_BSKD = jax.lax.dynamic_update_slice(k_cache, k_BSKD.astype(k_cache.dtype), start)
-            v_BSKD = jax.lax.dynamic_update_slice(v_cache, v_BSKD.astype(v_cache.dtype), start)
-            kv_cache = (k_BSKD, v_BSKD)
-            # slots past offset + T hold nothing yet
-            key_lengths = jnp.full((x_BTE.shape[0],), offset + x_BTE.shape[1])
-        causal = self.causal
+        q_offset, supported = (0 if self.cross else offset), None
+        if self.cross and kv_cache is not None:
+            (k_BSKD, v_BSKD), q_BTHD = kv_cache, self._project(x_BTE, self.wq, self.bq)
+        else:
+            q_BTHD, k_BSKD, v_BSKD = self.queries_keys_values(x_BTE, context_BSE, offset=offset)
+        if kv_cache is not None and not self.cross:
+            view = kv.update(kv_cache, k_BSKD, v_BSKD, offset, window=cfg.sliding_window)
+            kv_cache, k_BSKD, v_BSKD = view.cache, view.k, view.v
+            q_offset, key_lengths, supported = view.q_offset, view.key_lengths, view.supported
+        alibi = cfg.position == "alibi" and not self.cross
         out_BTHD = F.attention(
             q_BTHD, k_BSKD.astype(q_BTHD.dtype), v_BSKD.astype(q_BTHD.dtype),
             impl=cfg.attention_impl,
-            causal=causal,
-            q_offset=0 if self.cross else offset,
+            causal=self.causal,
+            q_offset=q_offset,
             key_lengths=key_lengths,
-            window=cfg.sliding_window if causal else None,
-            alibi_slopes=F.alibi_slopes(cfg.num_heads) if cfg.position == "alibi" and not self.cross else None,
+            window=cfg.sliding_window if self.causal else None,
+            alibi_slopes=F.alibi_slopes(cfg.num_heads) if alibi else None,
             block_size=cfg.attention_block_size,
         )
+        if supported is not None:
+            out_BTHD = jnp.where(supported, out_BTHD, jnp.nan)
         out_BTE = jnp.einsum("bthd,hde->bte", out_BTHD, self.wo[...])
         return (out_BTE if self.bo is None else out_BTE + self.bo[...]), kv_cache
 

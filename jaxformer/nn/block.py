@@ -17,8 +17,9 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxformer.models.config import ModelConfig
-from jaxformer.nn.attention import KV, Attention
+from jaxformer.nn.attention import Attention
 from jaxformer.nn.feedforward import FeedForward
+from jaxformer.nn.kv import KV
 from jaxformer.nn.moe import MoE
 from jaxformer.nn.norms import Norm
 
@@ -59,9 +60,14 @@ class Block(nnx.Module):
         offset: int | jax.Array = 0,
         kv_cache: KV | None = None,
         context_BSE: jax.Array | None = None,
+        context_kv: KV | None = None,
         context_lengths: jax.Array | None = None,
     ) -> tuple[jax.Array, jax.Array, KV | None]:
-        """Returns ``(x [B, T, E], aux_loss, kv_cache)``; see `Attention` for the arguments."""
+        """Returns ``(x [B, T, E], aux_loss, kv_cache)``; see `Attention` for the arguments.
+
+        The cross-attention sublayer reads ``context_BSE`` or, when decoding, its
+        precomputed ``context_kv``.
+        """
         x_BTE, kv_cache = self._residual(
             x_BTE, self.attention_norms,
             lambda h: self.attention(h, key_lengths=key_lengths, offset=offset, kv_cache=kv_cache),
@@ -69,7 +75,8 @@ class Block(nnx.Module):
         if self.cross_attention is not None:
             x_BTE, _ = self._residual(
                 x_BTE, self.cross_attention_norms,
-                lambda h: self.cross_attention(h, context_BSE=context_BSE, key_lengths=context_lengths),
+                lambda h: self.cross_attention(h, context_BSE=context_BSE, key_lengths=context_lengths,
+                                               kv_cache=context_kv),
             )
         if isinstance(self.feed_forward, MoE):
             x_BTE, aux_loss = self._residual(x_BTE, self.feed_forward_norms, self.feed_forward)
@@ -94,15 +101,22 @@ class Stack(nnx.Module):
         x_BTE: jax.Array,
         *,
         kv_caches: tuple[KV, ...] | None = None,
+        context_kvs: tuple[KV, ...] | None = None,
         **kwargs,
     ) -> tuple[jax.Array, jax.Array, tuple[KV, ...] | None]:
-        """``kwargs`` go to every `Block`; ``kv_caches`` holds one ``(k, v)`` per layer."""
+        """``kwargs`` go to every `Block`; ``kv_caches`` (self-attention) and ``context_kvs``
+        (cross-attention, see :meth:`context_kvs`) hold one ``(k, v)`` per layer."""
         aux_total = jnp.zeros((), jnp.float32)
         new_caches = []
         for i, block in enumerate(self.blocks):
-            x_BTE, aux_loss, kv = block(x_BTE, kv_cache=None if kv_caches is None else kv_caches[i], **kwargs)
+            x_BTE, aux_loss, kv = block(x_BTE, kv_cache=None if kv_caches is None else kv_caches[i],
+                                        context_kv=None if context_kvs is None else context_kvs[i], **kwargs)
             aux_total = aux_total + aux_loss
             new_caches.append(kv)
         if self.final_norm is not None:
             x_BTE = self.final_norm(x_BTE)
         return x_BTE, aux_total, None if kv_caches is None else tuple(new_caches)
+
+    def context_kvs(self, context_BSE: jax.Array) -> tuple[KV, ...]:
+        """Every layer's cross-attention keys and values of ``context_BSE``, computed once per decode."""
+        return tuple(block.cross_attention.context_kv(context_BSE) for block in self.blocks)

@@ -52,7 +52,7 @@ class Embedding(nnx.Module):
         if self.cfg.position == "learned":
             x_BTE = x_BTE + self.positions[...].at[positions_T].get(mode="fill", fill_value=jnp.nan)
         elif self.cfg.position == "sinusoidal":
-            table_PE = F.sinusoidal_positions(self.cfg.max_seq_len, self.cfg.d_model)
+            table_PE = F.sinusoidal_positions(self.cfg.max_seq_len, self.cfg.d_model).astype(x_BTE.dtype)
             x_BTE = x_BTE + table_PE.at[positions_T].get(mode="fill", fill_value=jnp.nan)
         return x_BTE
 

@@ -121,7 +121,8 @@ class Allocation:
 
     def rows(self) -> list[dict]:
         return [
-            {"flops": float(c), "N_opt": float(n), "D_opt": float(d), "tokens_per_param": float(t), "loss": float(l)}
+            {"flops": float(c), "N_opt": float(n), "D_opt": float(d), "tokens_per_param": float(t),
+             "loss": float(l) if np.isfinite(l) else None}
             for c, n, d, t, l in zip(self.C, self.N, self.D, self.tokens_per_param, self.loss)
         ]
 
@@ -131,6 +132,6 @@ def allocate(law: Law, flops) -> Allocation:
     C = np.atleast_1d(np.asarray(flops, np.float64))
     bad = np.flatnonzero(~(np.isfinite(C) & (C > 0)))
     if bad.size:
-        raise ValueError(f"flops must be positive and finite, got {C[bad[0]]!r}")
+        raise ValueError(f"flops must be positive and finite, got {float(C[bad[0]])!r}")
     N, D = law.n_opt(C), law.d_opt(C)
     return Allocation(C, N, D, D / N, law.loss_opt(C))

@@ -7,8 +7,10 @@ slowest one at every iteration and every line-search step. Here instead a pool o
 slots runs inside one ``lax.while_loop``: each loop step evaluates the objective exactly
 once per slot (the trial point of a backtracking Armijo line search), a slot whose job has
 finished writes its result and loads the next job from the queue. The work done is the sum
-of the jobs' evaluations (as with a Python loop over scipy calls), with every evaluation
-vectorised over the slots, and the whole thing is one compiled program.
+of the jobs' evaluations (as with a Python loop over scipy calls) plus the idle slots of the
+last few jobs, with every evaluation vectorised over the slots, and the whole thing is one
+compiled program. A modest pool (128 slots) keeps both the tail and the per-step cost small
+on a CPU.
 
 The L-BFGS direction (two-loop recursion, memory 10) is Optax's ``scale_by_lbfgs``. The
 step is backtracking on the Armijo condition from a unit step (halving, or the minimiser of
@@ -16,8 +18,8 @@ the quadratic through the trial, whichever is larger); a pair with non-positive 
 resets the memory, so directions stay descent directions.
 
 Status codes (``Solution.status``): 0 gradient below ``gtol``, 1 relative reduction below
-``ftol`` (scipy's ``factr`` test), 2 line search could not decrease (converged to the
-precision of the dtype), 3 iteration limit, 4 non-finite objective at the start.
+``ftol`` (scipy's ``factr`` test) — these two count as converged —, 2 the line search could
+not decrease the objective, 3 iteration limit, 4 non-finite objective at the start.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ import numpy as np
 import optax
 
 STATUS = ("gradient", "reduction", "line search", "max iterations", "non-finite start")
-CONVERGED = (0, 1, 2)
+CONVERGED = (0, 1)
 
 # value_and_grad(x_P, row, data) -> (f, g_P) for one slot
 ValueAndGrad = Callable[[jax.Array, jax.Array, Any], tuple[jax.Array, jax.Array]]
@@ -60,37 +62,29 @@ def minimize(
     rows_JR: np.ndarray,
     data: Any,
     *,
-    slots: int = 512,
-    max_iter: int = 500,
-    gtol: float = 1e-8,
-    ftol: float = 1e-12,
-    dtype: Any = jnp.float64,
+    slots: int = 128,
+    max_iter: int = 1000,
+    gtol: float = 1e-5,
+    ftol: float = 2.2e-9,
 ) -> Solution:
     """Minimises ``value_and_grad(x, rows_JR[j], data)`` from ``x0_JP[j]`` for every job j.
 
+    The stopping tests and their defaults are scipy L-BFGS-B's: max |gradient| ≤ ``gtol``, or
+    a relative reduction (f_k − f_k+1) / max(|f_k|, |f_k+1|, 1) ≤ ``ftol`` (factr = 1e7).
+
     ``rows_JR`` carries per-job data (e.g. bootstrap weights over the R points); ``data`` is
-    shared by all jobs. Float64 is enabled only inside this call (``jax.enable_x64``), so
-    global JAX state is left alone.
+    shared by all jobs. Everything runs in float64, enabled only inside this call
+    (``jax.enable_x64``), so global JAX state is left alone.
     """
     x0_JP = np.asarray(x0_JP)
     if x0_JP.ndim != 2 or len(x0_JP) == 0:
         raise ValueError(f"x0 must be a non-empty [jobs, params] array, got shape {x0_JP.shape}")
     slots = int(min(slots, len(x0_JP)))
-    with jax.enable_x64(dtype == jnp.float64):
-        cast = lambda a: jnp.asarray(a, dtype)  # noqa: E731
-        out = _run(
-            value_and_grad,
-            cast(x0_JP),
-            cast(rows_JR),
-            jax.tree.map(cast, data),
-            slots,
-            max_iter,
-            gtol,
-            ftol,
-        )
-        out = jax.device_get(out)
-    x, f, gmax, iters, nfev, status = (np.asarray(a) for a in out)
-    return Solution(x.astype(np.float64), f.astype(np.float64), gmax.astype(np.float64), iters, nfev, status)
+    with jax.enable_x64(True):
+        cast = lambda a: jnp.asarray(a, jnp.float64)  # noqa: E731
+        out = _run(value_and_grad, cast(x0_JP), cast(rows_JR), jax.tree.map(cast, data), slots, max_iter, gtol, ftol)
+        x, f, gmax, iters, nfev, status = (np.asarray(a) for a in jax.device_get(out))
+    return Solution(x, f, gmax, iters, nfev, status)
 
 
 @partial(jax.jit, static_argnums=(0, 4, 5, 6, 7))
@@ -127,10 +121,12 @@ def _run(value_and_grad, x0_JP, rows_JR, data, S, max_iter, gtol, ftol):
         fresh_state = init_S(trial)
         state = where_S(fresh | ~curvature_ok, fresh_state, slot["state"])
         d_new, state_new = direction_S(gt, state, trial)
-        d_steepest, state_steepest = direction_S(gt, fresh_state, trial)
+        # Not a descent direction (can follow a reset): steepest descent, capped at unit length
+        # (Optax's own first step), and an empty memory.
         descent = jnp.sum(d_new * gt, axis=1) > 0
-        d_new = -jnp.where(descent[:, None], d_new, d_steepest)
-        state_new = where_S(descent, state_new, state_steepest)
+        gnorm = jnp.linalg.norm(gt, axis=1, keepdims=True)
+        d_new = -jnp.where(descent[:, None], d_new, gt * jnp.minimum(1.0, 1.0 / gnorm))
+        state_new = where_S(descent, state_new, fresh_state)
         it = slot["it"] + (accept & ~fresh)
         gmax = jnp.max(jnp.abs(gt), axis=1)
         scale = jnp.maximum(jnp.maximum(jnp.abs(slot["f"]), jnp.abs(ft)), 1.0)
@@ -156,14 +152,14 @@ def _run(value_and_grad, x0_JP, rows_JR, data, S, max_iter, gtol, ftol):
         target = jnp.where(done, slot["job"], J)
         result = jnp.concatenate([x, f[:, None], jnp.max(jnp.abs(g), axis=1)[:, None]], axis=1)
         counts = jnp.stack([it, nfev, status], axis=1)
+        # ...and take the next jobs from the queue.
+        queued = glob["next_job"] + jnp.cumsum(done) - 1
+        job = jnp.where(done, jnp.minimum(queued, J), slot["job"])
         glob = dict(
             results=glob["results"].at[target].set(result, mode="drop"),
             counts=glob["counts"].at[target].set(counts, mode="drop"),
             next_job=glob["next_job"] + jnp.sum(done),
         )
-        # ...and take the next jobs from the queue.
-        queued = glob["next_job"] - jnp.sum(done) + jnp.cumsum(done) - 1
-        job = jnp.where(done, jnp.minimum(queued, J), slot["job"])
         x_load, row_load = load(job)
         slot = dict(
             job=job,
@@ -188,20 +184,6 @@ def _run(value_and_grad, x0_JP, rows_JR, data, S, max_iter, gtol, ftol):
     glob = dict(results=jnp.zeros((J, P + 2), dtype), counts=jnp.zeros((J, 3), jnp.int32).at[:, 2].set(3),
                 next_job=jnp.asarray(S))
 
-    # Once the queue is empty the pool shrinks (S → S/8 → S/64), so a few slow jobs do not
-    # keep paying for a full pool of idle slots.
-    sizes = sorted({max(S // 64, 1), max(S // 8, 1), S}, reverse=True)
-    for k, size in enumerate(sizes):
-        if k > 0:  # keep the (at most `size`) still-active slots
-            keep = jnp.argsort(slot["job"] >= J, stable=True)[:size]
-            slot = jax.tree.map(lambda a: a[keep], slot)
-        following = sizes[k + 1] if k + 1 < len(sizes) else 0
-
-        def more(carry, following=following):
-            slot, glob = carry
-            n_active = jnp.sum(slot["job"] < J)
-            return (n_active > following) | ((n_active > 0) & (glob["next_job"] < J))
-
-        slot, glob = jax.lax.while_loop(more, lambda c: step(*c), (slot, glob))
+    slot, glob = jax.lax.while_loop(lambda c: jnp.any(c[0]["job"] < J), lambda c: step(*c), (slot, glob))
     res, counts = glob["results"], glob["counts"]
     return res[:, :P], res[:, P], res[:, P + 1], counts[:, 0], counts[:, 1], counts[:, 2]

@@ -114,14 +114,13 @@ def _check(table: RunTable) -> None:
         raise ValueError(f"Approach 3 needs more runs than its {len(PARAMS)} parameters, got {len(table)}")
 
 
-def fit_parametric(table: RunTable, *, starts: np.ndarray | None = None, delta: float = HUBER_DELTA,
-                   slots: int = 512) -> ParametricFit:
+def fit_parametric(table: RunTable, *, starts: np.ndarray | None = None, delta: float = HUBER_DELTA) -> ParametricFit:
     """Fits L = E + A/N^α + B/D^β from every start (default: the 4500-point Hoffmann grid)."""
     _check(table)
     starts = hoffmann_grid() if starts is None else np.asarray(starts, dtype=np.float64)
     data = _data(table, delta)
     weights = np.ones((len(starts), len(table)))
-    sol = lbfgs.minimize(value_and_grad, starts, weights, data, slots=slots)
+    sol = lbfgs.minimize(value_and_grad, starts, weights, data)
     f = np.where(np.isfinite(sol.f), sol.f, np.inf)
     best = int(np.argmin(f))
     if not np.isfinite(f[best]):

@@ -7,10 +7,14 @@ loss curve (tokens seen → loss). Column names are found automatically (``Model
 ``flops`` / ``val_loss`` of a sweep…) or given explicitly.
 
 A table in *long* form (a run column whose values repeat, one row per evaluation) holds
-curves: each run's final point is its row with the most tokens. A sweep directory holds one
-sub-directory per run with ``final.json`` (``params``/``N``, ``tokens``/``D``,
-``flops``/``C``, ``val_loss``/``loss``) and optionally ``curve.jsonl`` (one
-``{"tokens": …, "loss": …}`` per line).
+curves: each run's final point is its row with the most tokens. Rows whose ``status``
+column (as in ``jaxformer results``) is not ``done`` are left out.
+
+A directory holds one sub-directory per run (directly or under ``runs/``, as ``jaxformer
+sweep`` writes it) with ``final.json`` (``params``/``N``, ``tokens``/``D``, ``flops``/``C``,
+``val_loss``/``loss``) and optionally ``metrics.jsonl``, whose rows with a validation loss
+(``tokens``, ``val_loss``) are the run's curve. A ``plan.json`` next to ``runs/`` gives each
+run's IsoFLOP budget.
 """
 
 from __future__ import annotations
@@ -27,12 +31,12 @@ import numpy as np
 CANDIDATES: dict[str, tuple[str, ...]] = {
     "N": ("n", "params", "model_size", "n_params", "num_params", "parameters"),
     "D": ("d", "tokens", "training_tokens", "n_tokens", "num_tokens", "train_tokens"),
-    "C": ("c", "flops", "training_flop", "training_flops", "compute", "train_flops"),
+    "C": ("c", "flops", "training_flop", "training_flops", "compute", "train_flops", "flops_6nd"),
     "loss": ("loss", "val_loss", "final_loss", "eval_loss", "validation_loss"),
     "budget": ("budget", "flops_budget", "isoflop", "isoflop_budget"),
     "run": ("run", "run_id", "run_name"),
 }
-CURVE_FILE = "curve.jsonl"
+CURVE_FILE = "metrics.jsonl"
 
 
 @dataclass(frozen=True)
@@ -94,7 +98,7 @@ class RunTable:
 def _positive(name: str, values: np.ndarray, source: str) -> np.ndarray:
     bad = np.flatnonzero(~(np.isfinite(values) & (values > 0)))
     if bad.size:
-        raise ValueError(f"{source}: column {name!r} row {bad[0]}: {values[bad[0]]!r} is not positive and finite")
+        raise ValueError(f"{source}: column {name!r} row {bad[0]}: {float(values[bad[0]])!r} is not positive and finite")
     return values
 
 
@@ -154,13 +158,17 @@ def _records_to_columns(records: list[dict], source) -> dict[str, list]:
 
 def _from_columns(cols: dict[str, list], source: str, names: dict[str, str | None]) -> RunTable:
     columns = list(cols)
+    if "status" in cols:  # a `jaxformer results` table: only finished runs have losses
+        done = [i for i, v in enumerate(cols["status"]) if v == "done"]
+        cols = {k: [v[i] for i in done] for k, v in cols.items()}
     if not columns or not any(len(v) for v in cols.values()):
         raise ValueError(f"{source}: the table has no rows")
     found = {role: find_column(columns, role, names.get(role), source, required=role in ("N", "loss"))
              for role in ("N", "D", "C", "loss", "budget", "run")}
     if found["D"] is None and found["C"] is None:
         raise ValueError(f"{source}: no tokens (D) or FLOPs (C) column (columns: {', '.join(columns)})")
-    num = {role: _numbers(col, cols[col], source) for role, col in found.items() if col and role != "run"}
+    num = {role: _positive(col, _numbers(col, cols[col], source), source)
+           for role, col in found.items() if col and role != "run"}
     run = found["run"]
     if run is None or len(set(map(str, cols[run]))) == len(cols[run]):
         return RunTable.from_arrays(num["N"], num["loss"], num.get("D"), num.get("C"), num.get("budget"), source)
@@ -185,7 +193,8 @@ def _long_form(run_ids: list[str], num: dict[str, np.ndarray], source: str) -> R
 
 
 def _load_sweep(path: Path, names: dict[str, str | None]) -> RunTable:
-    run_dirs = sorted(p.parent for p in path.glob("*/final.json"))
+    root = path / "runs" if (path / "runs").is_dir() else path
+    run_dirs = sorted(p.parent for p in root.glob("*/final.json"))
     if not run_dirs:
         raise ValueError(f"{path}: no run sub-directories with final.json")
     records = []
@@ -194,19 +203,27 @@ def _load_sweep(path: Path, names: dict[str, str | None]) -> RunTable:
             records.append(json.loads((d / "final.json").read_text()))
         except json.JSONDecodeError as error:
             raise ValueError(f"{d / 'final.json'}: not valid JSON ({error.msg})") from None
+    if (path / "plan.json").is_file():  # `jaxformer sweep` layout: budgets live in the plan
+        budgets = {r["name"]: r.get("budget") for r in json.loads((path / "plan.json").read_text())["runs"]}
+        if all(budgets.get(d.name) is not None for d in run_dirs):
+            for record, d in zip(records, run_dirs):
+                record.setdefault("budget", budgets[d.name])
     table = _from_columns(_records_to_columns(records, path), str(path), {**names, "run": None})
-    curves = [(i, d / CURVE_FILE) for i, d in enumerate(run_dirs) if (d / CURVE_FILE).exists()]
-    if not curves:
-        return table
     run, tokens, loss = [], [], []
-    for i, file in curves:
+    for i, d in enumerate(run_dirs):
+        file = d / CURVE_FILE
+        if not file.is_file():
+            continue
         cols = _read_columns(file)
         t_col = find_column(list(cols), "D", None, str(file))
         l_col = find_column(list(cols), "loss", names.get("loss"), str(file))
-        run += [i] * len(cols[t_col])
-        tokens += list(_numbers(t_col, cols[t_col], str(file)))
-        loss += list(_numbers(l_col, cols[l_col], str(file)))
-    return table.with_curves(np.array(run), np.array(tokens), np.array(loss))
+        keep = [j for j, v in enumerate(cols[l_col]) if v is not None and v == v]  # rows with a loss
+        run += [i] * len(keep)
+        tokens += [cols[t_col][j] for j in keep]
+        loss += [cols[l_col][j] for j in keep]
+    if not run:
+        return table
+    return table.with_curves(np.array(run), _numbers("tokens", tokens, str(path)), _numbers("loss", loss, str(path)))
 
 
 def load_table(path: str | Path, *, n_col: str | None = None, d_col: str | None = None, c_col: str | None = None,

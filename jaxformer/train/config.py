@@ -129,13 +129,49 @@ class LoggingConfig:
 
 
 @dataclasses.dataclass(frozen=True)
-class ParallelConfig:
-    """Device-mesh axis sizes (-1: all remaining devices). Read by the sharding layer."""
+class MeshConfig:
+    """Device-mesh axis sizes; their product is the device count. -1 (at most one axis): the remaining devices.
+
+    data: pure data parallelism (parameters replicated). fsdp: data parallelism with parameters
+    and optimizer state sharded (ZeRO-3). tensor: attention heads and MLP columns split
+    (Megatron). expert: MoE experts split; it also splits the batch, like data.
+    """
 
     data: int = 1
     fsdp: int = -1
     tensor: int = 1
     expert: int = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class DistributedConfig:
+    """Multi-process runs (one process per host or per accelerator) through ``jax.distributed.initialize``.
+
+    initialize: true / false, or null (auto): initialise when a coordinator address or a
+      process count is given here or in the environment (``JAX_COORDINATOR_ADDRESS``,
+      ``JAX_NUM_PROCESSES``, ``JAX_PROCESS_ID``), or under a multi-task SLURM step or Open MPI
+      launch. With ``initialize: true`` and nothing else set, JAX detects the rest on Cloud
+      TPU, SLURM and Open MPI.
+    coordinator_address: ``host:port`` of process 0's coordinator service.
+    """
+
+    initialize: bool | None = None
+    coordinator_address: str | None = None
+    num_processes: int | None = None
+    process_id: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class ParallelConfig:
+    """How the run is laid out on devices (`jaxformer.parallel`); it never changes the math.
+
+    rules: overrides of the logical-axis → mesh-axis table (`jaxformer.parallel.rules`), e.g.
+    ``parallel.rules.embed=null`` (replicate) or ``parallel.rules.mlp=[tensor, fsdp]``.
+    """
+
+    mesh: MeshConfig = dataclasses.field(default_factory=MeshConfig)
+    distributed: DistributedConfig = dataclasses.field(default_factory=DistributedConfig)
+    rules: dict = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -186,7 +222,7 @@ def config_to_dict(config: TrainConfig) -> dict[str, Any]:
 
 # fields a resumed run may change: they do not alter the parameters or the data stream
 RESUMABLE_CHANGES = ("logging.", "checkpoint.", "train.run_dir", "train.compilation_cache", "train.peak_flops",
-                     "train.eval_interval")
+                     "train.eval_interval", "parallel.")
 
 
 def resume_conflict(saved: dict[str, Any], current: TrainConfig) -> str | None:
@@ -249,12 +285,25 @@ def validate(config: TrainConfig) -> None:
     for name in ("interval", "keep"):
         _positive(f"checkpoint.{name}", getattr(config.checkpoint, name))
     _positive("logging.interval", config.logging.interval)
-    axes = dataclasses.asdict(config.parallel)
+    _validate_parallel(config.parallel)
+
+
+def _validate_parallel(parallel: ParallelConfig) -> None:
+    """Checks that need no devices; sizes against the devices and the model are checked by `jaxformer.parallel`."""
+    axes = dataclasses.asdict(parallel.mesh)
     for name, size in axes.items():
         if size != -1 and size <= 0:
-            raise ValueError(f"parallel.{name} must be positive or -1 (all remaining devices), got {size}")
+            raise ValueError(f"parallel.mesh.{name} must be positive or -1 (all remaining devices), got {size}")
     if list(axes.values()).count(-1) > 1:
-        raise ValueError(f"at most one parallel axis may be -1, got {axes}")
+        raise ValueError(f"at most one parallel.mesh axis may be -1, got {axes}")
+    dist = parallel.distributed
+    if dist.num_processes is not None:
+        _positive("parallel.distributed.num_processes", dist.num_processes)
+    if dist.process_id is not None:
+        _non_negative("parallel.distributed.process_id", dist.process_id)
+        if dist.num_processes is not None and dist.process_id >= dist.num_processes:
+            raise ValueError(f"parallel.distributed.process_id={dist.process_id} must be below "
+                             f"parallel.distributed.num_processes={dist.num_processes}")
 
 
 def _validate_corpus_spec(data: DataConfig) -> None:

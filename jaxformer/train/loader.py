@@ -42,10 +42,14 @@ class Loader:
             starts[in_epoch] = self._starts(int(epoch))[samples[in_epoch] % self.num_windows]
         return starts
 
-    def next_batch(self) -> np.ndarray:
+    def next_batch(self, rows: np.ndarray | None = None) -> np.ndarray:
+        """The next ``[batch_size, seq_len + 1]`` windows, or only their rows ``rows`` (one process's share).
+
+        The stream advances by the whole batch either way.
+        """
         starts = self.sample_starts(self.position, self.batch_size)
         self.position += self.batch_size
-        return gather_windows(self.tokens, starts, self.seq_len)
+        return gather_windows(self.tokens, starts if rows is None else starts[rows], self.seq_len)
 
     def state_dict(self) -> dict:
         """JSON-ready; ``position`` is all that changes."""

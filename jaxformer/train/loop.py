@@ -9,6 +9,12 @@ and checkpoint steps; ``final.json`` is the record sweeps and fits read.
 
 Run directory: ``config.yaml data.json [tokenizer.json] checkpoints/ metrics.jsonl
 tensorboard/ final.json`` (or only ``error.json`` when the input was bad).
+
+Devices: the state lives on the mesh of ``parallel`` (`jaxformer.parallel.Layout`; one
+device by default on a CPU), created sharded and stepped by a step compiled for that
+layout. In a multi-process run every process runs this loop on its own slice of each
+batch; process 0 alone writes the run files, metrics and ``final.json``, and every
+process writes its shards of each checkpoint.
 """
 
 from __future__ import annotations
@@ -23,14 +29,15 @@ import numpy as np
 import yaml
 
 from jaxformer.accounting import count_params, training_flops
-from jaxformer.models.pure import init_params
+from jaxformer.parallel import Layout
+from jaxformer.parallel import initialize as initialize_distributed
 from jaxformer.train.checkpoint import Checkpointer
 from jaxformer.train.config import TrainConfig, config_to_dict, resume_conflict
 from jaxformer.train.dataset import Dataset, prepare_dataset
 from jaxformer.train.loader import Loader, eval_batches
 from jaxformer.train.metrics import MetricsLogger, probe_matmul_peak, write_json_atomic
 from jaxformer.train.optimizer import learning_rates, make_optimizer
-from jaxformer.train.step import empty_sums, init_state, make_eval_pass, make_train_step
+from jaxformer.train.step import build_state, empty_sums, make_eval_pass, make_train_step
 
 
 class NonFiniteLoss(RuntimeError):
@@ -69,14 +76,25 @@ def train(config: TrainConfig, run_dir: Path) -> dict:
     """Trains (or resumes) the run in ``run_dir``; returns the ``final.json`` record."""
     started = time.perf_counter()
     run_dir = Path(run_dir)
+    initialize_distributed(config.parallel.distributed)
+    layout = Layout.from_config(config.parallel)
+    layout.check(config.model, config.train.batch_size // config.train.grad_accum)
     resuming = check_resume(config, run_dir)
     dataset = prepare_dataset(config, run_dir / "tokenizer.json" if resuming else None)
+    if resuming and (run_dir / "data.json").is_file():
+        saved = json.loads((run_dir / "data.json").read_text()).get("sha256")
+        if saved != dataset.info["sha256"]:
+            raise ValueError(f"cannot resume {run_dir}: the contents of data.corpus {config.data.corpus!r} changed "
+                             f"(sha256 {str(saved)[:12]}… then, {dataset.info['sha256'][:12]}… now)")
+    if resuming and (run_dir / "final.json").is_file():  # a finished run: nothing left to do
+        return json.loads((run_dir / "final.json").read_text())
     # --- all input checks passed: from here on the run directory is written ---
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "error.json").unlink(missing_ok=True)
-    _write_run_files(config, run_dir, dataset)
+    if jax.process_index() == 0:
+        (run_dir / "error.json").unlink(missing_ok=True)
+        _write_run_files(config, run_dir, dataset)
     enable_compilation_cache(config.train.compilation_cache)
-    return _Run(config, run_dir, dataset, started).run()
+    return _Run(config, run_dir, dataset, layout, started).run()
 
 
 def _write_run_files(config: TrainConfig, run_dir: Path, dataset: Dataset) -> None:
@@ -88,11 +106,24 @@ def _write_run_files(config: TrainConfig, run_dir: Path, dataset: Dataset) -> No
         dataset.tokenizer.save(run_dir / "tokenizer.json")
 
 
+class _Silent:
+    """The metrics logger of processes other than 0: process 0 reports for the whole run."""
+
+    def advance(self, steps: int = 1) -> None:
+        pass
+
+    def log(self, row: dict) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
 class _Run:
     """The state of one training process (one segment of a possibly resumed run)."""
 
-    def __init__(self, config: TrainConfig, run_dir: Path, dataset: Dataset, started: float) -> None:
-        self.config, self.run_dir, self.dataset, self.started = config, run_dir, dataset, started
+    def __init__(self, config: TrainConfig, run_dir: Path, dataset: Dataset, layout: Layout, started: float) -> None:
+        self.config, self.run_dir, self.dataset, self.layout, self.started = config, run_dir, dataset, layout, started
         train = config.train
         self.total_steps = config.total_steps
         self.tokens_per_step = config.tokens_per_step
@@ -101,19 +132,21 @@ class _Run:
         self.flops_per_token = training_flops(config.model, 1, train.seq_len)["exact"]
         self.loader = Loader(dataset.train, train.seq_len, train.batch_size, train.seed)
         self.micro_batch = train.batch_size // train.grad_accum
-        self.val_batches = eval_batches(dataset.val, train.seq_len, self.micro_batch, train.eval_tokens)
-
-    def _initial_state(self):
-        graphdef, params = init_params(self.config.model, self.config.train.seed)
-        counts = count_params(self.config.model)
-        actual = sum(int(np.prod(leaf.shape)) for leaf in jax.tree.leaves(params))
-        if actual != counts.total:
-            raise RuntimeError(f"the model holds {actual:,} parameters but the accounting counts {counts.total:,}")
-        return graphdef, init_state(params, self.optimizer)
+        # this process feeds the rows its devices hold, of every micro-batch
+        self.batch_shape = (train.grad_accum, self.micro_batch, train.seq_len + 1)
+        self.batch_sharding = layout.batch_sharding(self.batch_shape, batch_dim=1)
+        rows = layout.process_rows(self.batch_sharding, self.batch_shape, batch_dim=1)
+        self.loader_rows = (np.arange(train.grad_accum)[:, None] * self.micro_batch + np.asarray(rows)).reshape(-1)
+        val = eval_batches(dataset.val, train.seq_len, self.micro_batch, train.eval_tokens)
+        self.val_sharding = layout.batch_sharding(val.shape, batch_dim=1)
+        rows = layout.process_rows(self.val_sharding, val.shape, batch_dim=1)
+        self.val_batches = layout.global_array(val[:, rows.start:rows.stop], self.val_sharding, val.shape)
 
     def run(self) -> dict:
         config, run_dir = self.config, self.run_dir
-        graphdef, state = self._initial_state()
+        layout = self.layout
+        graphdef, state = layout.materialize(lambda: build_state(config.model, config.train.seed, self.optimizer))
+        state_sharding = layout.shardings(state)
         checkpointer = Checkpointer(run_dir / "checkpoints", config.checkpoint.keep)
         abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state)
         restored = checkpointer.restore_latest(abstract)
@@ -125,22 +158,27 @@ class _Run:
         start_step = self.start_step = int(state["step"])
         self.peak_flops = config.train.peak_flops or probe_matmul_peak(config.train.compute_dtype)
 
-        example = np.zeros((config.train.grad_accum, self.micro_batch, config.train.seq_len + 1), np.int32)
+        example = jax.ShapeDtypeStruct(self.batch_shape, np.int32, sharding=self.batch_sharding)
         compile_start = time.perf_counter()
-        train_step = make_train_step(graphdef, self.optimizer, config.train.compute_dtype).lower(
+        train_step = make_train_step(graphdef, self.optimizer, config.train.compute_dtype,
+                                     state_sharding=state_sharding, batch_sharding=self.batch_sharding).lower(
             state, example, self.learning_rates[0]).compile()
-        eval_pass = make_eval_pass(graphdef, config.train.compute_dtype).lower(state["params"], self.val_batches).compile()
+        eval_pass = make_eval_pass(graphdef, config.train.compute_dtype, params_sharding=state_sharding["params"],
+                                   batch_sharding=self.val_sharding).lower(state["params"], self.val_batches).compile()
         self.compile_s = time.perf_counter() - compile_start
 
-        logger = MetricsLogger(run_dir, start_step=start_step, total_steps=self.total_steps,
-                               progress=config.logging.progress, tensorboard=config.logging.tensorboard)
+        logger = _Silent()
+        if jax.process_index() == 0:
+            logger = MetricsLogger(run_dir, start_step=start_step, total_steps=self.total_steps,
+                                   progress=config.logging.progress, tensorboard=config.logging.tensorboard)
         self.last_train_loss = _last_logged(run_dir / "metrics.jsonl", "train_loss")
         self.val_loss = None
         self.train_s, self.mark = 0.0, time.perf_counter()
         self.logged = (start_step, 0.0)  # (step, training seconds) at the last train-loss row
         try:
             for step in range(start_step + 1, self.total_steps + 1):
-                batch = self.loader.next_batch().reshape(example.shape)
+                local = self.loader.next_batch(self.loader_rows).reshape(self.batch_shape[0], -1, self.batch_shape[2])
+                batch = self.layout.global_array(local, self.batch_sharding, self.batch_shape)
                 state = train_step(state, batch, self.learning_rates[step - 1])
                 logger.advance()
                 state = self._maybe_report(step, state, eval_pass, checkpointer, logger)
@@ -150,7 +188,8 @@ class _Run:
             logger.close()
             checkpointer.close()
         record = self._final_record()
-        write_json_atomic(run_dir / "final.json", record)
+        if jax.process_index() == 0:
+            write_json_atomic(run_dir / "final.json", record)
         return record
 
     def _maybe_report(self, step, state, eval_pass, checkpointer, logger):
@@ -181,7 +220,7 @@ class _Run:
                        lr=float(self.learning_rates[step - 1]), tokens_per_s=tokens_per_s,
                        mfu=tokens_per_s * self.flops_per_token / self.peak_flops if tokens_per_s else None)
             self.logged = (step, self.train_s)
-            state = {**state, "sums": empty_sums()}
+            state = {**state, "sums": jax.device_put(empty_sums(), self.layout.replicated)}
         if evaluate:
             self.val_loss = float(eval_pass(state["params"], self.val_batches))
             row.update(val_loss=self.val_loss, val_bits_per_byte=self.dataset.bits_per_byte(self.val_loss))

@@ -111,7 +111,7 @@ class MetricsLogger:
         """Writes one row (``step`` required); None values are kept in the file, skipped elsewhere."""
         self.file.write(json.dumps(row) + "\n")
         self.file.flush()
-        values = {k: v for k, v in row.items() if k != "step" and isinstance(v, (int, float)) and v is not None}
+        values = {k: v for k, v in row.items() if k != "step" and isinstance(v, (int, float))}
         if self.writer is not None:
             for key, value in values.items():
                 self.writer.add_scalar(key, value, row["step"])

@@ -23,8 +23,11 @@ import jax
 import jax.numpy as jnp
 import optax
 from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec
 
-from jaxformer.models.pure import apply
+from jaxformer.accounting import count_params
+from jaxformer.models.config import ModelConfig
+from jaxformer.models.pure import apply, init_params
 
 State = dict[str, Any]
 
@@ -37,6 +40,16 @@ def empty_sums() -> dict[str, jax.Array]:
 def init_state(params: nnx.State, optimizer: optax.GradientTransformation) -> State:
     return {"params": params, "opt_state": optimizer.init(params), "step": jnp.zeros((), jnp.int32),
             "sums": empty_sums(), "first_nonfinite": jnp.full((), -1, jnp.int32)}
+
+
+def build_state(model: ModelConfig, seed: int, optimizer: optax.GradientTransformation) -> tuple[nnx.GraphDef, State]:
+    """``(graphdef, state)`` of a fresh model; its parameter count must equal the accounting's."""
+    graphdef, params = init_params(model, seed)
+    held = sum(leaf.size for leaf in jax.tree.leaves(params))
+    counted = count_params(model).total
+    if held != counted:
+        raise RuntimeError(f"the model holds {held:,} parameters but the accounting counts {counted:,}")
+    return graphdef, init_state(params, optimizer)
 
 
 def next_token_loss(graphdef: nnx.GraphDef, params: nnx.State, window_BT1: jax.Array,
@@ -52,11 +65,15 @@ def next_token_loss(graphdef: nnx.GraphDef, params: nnx.State, window_BT1: jax.A
     return cross_entropy + aux_loss, cross_entropy
 
 
-def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformation, compute_dtype: str):
+def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformation, compute_dtype: str, *,
+                    state_sharding: Any = None, batch_sharding: NamedSharding | None = None):
     """``train_step(state, windows_ABT1, lr) -> state``: one update from ``A`` accumulated micro-batches.
 
     ``optimizer`` works at unit learning rate (`jaxformer.train.optimizer`); ``lr`` (a float32
     scalar) scales its update, so the compiled step is independent of the schedule.
+    With ``state_sharding`` (a tree of ``NamedSharding``, `jaxformer.parallel.Layout.shardings`)
+    and ``batch_sharding`` the step is compiled for that layout (pjit semantics): the state
+    keeps its sharding from step to step, ``lr`` is replicated, and GSPMD adds the collectives.
     """
     dtype = jnp.dtype(compute_dtype)
     grad_fn = jax.value_and_grad(lambda p, w: next_token_loss(graphdef, p, w, dtype), has_aux=True)
@@ -91,15 +108,26 @@ def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformat
             "first_nonfinite": first_nonfinite,
         }
 
-    return jax.jit(train_step, donate_argnums=0)
+    if state_sharding is None:
+        return jax.jit(train_step, donate_argnums=0)
+    replicated = NamedSharding(batch_sharding.mesh, PartitionSpec())
+    return jax.jit(train_step, donate_argnums=0, in_shardings=(state_sharding, batch_sharding, replicated),
+                   out_shardings=state_sharding)
 
 
-def make_eval_pass(graphdef: nnx.GraphDef, compute_dtype: str):
-    """``eval_pass(params, batches_NBT1) -> mean cross-entropy`` (nats/token) over all N batches."""
+def make_eval_pass(graphdef: nnx.GraphDef, compute_dtype: str, *, params_sharding: Any = None,
+                   batch_sharding: NamedSharding | None = None):
+    """``eval_pass(params, batches_NBT1) -> mean cross-entropy`` (nats/token) over all N batches.
+
+    Shardings as for `make_train_step`; the loss comes back replicated.
+    """
     dtype = jnp.dtype(compute_dtype)
 
     def eval_pass(params: nnx.State, batches_NBT1: jax.Array) -> jax.Array:
         losses = jax.lax.map(lambda window: next_token_loss(graphdef, params, window, dtype)[1], batches_NBT1)
         return losses.mean()  # equal-sized batches: the mean of means is the mean over tokens
 
-    return jax.jit(eval_pass)
+    if params_sharding is None:
+        return jax.jit(eval_pass)
+    replicated = NamedSharding(batch_sharding.mesh, PartitionSpec())
+    return jax.jit(eval_pass, in_shardings=(params_sharding, batch_sharding), out_shardings=replicated)

@@ -19,9 +19,45 @@ from jaxformer.train.optimizer import make_optimizer
 from jaxformer.train.step import init_state, make_train_step
 
 
+def random_windows(config: TrainConfig, seed: int = 0) -> np.ndarray:
+    """``[grad_accum, micro_batch, seq_len + 1]`` random token windows."""
+    micro = config.train.batch_size // config.train.grad_accum
+    shape = (config.train.grad_accum, micro, config.train.seq_len + 1)
+    return np.random.default_rng(seed).integers(0, config.model.vocab_size, shape, dtype=np.int32)
+
+
+class TrainStepRunner:
+    """The compiled train step of ``config`` with its state, ready to be timed.
+
+    ``compile_s``: the first call (trace, compile, one step). ``run(steps)`` dispatches
+    ``steps`` steps back to back and synchronises once, as the training loop does.
+    """
+
+    def __init__(self, config: TrainConfig) -> None:
+        graphdef, params = init_params(config.model, config.train.seed)
+        optimizer = make_optimizer(config.optimizer)
+        self.state = init_state(params, optimizer)
+        self.lr = np.float32(config.optimizer.lr)  # the step takes its learning rate as an argument
+        self.step = make_train_step(graphdef, optimizer, config.train.compute_dtype)
+        self.windows = jax.device_put(random_windows(config))
+        self.tokens_per_step = config.tokens_per_step
+        self.flops_per_step = 3.0 * forward_flops_per_token(config.model, config.train.seq_len).total * self.tokens_per_step
+        started = time.perf_counter()
+        self.state = jax.block_until_ready(self.step(self.state, self.windows, self.lr))
+        self.compile_s = time.perf_counter() - started
+
+    def run(self, steps: int) -> float:
+        """Seconds for ``steps`` more steps."""
+        started = time.perf_counter()
+        for _ in range(steps):
+            self.state = self.step(self.state, self.windows, self.lr)
+        jax.block_until_ready(self.state)
+        return time.perf_counter() - started
+
+
 @dataclasses.dataclass(frozen=True)
 class StepTiming:
-    """compile_s: first call (trace + compile + one step); step_s: median seconds per later step."""
+    """compile_s: first call; step_s: seconds per later step (median of repeats)."""
 
     compile_s: float
     step_s: float
@@ -32,29 +68,9 @@ class StepTiming:
     def tokens_per_s(self) -> float:
         return self.tokens_per_step / self.step_s
 
-    @property
-    def flops_per_s(self) -> float:
-        return self.flops_per_step / self.step_s
-
 
 def time_train_step(config: TrainConfig, *, steps: int = 5) -> StepTiming:
-    """Compiles ``config``'s train step and times ``steps`` more calls (each synchronised)."""
-    graphdef, params = init_params(config.model, config.train.seed)
-    optimizer = make_optimizer(config.optimizer, max(config.total_steps, 1))
-    state = init_state(params, optimizer)
-    step = make_train_step(graphdef, optimizer, config.train.compute_dtype)
-    micro = config.train.batch_size // config.train.grad_accum
-    rng = np.random.default_rng(0)
-    windows = rng.integers(0, config.model.vocab_size, (config.train.grad_accum, micro, config.train.seq_len + 1),
-                           dtype=np.int32)
-    started = time.perf_counter()
-    state = jax.block_until_ready(step(state, windows))
-    compile_s = time.perf_counter() - started
-    times = []
-    for _ in range(steps):
-        started = time.perf_counter()
-        state = jax.block_until_ready(step(state, windows))
-        times.append(time.perf_counter() - started)
-    tokens = config.tokens_per_step
-    flops = 3.0 * forward_flops_per_token(config.model, config.train.seq_len).total * tokens
-    return StepTiming(compile_s=compile_s, step_s=float(np.median(times)), tokens_per_step=tokens, flops_per_step=flops)
+    """Compiles ``config``'s train step and times ``steps`` more single steps."""
+    runner = TrainStepRunner(config)
+    step_s = float(np.median([runner.run(1) for _ in range(steps)]))
+    return StepTiming(runner.compile_s, step_s, runner.tokens_per_step, runner.flops_per_step)

@@ -1,0 +1,183 @@
+"""`jaxformer bench train`: the real train step's tokens/s and MFU against PyTorch eager, side by side.
+
+For a ladder of the CPU sweeps' sizes (byte vocabulary), jaxformer's jitted train step and
+a PyTorch twin of the identical model and optimizer (`torch_reference`) are timed in
+alternating repeats in one process; medians are compared as ratios, and MFU is measured
+against a matmul peak probed in the same run. ``--layout`` also compares thread layouts
+(one process using every core vs one single-threaded process per core, run side by side)
+and records the faster one for `jaxformer sweep`'s local executor.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+LADDER = ((16, 1, 128), (32, 2, 128), (64, 2, 128), (128, 4, 128), (256, 4, 256), (512, 8, 256))
+LAYOUT_FILE = Path("~/.cache/jaxformer/layout.json").expanduser()
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--sizes", default=",".join(f"{d}:{l}:{t}" for d, l, t in LADDER),
+                        help="comma-separated d_model:layers:seq_len")
+    parser.add_argument("--batch", type=int, default=32, help="sequences per step")
+    parser.add_argument("--steps", type=int, default=10, help="steps per timed repeat")
+    parser.add_argument("--repeats", type=int, default=5, help="alternating repeats (medians reported)")
+    parser.add_argument("--no-torch", action="store_true", help="time jaxformer only")
+    parser.add_argument("--layout", action="store_true", help="also compare process/thread layouts for sweeps")
+    parser.add_argument("--json", help="write the results to this JSON file")
+    parser.add_argument("--out", help="directory for bench_train.json (and layout results)")
+
+
+def bench_config(d_model: int, layers: int, seq_len: int, batch: int):
+    """A jaxformer `TrainConfig` of the CPU sweeps' architecture (the `tiny` preset) at this size."""
+    from jaxformer.train.config import config_from_dict
+
+    heads = max(1, d_model // 32)
+    return config_from_dict({
+        "model": {"preset": "tiny", "d_model": d_model, "num_layers": layers, "num_heads": heads,
+                  "max_seq_len": max(seq_len, 256)},
+        "train": {"batch_size": batch, "seq_len": seq_len, "tokens": batch * seq_len * 1000},
+    })
+
+
+def _parse_sizes(text: str) -> list[tuple[int, int, int]]:
+    sizes = []
+    for item in text.split(","):
+        parts = item.split(":")
+        if len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts):
+            raise ValueError(f"--sizes entries must be d_model:layers:seq_len positive integers, got {item!r}")
+        sizes.append(tuple(int(p) for p in parts))
+    return sizes
+
+
+def measure(config, *, steps: int, repeats: int, torch_too: bool) -> dict:
+    """Alternating repeats of the JAX and PyTorch steps; medians of tokens/s."""
+    from jaxformer.accounting import count_params
+    from jaxformer.train.throughput import TrainStepRunner
+
+    runner = TrainStepRunner(config)
+    torch_step = _torch_step(config) if torch_too else None
+    if torch_step is not None:
+        torch_step(steps=1)  # warm-up
+    jax_times, torch_times = [], []
+    for _ in range(repeats):
+        jax_times.append(runner.run(steps))
+        if torch_step is not None:
+            torch_times.append(torch_step(steps=steps))
+    tokens = steps * runner.tokens_per_step
+    result = {
+        "d_model": config.model.d_model, "layers": config.model.num_layers, "seq_len": config.train.seq_len,
+        "batch": config.train.batch_size, "params": count_params(config.model).total, "compile_s": runner.compile_s,
+        "flops_per_token": runner.flops_per_step / runner.tokens_per_step,
+        "jax_tokens_per_s": tokens / statistics.median(jax_times),
+    }
+    if torch_times:
+        result["torch_tokens_per_s"] = tokens / statistics.median(torch_times)
+        result["ratio"] = result["jax_tokens_per_s"] / result["torch_tokens_per_s"]
+    return result
+
+
+def _torch_step(config):
+    import torch
+
+    from jaxformer.benchmarks.torch_reference import make_torch_step
+    from jaxformer.train.throughput import random_windows
+
+    opt = config.optimizer
+    step = make_torch_step(config.model, lr=opt.lr, betas=(opt.beta1, opt.beta2), weight_decay=opt.weight_decay,
+                           eps=opt.eps, grad_clip=opt.grad_clip)
+    windows = torch.from_numpy(random_windows(config)[0].astype(np.int64))
+
+    def timed(steps: int) -> float:
+        started = time.perf_counter()
+        for _ in range(steps):
+            loss = step(windows)
+        float(loss.detach())
+        return time.perf_counter() - started
+
+    return timed
+
+
+def _layout(sizes, batch: int, steps: int) -> dict:
+    """Aggregate tokens/s: one process with every core vs one 1-thread process per core, side by side."""
+    from jaxformer.sweep.executors import thread_environment
+
+    cores = os.cpu_count() or 1
+    results = {}
+    for d, layers, seq_len in sizes:
+        command = [sys.executable, "-m", "jaxformer.cli", "bench", "train", "--sizes", f"{d}:{layers}:{seq_len}",
+                   "--batch", str(batch), "--steps", str(steps), "--repeats", "3", "--no-torch"]
+
+        def launch(threads: int, count: int) -> float:
+            processes = []
+            for index in range(count):
+                path = Path(f"/tmp/jaxformer-layout-{os.getpid()}-{index}.json")
+                processes.append((subprocess.Popen([*command, "--json", str(path)], env=thread_environment(threads),
+                                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL), path))
+            total = 0.0
+            for process, path in processes:
+                process.wait()
+                total += json.loads(path.read_text())["sizes"][0]["jax_tokens_per_s"]
+                path.unlink()
+            return total
+
+        results[f"{d}:{layers}:{seq_len}"] = {"1x{}".format(cores): launch(0, 1), f"{cores}x1": launch(1, cores)}
+    wins = sum(value[f"{cores}x1"] > value[f"1x{cores}"] for value in results.values())
+    choice = {"processes": cores, "threads": 1} if wins * 2 >= len(results) else {"processes": 1, "threads": 0}
+    return {"cores": cores, "tokens_per_s": results, "choice": choice}
+
+
+def run(args: argparse.Namespace) -> int:
+    from jaxformer.train.metrics import probe_matmul_peak
+
+    sizes = _parse_sizes(args.sizes)
+    for name in ("batch", "steps", "repeats"):
+        if getattr(args, name) <= 0:
+            raise ValueError(f"--{name} must be positive, got {getattr(args, name)}")
+    if not args.no_torch:
+        import torch
+
+        torch.set_num_threads(os.cpu_count() or 1)
+    peak = probe_matmul_peak()
+    rows = [measure(bench_config(d, layers, seq_len, args.batch), steps=args.steps, repeats=args.repeats,
+                    torch_too=not args.no_torch) for d, layers, seq_len in sizes]
+    for row in rows:
+        row["jax_mfu"] = row["jax_tokens_per_s"] * row["flops_per_token"] / peak
+        if "torch_tokens_per_s" in row:
+            row["torch_mfu"] = row["torch_tokens_per_s"] * row["flops_per_token"] / peak
+    report = {"matmul_peak_flops": peak, "sizes": rows}
+    if args.layout:
+        report["layout"] = _layout([s for s in sizes if s[0] <= 128], args.batch, args.steps)
+        LAYOUT_FILE.parent.mkdir(parents=True, exist_ok=True)
+        LAYOUT_FILE.write_text(json.dumps(report["layout"]["choice"]) + "\n")
+    _print(report, args)
+    for path in [args.json] + ([str(Path(args.out) / "bench_train.json")] if args.out else []):
+        if path:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            Path(path).write_text(json.dumps(report, indent=1) + "\n")
+    return 0
+
+
+def _print(report: dict, args: argparse.Namespace) -> None:
+    print(f"matmul peak {report['matmul_peak_flops'] / 1e9:.1f} GFLOP/s (fp32, this run)")
+    print(f"{'d':>5}{'L':>3}{'T':>5}{'params':>11}{'jax tok/s':>12}{'torch tok/s':>13}{'ratio':>7}"
+          f"{'jax MFU':>9}{'torch MFU':>10}{'compile s':>10}")
+    for row in report["sizes"]:
+        torch_part = (f"{row['torch_tokens_per_s']:>13,.0f}{row['ratio']:>7.2f}" if "ratio" in row else f"{'':>20}")
+        torch_mfu = f"{row['torch_mfu']:>10.1%}" if "torch_mfu" in row else f"{'':>10}"
+        print(f"{row['d_model']:>5}{row['layers']:>3}{row['seq_len']:>5}{row['params']:>11,}"
+              f"{row['jax_tokens_per_s']:>12,.0f}{torch_part}{row['jax_mfu']:>9.1%}{torch_mfu}{row['compile_s']:>10.1f}")
+    if "layout" in report:
+        layout = report["layout"]
+        for size, values in layout["tokens_per_s"].items():
+            print(f"layout {size}: " + ", ".join(f"{k} processes×threads {v:,.0f} tok/s" for k, v in values.items()))
+        print(f"sweep layout chosen: {layout['choice']} (saved to {LAYOUT_FILE})")

@@ -1,0 +1,61 @@
+"""Multi-process start-up: ``jax.distributed.initialize`` from ``parallel.distributed`` and the environment.
+
+One process runs per host (TPU) or per node/accelerator (GPU); after initialisation
+``jax.devices()`` lists the devices of every process, the mesh spans them all, and each
+process feeds only the batch rows its own devices hold (`jaxformer.parallel.layout`).
+On CPU the processes exchange data through Gloo (``jax_cpu_collectives_implementation``,
+JAX's default), which is how the tests run two processes on one machine.
+
+This must run before anything touches a JAX backend (even ``jax.devices()``).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Mapping
+
+import jax
+
+from jaxformer.train.config import DistributedConfig
+
+
+def _env_int(environ: Mapping[str, str], name: str) -> int | None:
+    text = environ.get(name)
+    if text is None:
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"environment variable {name} must be an integer, got {text!r}") from None
+
+
+def launcher_detected(environ: Mapping[str, str]) -> bool:
+    """Whether a job launcher started several processes: a SLURM ``srun`` step or an Open MPI ``mpirun``."""
+    return (_env_int(environ, "SLURM_STEP_NUM_TASKS") or 1) > 1 or (_env_int(environ, "OMPI_COMM_WORLD_SIZE") or 1) > 1
+
+
+def initialize(config: DistributedConfig, environ: Mapping[str, str] = os.environ) -> bool:
+    """Initialises the JAX distributed system when asked to; returns whether it is initialised.
+
+    Settings come from ``config``, else from ``JAX_COORDINATOR_ADDRESS``, ``JAX_NUM_PROCESSES``
+    and ``JAX_PROCESS_ID``; what is still unset JAX detects on Cloud TPU, SLURM and Open MPI.
+    ``config.initialize`` null (auto) initialises when any of the three is set or a launcher
+    started several processes. Calling it again is a no-op. A setting JAX cannot complete
+    raises ``ValueError`` naming ``parallel.distributed``.
+    """
+    if jax.distributed.is_initialized():
+        return True
+    address = config.coordinator_address or environ.get("JAX_COORDINATOR_ADDRESS")
+    processes = config.num_processes if config.num_processes is not None else _env_int(environ, "JAX_NUM_PROCESSES")
+    process_id = config.process_id if config.process_id is not None else _env_int(environ, "JAX_PROCESS_ID")
+    wanted = config.initialize
+    if wanted is None:
+        wanted = address is not None or processes is not None or process_id is not None or launcher_detected(environ)
+    if not wanted:
+        return False
+    try:
+        jax.distributed.initialize(coordinator_address=address, num_processes=processes, process_id=process_id)
+    except ValueError as error:
+        raise ValueError(f"parallel.distributed: {error} (set coordinator_address, num_processes and process_id, "
+                         "or launch under SLURM, Open MPI or on a Cloud TPU slice)") from None
+    return True

@@ -1,0 +1,109 @@
+"""`Layout`: a mesh plus the rules table — where each array of a run lives, and the checks that go with it.
+
+::
+
+    layout = Layout.from_config(config.parallel)        # mesh over all devices of all processes
+    layout.check(config.model, micro_batch=32)          # one-line ValueError before any compilation
+    graphdef, state = layout.materialize(build)         # created sharded, never whole on one device
+    shardings = layout.shardings(state)                 # for jit's in_shardings / out_shardings
+    sharding = layout.batch_sharding((A, B, T + 1), batch_dim=1)
+    rows = layout.process_rows(sharding, (A, B, T + 1), batch_dim=1)   # the rows this process feeds
+    batch = layout.global_array(local_rows_data, sharding, (A, B, T + 1))
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Sequence
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from jaxformer.models.config import ModelConfig
+from jaxformer.parallel.mesh import make_mesh
+from jaxformer.parallel.rules import Rules, batch_spec, param_shardings, resolve_rules, rule_size
+from jaxformer.train.config import ParallelConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """The device mesh and the logical→mesh rules of a run."""
+
+    mesh: Mesh
+    rules: Rules
+
+    @classmethod
+    def from_config(cls, parallel: ParallelConfig, devices: Sequence[jax.Device] | None = None) -> Layout:
+        """The layout ``parallel`` describes over ``devices`` (default: every device of every process).
+
+        Raises ``ValueError`` when the mesh sizes do not multiply to the device count or a rule is unknown.
+        """
+        rules = resolve_rules(parallel.rules)
+        return cls(make_mesh(dataclasses.asdict(parallel.mesh), devices), rules)
+
+    @property
+    def replicated(self) -> NamedSharding:
+        return NamedSharding(self.mesh, PartitionSpec())
+
+    @property
+    def batch_shards(self) -> int:
+        """Into how many parts a batch is split (data × fsdp × expert with the default rules)."""
+        return rule_size(self.mesh, self.rules, "batch")
+
+    def _axes(self, logical: str) -> str:
+        return " × ".join(f"parallel.mesh.{axis}" for axis in self.rules[logical])
+
+    def check(self, model: ModelConfig, micro_batch: int) -> None:
+        """Heads, MLP width and experts must split evenly over their mesh axes, and each micro-batch over the batch axes.
+
+        (Other dimensions fall back to replication; these would leave the axis doing nothing.)
+        Raises ``ValueError``: one line naming both numbers.
+        """
+        mlp_field, mlp = ("model.expert_d_ff", model.expert_d_ff) if model.is_moe else ("model.d_ff", model.d_ff)
+        sizes = [("heads", "model.num_heads", model.num_heads), ("mlp", mlp_field, mlp)]
+        if model.is_moe:
+            sizes.append(("experts", "model.num_experts", model.num_experts))
+        for logical, field, size in sizes:
+            ways = rule_size(self.mesh, self.rules, logical)
+            if size % ways:
+                raise ValueError(f"{field}={size} is not divisible by {self._axes(logical)}={ways}")
+        if micro_batch % self.batch_shards:
+            raise ValueError(f"train.batch_size / train.grad_accum = {micro_batch} sequences per micro-batch is not "
+                             f"divisible by {self._axes('batch')} = {self.batch_shards}")
+
+    def shardings(self, tree: Any) -> Any:
+        """`jaxformer.parallel.rules.param_shardings` of ``tree`` on this layout."""
+        return param_shardings(tree, self.mesh, self.rules)
+
+    def materialize(self, build: Callable[[], tuple[Any, Any]]) -> tuple[Any, Any]:
+        """``(graphdef, state)`` of ``build()``, run under ``jax.jit`` with the state's shardings as outputs.
+
+        Each device computes only its own shards of the initial parameters and optimizer state,
+        so a model too big for one device (or one host) can still be created.
+        """
+        graphdef, abstract = jax.eval_shape(build)
+        state = jax.jit(lambda: build()[1], out_shardings=self.shardings(abstract))()
+        return graphdef, state
+
+    def batch_sharding(self, shape: tuple[int, ...], batch_dim: int) -> NamedSharding:
+        """Split along ``batch_dim`` over the batch axes, or replicated when that size does not divide."""
+        if shape[batch_dim] % self.batch_shards:
+            return self.replicated
+        return NamedSharding(self.mesh, batch_spec(len(shape), batch_dim, self.mesh, self.rules))
+
+    @staticmethod
+    def process_rows(sharding: NamedSharding, shape: tuple[int, ...], batch_dim: int) -> range:
+        """The indices along ``batch_dim`` that this process's devices hold (every index when replicated)."""
+        spans = {index[batch_dim].indices(shape[batch_dim])[:2]
+                 for index in sharding.addressable_devices_indices_map(shape).values()}
+        low, high = min(start for start, _ in spans), max(stop for _, stop in spans)
+        if sum(stop - start for start, stop in spans) != high - low:
+            raise ValueError(f"this process's devices hold batch rows {sorted(spans)}, not one contiguous block; "
+                             "reorder parallel.mesh so processes span the outer (data, fsdp) axes")
+        return range(low, high)
+
+    @staticmethod
+    def global_array(local: np.ndarray, sharding: NamedSharding, shape: tuple[int, ...]) -> jax.Array:
+        """The global array ``shape`` from this process's part ``local`` (its `process_rows`)."""
+        return jax.make_array_from_process_local_data(sharding, local, shape)

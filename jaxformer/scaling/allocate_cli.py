@@ -1,0 +1,61 @@
+"""`jaxformer allocate --flops C`: compute-optimal N, D, tokens per parameter and loss at budget C.
+
+The law is a preset (``chinchilla``: Hoffmann et al.'s published Approach-3 fit, the
+default; ``epoch``: Besiroglu et al.'s refit), or the JSON of ``jaxformer fit --json``
+(``--law FIT.json``, Approach 3's closed form, or ``--approach 1|2`` for their power laws),
+or a JSON object with E, A, B, alpha, beta.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from jaxformer.scaling.allocation import PRESETS, Law, ParametricLaw, PowerLawAllocation, allocate
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--flops", type=float, nargs="+", required=True, metavar="C", help="training FLOP budgets")
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--law", metavar="FIT.json", help="output of `jaxformer fit --json`, or {E, A, B, alpha, beta}")
+    source.add_argument("--preset", choices=sorted(PRESETS), help="a published law (default: chinchilla)")
+    parser.add_argument("--approach", choices=("1", "2", "3"), help="which fit in FIT.json (default: 3 if present)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def load_law(path: str, approach: str | None) -> tuple[str, Law]:
+    data = json.loads(Path(path).read_text())
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    if approach is None and "approach3" not in data and {"E", "A", "B", "alpha", "beta"} <= set(data):
+        return "law", ParametricLaw.from_dict(data, path)
+    available = [k for k in ("3", "2", "1") if f"approach{k}" in data]
+    approach = approach or (available[0] if available else None)
+    if approach not in available:
+        raise ValueError(f"{path}: no approach {approach} fit in it (has: {', '.join(available) or 'none'})")
+    fit = data[f"approach{approach}"]
+    if approach == "3":
+        return "approach 3", ParametricLaw.from_dict(fit["params"], f"{path}: approach3.params")
+    return f"approach {approach}", PowerLawAllocation(**fit["power_laws"])
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.law:
+        name, law = load_law(args.law, args.approach)
+    else:
+        if args.approach:
+            raise ValueError("--approach selects a fit inside --law FIT.json")
+        name, law = args.preset or "chinchilla", PRESETS[args.preset or "chinchilla"]
+    result = allocate(law, args.flops)
+    if args.json:
+        print(json.dumps({"law": name, **law.to_dict(), "allocation": result.rows()}, indent=1))
+        return 0
+    header = f"{'FLOPs':>10} {'N_opt':>10} {'D_opt':>10} {'D/N':>7} {'loss':>7}"
+    print(f"law: {name} ({', '.join(f'{k}={v:.4g}' for k, v in law.to_dict().items() if v is not None)})")
+    print(header)
+    for row in result.rows():
+        loss = "n/a" if row["loss"] is None else f"{row['loss']:.4f}"
+        print(f"{row['flops']:10.3g} {row['N_opt']:10.4g} {row['D_opt']:10.4g} {row['tokens_per_param']:7.2f} "
+              f"{loss:>7}")
+    return 0

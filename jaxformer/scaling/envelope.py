@@ -1,0 +1,95 @@
+"""Approach 1 of Hoffmann et al. (2022): the lower envelope of training curves over FLOPs.
+
+Each run's curve (tokens seen → loss) is put on a FLOPs axis (c = C_run · tokens / D_run,
+i.e. 6·N·tokens for C = 6ND) and interpolated, linearly in log-log, onto ``points``
+log-spaced FLOP values. At each value the run with the lowest loss is compute-optimal: its
+N is N_opt(c), its loss L_opt(c); FLOP values where the smallest or largest run is best are
+left out (the optimum is not bracketed there). Power laws through these give N_opt ∝ C^a, D_opt ∝ C^b
+(``powerlaw.py``). It needs curves: a long-form table (a run column, one row per
+evaluation) or ``metrics.jsonl`` files in the run directories.
+
+Uncertainty: runs resampled with replacement (a run drawn at least once is in the
+resample), the envelope and power laws recomputed per resample, in chunks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from jaxformer.scaling.allocation import PowerLawAllocation
+from jaxformer.scaling.bootstrap import Interval, resample_counts, summarize
+from jaxformer.scaling.powerlaw import allocation_from_optima, loglog_fit
+from jaxformer.scaling.table import RunTable
+
+
+@dataclass(frozen=True)
+class EnvelopeFit:
+    flops: np.ndarray  # [F] FLOP values where the envelope is defined
+    n_opt: np.ndarray  # [F] size of the best run there
+    loss_opt: np.ndarray  # [F]
+    allocation: PowerLawAllocation
+    stats: dict[str, Interval] | None
+
+    def to_dict(self) -> dict:
+        return {
+            "envelope_points": int(len(self.flops)),
+            "sizes_on_envelope": int(len(np.unique(self.n_opt))),
+            "power_laws": self.allocation.to_dict(),
+            "bootstrap": None if self.stats is None else {k: v.to_dict() for k, v in self.stats.items()},
+        }
+
+
+def _loss_grid(table: RunTable, points: int) -> tuple[np.ndarray, np.ndarray]:
+    """FLOP values ``[F]`` and each run's interpolated loss there ``[R, F]`` (inf off its curve)."""
+    flops_per_token = table.C / table.D
+    run, tokens, loss = table.curve_run, table.curve_tokens, table.curve_loss
+    c = flops_per_token[run] * tokens
+    grid = np.logspace(np.log10(c.min()), np.log10(c.max()), points)
+    out = np.full((len(table), points), np.inf)
+    for r in range(len(table)):
+        mine = np.flatnonzero(run == r)
+        if mine.size == 0:
+            continue
+        order = mine[np.argsort(c[mine])]
+        lc, ll = np.log(c[order]), np.log(loss[order])
+        inside = (grid >= c[order[0]]) & (grid <= c[order[-1]])
+        out[r, inside] = np.exp(np.interp(np.log(grid[inside]), lc, ll))
+    return grid, out
+
+
+def fit_envelope(table: RunTable, *, points: int = 250, resamples: int = 0, seed: int = 0,
+                 level: float = 0.95) -> EnvelopeFit:
+    """N_opt(C) from the lower envelope of the runs' losses, and power laws through it."""
+    if not table.has_curves:
+        raise ValueError(f"{table.source}: Approach 1 needs training curves (a run column with one row per "
+                         "evaluation, or metrics.jsonl in each run directory)")
+    grid, L_RF = _loss_grid(table, points)
+    best = np.argmin(L_RF, axis=0)
+    # Where the smallest or largest run is best, the optimum lies outside the sampled sizes.
+    interior = (table.N[best] > table.N.min()) & (table.N[best] < table.N.max())
+    defined = np.isfinite(L_RF[best, np.arange(len(grid))]) & interior
+    flops, n_opt, loss_opt = grid[defined], table.N[best[defined]], L_RF[best, np.arange(len(grid))][defined]
+    if len(np.unique(n_opt)) < 2:
+        raise ValueError(f"Approach 1 needs at least 2 model sizes on the loss envelope, got {len(np.unique(n_opt))}")
+    allocation = allocation_from_optima(flops, n_opt, loss_opt)
+    stats = None
+    if resamples:
+        stats = _bootstrap(table, grid, L_RF, allocation, resamples, seed, level)
+    return EnvelopeFit(flops, n_opt, loss_opt, allocation, stats)
+
+
+def _bootstrap(table, grid, L_RF, allocation, resamples, seed, level, chunk: int = 100) -> dict[str, Interval]:
+    counts = resample_counts(len(table), resamples, seed)
+    a, log_k = np.empty(resamples), np.empty(resamples)
+    for s in range(0, resamples, chunk):
+        drawn = counts[s:s + chunk] > 0  # [b, R]
+        L_bRF = np.where(drawn[:, :, None], L_RF[None], np.inf)
+        best = np.argmin(L_bRF, axis=1)  # [b, F]
+        N_b = table.N[best]
+        interior = (N_b > table.N.min()) & (N_b < table.N.max())
+        n_opt = np.where(np.isfinite(np.min(L_bRF, axis=1)) & interior, N_b, np.nan)
+        a[s:s + chunk], log_k[s:s + chunk] = loglog_fit(grid, n_opt)
+    samples = {"a": a, "b": 1.0 - a, "k_N": np.exp(log_k)}
+    return summarize({"a": allocation.a, "b": allocation.b, "k_N": allocation.k_N}, samples, level)

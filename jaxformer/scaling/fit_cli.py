@@ -1,0 +1,54 @@
+"""`jaxformer fit RESULTS`: scaling-law fits (Chinchilla Approaches 1–3) with bootstrap intervals.
+
+RESULTS is a CSV, Parquet or JSONL table of runs, or a sweep directory. Prints a summary
+(or one JSON object with ``--json``, which ``jaxformer allocate --law`` reads) and writes
+PNG and SVG figures with ``--plots DIR``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from jaxformer.scaling.bootstrap import REFERENCE_BUDGET
+from jaxformer.scaling.report import APPROACHES, fit_table, jsonable
+from jaxformer.scaling.table import load_table
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("results", help="table of runs (.csv, .parquet, .jsonl) or a sweep directory")
+    parser.add_argument("--approach", default="all", choices=APPROACHES,
+                        help="1 loss envelope, 2 IsoFLOP parabolas, 3 parametric law, all (default)")
+    parser.add_argument("--bootstrap", type=int, default=4000, metavar="N", help="resamples for intervals (0: none)")
+    parser.add_argument("--level", type=float, default=0.95, help="confidence level of the percentile intervals")
+    parser.add_argument("--seed", type=int, default=0, help="bootstrap seed")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--plots", metavar="DIR", help="write isoflop/contour/n_opt/residuals .png and .svg here")
+    parser.add_argument("--exclude-highest-loss", type=int, default=0, metavar="K",
+                        help="drop the K runs with the highest loss (Besiroglu et al. drop 5)")
+    parser.add_argument("--budgets", type=float, nargs="+", default=[REFERENCE_BUDGET], metavar="C",
+                        help="FLOP budgets at which to report tokens per parameter (default 5.76e23)")
+    parser.add_argument("--budget-tol", type=float, default=0.1,
+                        help="Approach 2 without budget labels: runs within this relative C are one budget")
+    parser.add_argument("--bootstrap-starts", type=int, default=4,
+                        help="Approach 3 starts per resample: the point optimum and the best grid starts")
+    for role, flag in (("N", "--n-col"), ("D", "--d-col"), ("C", "--c-col"), ("loss", "--loss-col"),
+                       ("budget", "--budget-col"), ("run", "--run-col")):
+        parser.add_argument(flag, help=f"column holding {role} (default: found by name)")
+
+
+def run(args: argparse.Namespace) -> int:
+    table = load_table(args.results, n_col=args.n_col, d_col=args.d_col, c_col=args.c_col, loss_col=args.loss_col,
+                       budget_col=args.budget_col, run_col=args.run_col)
+    table = table.exclude_highest_loss(args.exclude_highest_loss)
+    report = fit_table(table, args.approach, resamples=args.bootstrap, seed=args.seed, level=args.level,
+                       budgets=args.budgets, budget_tol=args.budget_tol, bootstrap_starts=args.bootstrap_starts)
+    if args.plots:
+        paths = report.write_plots(args.plots)
+        print(f"wrote {len(paths)} figures to {args.plots}", file=sys.stderr)
+    if args.json:
+        print(json.dumps(jsonable(report.to_dict()), indent=1))
+    else:
+        print(report.text())
+    return 0

@@ -1,0 +1,155 @@
+"""Approach 2 of Hoffmann et al. (2022): IsoFLOP profiles.
+
+Runs are grouped by budget (the table's budget column, or C values within ``budget_tol`` of
+the group's smallest). At each budget a parabola in x = ln N is fitted to the final losses;
+its minimum gives N_opt(C) and L_opt(C). Power laws through the minima give N_opt ∝ C^a and
+D_opt = C / 6N_opt ∝ C^b (``powerlaw.py``). A minimum that is not bracketed by the sampled
+sizes (the parabola's vertex outside them, or the lowest loss at the smallest or largest
+size) is reported as a warning: the profile does not locate the optimum.
+
+Uncertainty: runs are resampled with replacement within each budget, every parabola and the
+power laws refitted (all resamples at once, in numpy); standard errors and percentile
+intervals of a, b and the optimum at each budget.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from jaxformer.scaling.allocation import PowerLawAllocation
+from jaxformer.scaling.bootstrap import Interval, summarize
+from jaxformer.scaling.powerlaw import allocation_from_optima, loglog_fit
+from jaxformer.scaling.table import RunTable
+
+
+@dataclass(frozen=True)
+class Profile:
+    """One budget: the sampled sizes, the parabola p0 + p1·u + p2·u² in u = ln N − center."""
+
+    budget: float  # C, FLOPs
+    N: np.ndarray  # [n] sizes
+    loss: np.ndarray  # [n]
+    coeffs: np.ndarray  # [3] (p0, p1, p2)
+    center: float
+    n_opt: float
+    loss_opt: float
+    bracketed: bool
+
+    def curve(self, N) -> np.ndarray:
+        u = np.log(np.asarray(N, np.float64)) - self.center
+        return self.coeffs[0] + self.coeffs[1] * u + self.coeffs[2] * u * u
+
+
+@dataclass(frozen=True)
+class IsoFLOPFit:
+    profiles: list[Profile]
+    allocation: PowerLawAllocation
+    stats: dict[str, Interval] | None  # bootstrap intervals, if resampled
+    warnings: list[str]
+
+    def to_dict(self) -> dict:
+        return {
+            "budgets": [
+                {"C": p.budget, "runs": len(p.N), "N_opt": p.n_opt, "D_opt": p.budget / (6 * p.n_opt),
+                 "loss_opt": p.loss_opt, "bracketed": p.bracketed}
+                for p in self.profiles
+            ],
+            "power_laws": self.allocation.to_dict(),
+            "bootstrap": None if self.stats is None else {k: v.to_dict() for k, v in self.stats.items()},
+            "warnings": self.warnings,
+        }
+
+
+def group_budgets(table: RunTable, budget_tol: float = 0.1) -> list[np.ndarray]:
+    """Indices of the runs of each budget, budgets ascending."""
+    if table.budget is not None:
+        return [np.flatnonzero(table.budget == b) for b in np.unique(table.budget)]
+    order = np.argsort(table.C, kind="stable")
+    groups, start = [], 0
+    for i in range(1, len(order) + 1):
+        if i == len(order) or table.C[order[i]] > table.C[order[start]] * (1 + budget_tol):
+            groups.append(np.sort(order[start:i]))
+            start = i
+    return groups
+
+
+def _parabolas(u: np.ndarray, y: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """Weighted least-squares parabolas: u, y ``[n]``, weights ``[B, n]`` → coefficients ``[B, 3]``.
+
+    Resamples with fewer than three distinct sizes get NaN.
+    """
+    X = np.stack([np.ones_like(u), u, u * u], axis=1)  # [n, 3]
+    M = np.einsum("bn,ni,nj->bij", w, X, X)
+    v = np.einsum("bn,ni,n->bi", w, X, y)
+    _, size_of = np.unique(u, return_inverse=True)
+    ok = np.sum((w @ np.eye(size_of.max() + 1)[size_of]) > 0, axis=1) >= 3  # distinct sizes drawn
+    M[~ok] = np.eye(3)
+    coeffs = np.linalg.solve(M, v[..., None])[..., 0]
+    coeffs[~ok] = np.nan
+    return coeffs
+
+
+def _vertex(coeffs: np.ndarray, center: float) -> tuple[np.ndarray, np.ndarray]:
+    """(N_opt, L_opt) at the parabolas' minima; NaN where the parabola opens downward."""
+    p0, p1, p2 = coeffs[..., 0], coeffs[..., 1], coeffs[..., 2]
+    up = p2 > 0
+    u = np.where(up, -p1 / (2 * np.where(up, p2, 1)), np.nan)
+    return np.exp(center + u), p0 + p1 * u + p2 * u * u
+
+
+def fit_isoflop(table: RunTable, *, budget_tol: float = 0.1, resamples: int = 0, seed: int = 0,
+                level: float = 0.95) -> IsoFLOPFit:
+    """Parabola per budget, power laws through the minima, bootstrap intervals if ``resamples``."""
+    warnings, profiles, groups = [], [], []
+    for idx in group_budgets(table, budget_tol):
+        C = float(table.budget[idx[0]]) if table.budget is not None else float(np.exp(np.log(table.C[idx]).mean()))
+        sizes = np.unique(table.N[idx])
+        if len(sizes) < 3:
+            warnings.append(f"budget C={C:.3g}: {len(sizes)} distinct sizes, need 3 for a parabola; skipped")
+            continue
+        u_all = np.log(table.N[idx])
+        center = float(u_all.mean())
+        coeffs = _parabolas(u_all - center, table.loss[idx], np.ones((1, len(idx))))[0]
+        n_opt, loss_opt = _vertex(coeffs, center)
+        if not np.isfinite(n_opt):
+            warnings.append(f"budget C={C:.3g}: the parabola opens downward (no minimum); skipped")
+            continue
+        lowest = table.N[idx][np.argmin(table.loss[idx])]
+        bracketed = bool(sizes[0] < n_opt < sizes[-1] and sizes[0] < lowest < sizes[-1])
+        if not bracketed:
+            warnings.append(f"budget C={C:.3g}: minimum at the edge of the sampled sizes "
+                            f"(N_opt={n_opt:.3g}, sizes {sizes[0]:.3g}..{sizes[-1]:.3g}); widen the size range")
+        profiles.append(Profile(C, table.N[idx], table.loss[idx], coeffs, center, float(n_opt), float(loss_opt),
+                                bracketed))
+        groups.append(idx)
+    if len(profiles) < 2:
+        found = ", ".join(f"C={p.budget:.3g}" for p in profiles) or "none"
+        raise ValueError(f"Approach 2 needs IsoFLOP profiles (3+ sizes) at 2 or more budgets, got {len(profiles)} "
+                         f"({found})")
+    C = np.array([p.budget for p in profiles])
+    allocation = allocation_from_optima(C, np.array([p.n_opt for p in profiles]),
+                                        np.array([p.loss_opt for p in profiles]))
+    stats = None
+    if resamples:
+        stats = _bootstrap(table, profiles, groups, allocation, resamples, seed, level)
+    return IsoFLOPFit(profiles, allocation, stats, warnings)
+
+
+def _bootstrap(table, profiles, groups, allocation, resamples, seed, level) -> dict[str, Interval]:
+    rng = np.random.default_rng(seed)
+    n_opt = np.empty((resamples, len(profiles)))
+    for k, (p, idx) in enumerate(zip(profiles, groups)):
+        w = rng.multinomial(len(idx), np.full(len(idx), 1.0 / len(idx)), size=resamples).astype(np.float64)
+        coeffs = _parabolas(np.log(table.N[idx]) - p.center, table.loss[idx], w)
+        n_opt[:, k] = _vertex(coeffs, p.center)[0]
+    valid = np.all(np.isfinite(n_opt), axis=1)
+    C = np.array([p.budget for p in profiles])
+    a, log_k = loglog_fit(C, n_opt[valid])
+    samples = {"a": a, "b": 1.0 - a, "k_N": np.exp(log_k)}
+    point = {"a": allocation.a, "b": allocation.b, "k_N": allocation.k_N}
+    for k, p in enumerate(profiles):
+        samples[f"N_opt@{p.budget:.3g}"] = n_opt[valid, k]
+        point[f"N_opt@{p.budget:.3g}"] = p.n_opt
+    return summarize(point, samples, level)

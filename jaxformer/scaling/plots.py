@@ -1,0 +1,107 @@
+"""Figures of the fits (matplotlib ``Figure`` objects, no pyplot state), saved as PNG and SVG.
+
+- ``plot_isoflop``: loss against N at each budget, the fitted parabolas and their minima.
+- ``plot_contour``: the Approach-3 loss over (N, D), the efficient frontier, iso-FLOP lines.
+- ``plot_nopt``: N_opt against C for each approach, with Chinchilla's published law.
+- ``plot_residuals``: log-loss residuals of the Approach-3 fit against C and N.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+from matplotlib import colormaps
+from matplotlib.colors import LogNorm
+from matplotlib.figure import Figure
+
+from jaxformer.scaling.allocation import PRESETS, Law, ParametricLaw
+from jaxformer.scaling.isoflop import IsoFLOPFit
+from jaxformer.scaling.parametric import residuals
+from jaxformer.scaling.table import RunTable
+
+
+def plot_isoflop(fit: IsoFLOPFit) -> Figure:
+    fig = Figure(figsize=(6.5, 4.5), layout="constrained")
+    ax = fig.add_subplot()
+    cmap = colormaps["viridis"]
+    for k, p in enumerate(fit.profiles):
+        color = cmap(k / max(len(fit.profiles) - 1, 1))
+        ax.scatter(p.N, p.loss, s=14, color=color)
+        N = np.geomspace(p.N.min() / 1.5, p.N.max() * 1.5, 100)
+        ax.plot(N, p.curve(N), color=color, lw=1, label=f"C = {p.budget:.2g}")
+        ax.scatter([p.n_opt], [p.loss_opt], marker="*", s=90, color=color, edgecolor="black",
+                   linewidth=0.5 if p.bracketed else 1.5, zorder=3)
+    ax.set(xscale="log", xlabel="parameters N", ylabel="final loss", title="IsoFLOP profiles (★ minimum)")
+    ax.legend(fontsize=7)
+    return fig
+
+
+def plot_contour(law: ParametricLaw, table: RunTable | None = None, flops=None) -> Figure:
+    """log-spaced grid over the data's (or the frontier's) range of N and D."""
+    if table is not None:
+        n_range, d_range = (table.N.min() / 3, table.N.max() * 3), (table.D.min() / 3, table.D.max() * 3)
+    else:
+        n_range, d_range = (1e7, 1e12), (1e8, 1e14)
+    N, D = np.meshgrid(np.geomspace(*n_range, 200), np.geomspace(*d_range, 200))
+    fig = Figure(figsize=(6.5, 5), layout="constrained")
+    ax = fig.add_subplot()
+    L = law.loss(N, D)
+    levels = np.geomspace(L.min(), np.percentile(L, 95), 15)
+    contour = ax.contourf(N, D, L, levels=levels, cmap="magma", norm=LogNorm())
+    fig.colorbar(contour, ax=ax, label="predicted loss", format="%.2f")
+    C_lo, C_hi = 6 * n_range[0] * d_range[0], 6 * n_range[1] * d_range[1]
+    C = np.geomspace(C_lo, C_hi, 200)
+    ax.plot(law.n_opt(C), law.d_opt(C), color="cyan", lw=2, label="efficient frontier")
+    for c in np.geomspace(C_lo, C_hi, 9)[1:-1] if flops is None else np.atleast_1d(flops):
+        ax.plot(N[0], c / (6 * N[0]), color="white", lw=0.7, ls="--")
+        ax.annotate(f"{c:.0e}", (law.n_opt(c), law.d_opt(c)), color="white", fontsize=7)
+    if table is not None:
+        ax.scatter(table.N, table.D, s=6, color="white", edgecolor="black", linewidth=0.3, label="runs")
+    ax.set(xscale="log", yscale="log", xlim=n_range, ylim=d_range, xlabel="parameters N", ylabel="tokens D",
+           title="L(N, D) with iso-FLOP lines (dashed, FLOPs)")
+    ax.legend(fontsize=8, loc="lower right")
+    return fig
+
+
+def plot_nopt(laws: dict[str, Law], flops_range: tuple[float, float], points: dict | None = None,
+              reference: ParametricLaw = PRESETS["chinchilla"]) -> Figure:
+    """``laws``: label → law with ``n_opt``; ``points``: label → (C, N_opt) markers."""
+    C = np.geomspace(*flops_range, 100)
+    fig = Figure(figsize=(6.5, 4.5), layout="constrained")
+    ax = fig.add_subplot()
+    for label, law in laws.items():
+        ax.plot(C, law.n_opt(C), lw=1.8, label=f"{label} (a = {law.a:.3f})")
+    for label, (c, n) in (points or {}).items():
+        ax.scatter(c, n, s=14, label=label)
+    ax.plot(C, reference.n_opt(C), color="black", ls="--", lw=1, label=f"Chinchilla published (a = {reference.a:.3f})")
+    ax.set(xscale="log", yscale="log", xlabel="training FLOPs C", ylabel="compute-optimal N", title="N_opt(C)")
+    ax.legend(fontsize=8)
+    return fig
+
+
+def plot_residuals(law: ParametricLaw, table: RunTable) -> Figure:
+    r = residuals(law, table)
+    fig = Figure(figsize=(9, 3.8), layout="constrained")
+    for k, (x, name) in enumerate([(table.C, "training FLOPs C"), (table.N, "parameters N")]):
+        ax = fig.add_subplot(1, 2, k + 1)
+        ax.axhline(0, color="gray", lw=0.8)
+        points = ax.scatter(x, r, s=8, c=table.D / table.N, cmap="viridis", norm=LogNorm())
+        ax.set(xscale="log", xlabel=name, ylabel="log L − log L̂")
+    fig.colorbar(points, ax=fig.axes, label="tokens per parameter")
+    fig.suptitle(f"Approach 3 residuals (RMS {np.sqrt(np.mean(r * r)):.4f})")
+    return fig
+
+
+def save(fig: Figure, directory: str | Path, name: str) -> list[Path]:
+    """Writes ``name.png`` and ``name.svg`` (each to a temporary file first, then renamed)."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for ext in ("png", "svg"):
+        tmp = directory / f".{name}.{ext}.{os.getpid()}.tmp"
+        fig.savefig(tmp, format=ext, dpi=150)
+        os.replace(tmp, directory / f"{name}.{ext}")
+        paths.append(directory / f"{name}.{ext}")
+    return paths

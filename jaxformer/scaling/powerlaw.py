@@ -1,0 +1,37 @@
+"""Power laws N_opt = k C^a fitted by least squares in log-log space, vectorised over resamples.
+
+Approaches 1 and 2 both end here: from compute-optimal sizes N_opt at several budgets C,
+a = slope of ln N_opt on ln C, D_opt = C / (6 N_opt) (so b = 1 − a), and the loss at the
+optimum as L_opt = k_L C^γ.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from jaxformer.scaling.allocation import PowerLawAllocation
+
+
+def loglog_fit(C: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Slope and intercept of ln y on ln C along the last axis: ``[..., K]`` → ``[...]``, ``[...]``.
+
+    NaN entries of y are left out of their row's fit.
+    """
+    x = np.broadcast_to(np.log(C), np.shape(y))
+    ly = np.log(y)
+    ok = np.isfinite(ly)
+    n = ok.sum(-1)
+    xm = np.where(ok, x, 0).sum(-1) / n
+    ym = np.where(ok, ly, 0).sum(-1) / n
+    dx = np.where(ok, x - xm[..., None], 0)
+    slope = (dx * np.where(ok, ly - ym[..., None], 0)).sum(-1) / (dx * dx).sum(-1)
+    return slope, ym - slope * xm
+
+
+def allocation_from_optima(C: np.ndarray, n_opt: np.ndarray, loss_opt: np.ndarray) -> PowerLawAllocation:
+    """Power laws through compute-optimal points ``[K]`` (budgets, sizes, losses)."""
+    a, log_k = loglog_fit(C, n_opt)
+    gamma, log_kl = loglog_fit(C, loss_opt)
+    k_n = float(np.exp(log_k))
+    return PowerLawAllocation(k_N=k_n, a=float(a), k_D=1.0 / (6.0 * k_n), b=1.0 - float(a),
+                              k_L=float(np.exp(log_kl)), gamma=float(gamma))

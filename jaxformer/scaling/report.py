@@ -1,0 +1,157 @@
+"""All approaches on one table: ``fit_table`` → ``FitReport`` (text, JSON, laws, plots).
+
+``approaches="all"`` runs what the table supports: Approach 3 always, Approach 2 when the
+runs carry IsoFLOP budget labels (a budget column, or a sweep's plan), Approach 1 when they
+carry training curves. Asking for an approach explicitly runs it or fails with one line
+(Approach 2 then groups runs by C when there are no labels).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from jaxformer.scaling import plots
+from jaxformer.scaling.allocation import Law
+from jaxformer.scaling.bootstrap import REFERENCE_BUDGET, BootstrapResult, Interval, bootstrap_parametric
+from jaxformer.scaling.envelope import EnvelopeFit, fit_envelope
+from jaxformer.scaling.isoflop import IsoFLOPFit, fit_isoflop
+from jaxformer.scaling.parametric import PARAMS, ParametricFit, fit_parametric
+from jaxformer.scaling.table import RunTable
+
+APPROACHES = ("1", "2", "3", "all")
+
+
+@dataclass
+class FitReport:
+    table: RunTable
+    approach3: ParametricFit | None = None
+    bootstrap3: BootstrapResult | None = None
+    approach2: IsoFLOPFit | None = None
+    approach1: EnvelopeFit | None = None
+    budgets: tuple[float, ...] = (REFERENCE_BUDGET,)
+    level: float = 0.95
+    notes: list[str] = field(default_factory=list)
+
+    def laws(self) -> dict[str, Law]:
+        """label → law with n_opt/d_opt/loss_opt, for allocation and plots."""
+        out: dict[str, Law] = {}
+        if self.approach1:
+            out["Approach 1"] = self.approach1.allocation
+        if self.approach2:
+            out["Approach 2"] = self.approach2.allocation
+        if self.approach3:
+            out["Approach 3"] = self.approach3.law
+        return out
+
+    def to_dict(self) -> dict:
+        out: dict = {"source": self.table.source, "runs": len(self.table), "notes": self.notes}
+        if self.approach3:
+            fit, law = self.approach3, self.approach3.law
+            out["approach3"] = {
+                "params": law.to_dict(),
+                "log_params": dict(zip(PARAMS, map(float, fit.x))),
+                "objective": fit.objective,
+                "huber_delta": fit.delta,
+                "a": law.a, "b": law.b, "G": law.G,
+                "tokens_per_param": {f"{C:.3g}": float(law.d_opt(C) / law.n_opt(C)) for C in self.budgets},
+                "convergence": fit.convergence,
+                "bootstrap": None if self.bootstrap3 is None else self.bootstrap3.to_dict(),
+            }
+        if self.approach2:
+            out["approach2"] = self.approach2.to_dict()
+        if self.approach1:
+            out["approach1"] = self.approach1.to_dict()
+        out["warnings"] = self.approach2.warnings if self.approach2 else []
+        return out
+
+    def text(self) -> str:
+        lines = [f"{len(self.table)} runs from {self.table.source}"]
+        if self.approach3:
+            fit, law = self.approach3, self.approach3.law
+            conv = fit.convergence
+            lines += ["", "Approach 3: L = E + A/N^alpha + B/D^beta (Huber on log loss, L-BFGS from "
+                      f"{conv['starts']} starts: {conv['converged']} converged, {conv['reached_best']} reached the best)"]
+            values = {"E": law.E, "A": law.A, "B": law.B, "alpha": law.alpha, "beta": law.beta, "a": law.a,
+                      "b": law.b, "G": law.G}
+            values.update({f"tokens_per_param@{C:.3g}": law.d_opt(C) / law.n_opt(C) for C in self.budgets})
+            stats = self.bootstrap3.stats if self.bootstrap3 else {}
+            lines += [_line(k, v, stats.get(k), self.level) for k, v in values.items()]
+            lines.append(f"  objective {fit.objective:.10g}")
+        for name, fit in (("2 (IsoFLOP parabolas)", self.approach2), ("1 (loss envelope)", self.approach1)):
+            if fit is None:
+                continue
+            law = fit.allocation
+            stats = fit.stats or {}
+            lines += ["", f"Approach {name}: N_opt = k_N C^a, D_opt = k_D C^b"]
+            lines += [_line(k, getattr(law, k), stats.get(k), self.level) for k in ("a", "b", "k_N")]
+        if self.approach2 and self.approach2.warnings:
+            lines += ["", *(f"warning: {w}" for w in self.approach2.warnings)]
+        lines += [f"note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+    def write_plots(self, directory: str | Path) -> list[Path]:
+        """PNG and SVG of every figure the fitted approaches support."""
+        paths: list[Path] = []
+        t = self.table
+        if self.approach2:
+            paths += plots.save(plots.plot_isoflop(self.approach2), directory, "isoflop")
+        if self.approach3:
+            paths += plots.save(plots.plot_contour(self.approach3.law, t), directory, "contour")
+            paths += plots.save(plots.plot_residuals(self.approach3.law, t), directory, "residuals")
+        points = {}
+        if self.approach2:
+            points["IsoFLOP minima"] = ([p.budget for p in self.approach2.profiles],
+                                        [p.n_opt for p in self.approach2.profiles])
+        flops_range = (t.C.min() / 3, max(t.C.max() * 3, 10 * REFERENCE_BUDGET))
+        paths += plots.save(plots.plot_nopt(self.laws(), flops_range, points), directory, "n_opt")
+        return paths
+
+
+def _line(name: str, value: float, interval: Interval | None, level: float) -> str:
+    text = f"  {name:<26} {value:12.6g}"
+    if interval is not None:
+        text += f"   SE {interval.se:<9.3g} {100 * level:.0f}% CI [{interval.low:.4g}, {interval.high:.4g}]"
+    return text
+
+
+def fit_table(table: RunTable, approaches: str = "all", *, resamples: int = 4000, seed: int = 0,
+              level: float = 0.95, budgets=(REFERENCE_BUDGET,), budget_tol: float = 0.1,
+              bootstrap_starts: int = 4) -> FitReport:
+    """Runs the requested approaches (``"1"``, ``"2"``, ``"3"`` or ``"all"``) with bootstrap intervals."""
+    if approaches not in APPROACHES:
+        raise ValueError(f"approach must be one of {', '.join(APPROACHES)}, got {approaches!r}")
+    if resamples < 0:
+        raise ValueError(f"bootstrap resamples must be non-negative, got {resamples}")
+    report = FitReport(table, budgets=tuple(float(b) for b in budgets), level=level)
+    run_all = approaches == "all"
+    if approaches in ("3", "all"):
+        report.approach3 = fit_parametric(table)
+        if resamples:
+            report.bootstrap3 = bootstrap_parametric(table, report.approach3, resamples=resamples, seed=seed,
+                                                     level=level, budgets=report.budgets, starts=bootstrap_starts)
+    if approaches == "2" or (run_all and table.budget is not None):
+        report.approach2 = fit_isoflop(table, budget_tol=budget_tol, resamples=resamples, seed=seed, level=level)
+    elif run_all:
+        report.notes.append("Approach 2 skipped: the runs carry no IsoFLOP budget labels (use --approach 2 "
+                            "to group them by C)")
+    if approaches == "1" or (run_all and table.has_curves):
+        report.approach1 = fit_envelope(table, resamples=resamples, seed=seed, level=level)
+    elif run_all:
+        report.notes.append("Approach 1 skipped: the runs carry no training curves")
+    return report
+
+
+def jsonable(obj):
+    """Numpy scalars to Python, non-finite floats to None (strict JSON)."""
+    if isinstance(obj, dict):
+        return {str(k): jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [jsonable(v) for v in obj]
+    if isinstance(obj, (np.floating, float)):
+        return float(obj) if np.isfinite(obj) else None
+    if isinstance(obj, np.integer):
+        return int(obj)
+    return obj

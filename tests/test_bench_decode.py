@@ -1,0 +1,31 @@
+"""`jaxformer bench decode` at toy sizes: what it reports (not how fast anything is)."""
+
+import json
+
+import pytest
+import yaml
+from model_helpers import TINY
+
+from jaxformer import cli
+
+
+@pytest.mark.slow
+def test_bench_decode_reports_latencies_speedups_and_cache_bytes(tmp_path, capsys):
+    (tmp_path / "model.yaml").write_text(yaml.safe_dump({"model": {**TINY, "position": "rope"}}))
+    code = cli.main(["bench", "decode", str(tmp_path / "model.yaml"), "--out", str(tmp_path), "--tokens", "4",
+                     "--prompt-len", "3", "--repeats", "1", "--window", "2"])
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert "speedup at token 4:" in printed and "(equal)" in printed
+    report = json.loads((tmp_path / "decode.json").read_text())
+    assert report["points"] == [1, 2, 4] and len(report["cached_s"]) == 4
+    assert all(r["speedup"] == pytest.approx(r["uncached_ms"] / r["cached_ms"]) for r in report["rows"])
+    # 1 layer · 2 (K and V) · 2 kv heads · head_dim 8 · 7 positions · 4 bytes
+    assert report["cache_bytes"] == report["cache_bytes_formula"] == 2 * 2 * 8 * 7 * 4
+    assert (tmp_path / "decode.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bench_decode_refuses_an_encoder(tmp_path, capsys):
+    assert cli.main(["bench", "decode", "--preset", "bert-base", "--out", str(tmp_path)]) == 2
+    message = "bench decode needs a decoder model, got model.family 'encoder'"
+    assert capsys.readouterr().err == f"jaxformer bench: error: {message}\n"

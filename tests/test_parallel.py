@@ -1,0 +1,206 @@
+"""Sharding: 8-device meshes and two processes train like one device; parameters are really split; bad layouts stop early.
+
+The multi-device runs happen in subprocesses (``tests/parallel_worker.py``, and two
+``jaxformer train`` processes), because JAX fixes the device count when it starts.
+Gradients are compared leaf by leaf as ``max|g - g_ref| / max|g_ref|`` (fp32).
+"""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+from jax.sharding import AbstractMesh, PartitionSpec
+
+from jaxformer.cli import main
+from jaxformer.parallel import DEFAULT_RULES, MESH_AXES, Layout, mesh_shape
+from jaxformer.parallel.rules import spec_for
+from jaxformer.train.checkpoint import Checkpointer
+from jaxformer.train.config import load_config
+from jaxformer.train.loop import train
+from jaxformer.train.optimizer import make_optimizer
+from jaxformer.train.step import build_state
+
+WORKER = Path(__file__).with_name("parallel_worker.py")
+MESHES = ["8-1-1-1", "1-8-1-1", "2-2-2-1", "1-2-4-1"]
+RUNS = [("gqa", mesh) for mesh in MESHES] + [("moe", mesh) for mesh in MESHES + ["1-2-2-2"]]
+TOLERANCE = 1e-5
+
+
+def _env(devices: int) -> dict:
+    return {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}", "JAX_PLATFORMS": "cpu"}
+
+
+@pytest.fixture(scope="module")
+def worker(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("parallel")
+    done = subprocess.run([sys.executable, str(WORKER), str(out)], env=_env(8), capture_output=True, text=True,
+                          timeout=1200)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return out
+
+
+def _relative(a: np.ndarray, b: np.ndarray) -> float:
+    scale = float(np.max(np.abs(b)))
+    return float(np.max(np.abs(a - b))) / scale if scale else float(np.max(np.abs(a)))
+
+
+def _max_relative(run: dict, reference: dict, prefix: str) -> float:
+    keys = [k for k in reference if k.startswith(prefix)]
+    assert keys and set(keys) == {k for k in run if k.startswith(prefix)}
+    return max(_relative(run[k], reference[k]) for k in keys)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("model", "mesh"), RUNS)
+def test_three_steps_on_a_mesh_match_one_device(worker, model, mesh):
+    run, reference = np.load(worker / f"{model}-{mesh}.npz"), np.load(worker / f"{model}-ref.npz")
+    for k in (1, 2, 3):
+        assert _relative(run[f"loss{k}"], reference[f"loss{k}"]) <= TOLERANCE
+        assert _max_relative(run, reference, f"grad{k}/") <= TOLERANCE
+    assert float(reference["loss3"]) < float(reference["loss1"])  # it is training
+
+
+@pytest.mark.slow
+def test_parameters_and_adam_moments_are_split_as_the_rules_say(worker):
+    shards = json.loads((worker / "shards.json").read_text())
+    attention, ffn = "decoder/blocks/0/attention", "decoder/blocks/0/feed_forward"
+    # GQA: E=32, H=4 query heads, K=2 kv heads, D=8, F=96 (SwiGLU), V=256 (tied)
+    expected = {
+        "gqa-8-1-1-1": {"wq": [32, 4, 8], "wk": [32, 2, 8], "w_in": [32, 96], "tokens": [256, 32]},  # replicas
+        "gqa-1-8-1-1": {"wq": [4, 4, 8], "wk": [4, 2, 8], "w_in": [4, 96], "tokens": [256, 4]},  # FSDP over E
+        "gqa-2-2-2-1": {"wq": [16, 2, 8], "wk": [16, 1, 8], "w_in": [16, 48], "tokens": [128, 16]},
+        # 2 kv heads cannot split 4 ways: kept whole on each tensor shard
+        "gqa-1-2-4-1": {"wq": [16, 1, 8], "wk": [16, 2, 8], "w_in": [16, 24], "tokens": [64, 16]},
+    }
+    paths = {"wq": f"{attention}/wq", "wk": f"{attention}/wk", "w_in": f"{ffn}/w_in", "tokens": "embedding/tokens"}
+    for run, shapes in expected.items():
+        for name, shape in shapes.items():
+            for tree in ("params", "mu", "nu"):
+                assert shards[run][f"{tree}/{paths[name]}"] == shape, (run, tree, name)
+        assert shards[run]["params/decoder/final_norm/scale"] == [32]  # norms replicated
+    # MoE: 4 experts, expert width 64; experts [X, E, F], router [E, X]
+    experts = f"{ffn}/experts/w_in_XEF"
+    assert shards["moe-1-2-2-2"][f"params/{experts}"] == [2, 16, 32]  # two experts per expert shard
+    assert shards["moe-1-2-2-2"][f"nu/{experts}"] == [2, 16, 32]
+    assert shards["moe-1-2-2-2"][f"params/{ffn}/router"] == [16, 2]
+    assert shards["moe-1-2-4-1"][f"params/{experts}"] == [4, 16, 16]
+
+
+@pytest.mark.slow
+def test_a_checkpoint_saved_on_2x2x2_restores_onto_8x1x1_and_training_continues_identically(worker):
+    resumed, continued = np.load(worker / "resumed.npz"), np.load(worker / "gqa-2-2-2-1-cont.npz")
+    reference = np.load(worker / "gqa-ref5.npz")  # one device, steps 4 and 5 after the first three
+    for k in (4, 5):
+        assert _relative(resumed[f"loss{k}"], continued[f"loss{k}"]) <= TOLERANCE
+        assert _relative(resumed[f"loss{k}"], reference[f"loss{k}"]) <= TOLERANCE
+        assert _max_relative(resumed, reference, f"grad{k}/") <= TOLERANCE
+    assert _max_relative(resumed, reference, "params/") <= TOLERANCE
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("case", "message"), [
+    ("heads", "model.num_heads=6 is not divisible by parallel.mesh.tensor=4"),
+    ("mlp", "model.d_ff=90 is not divisible by parallel.mesh.tensor=4"),
+    ("experts", "model.num_experts=6 is not divisible by parallel.mesh.expert=4"),
+    ("batch", "= 12 sequences per micro-batch is not divisible by "
+              "parallel.mesh.data × parallel.mesh.fsdp × parallel.mesh.expert = 8"),
+    ("mesh", "multiplies to 3 devices, but there are 8"),
+])
+def test_a_layout_that_does_not_fit_exits_2_with_one_line_before_compiling(worker, case, message):
+    code, err, files = json.loads((worker / "bad.json").read_text())[case]
+    assert code == 2 and len(err.strip().splitlines()) == 1 and message in err and "Traceback" not in err
+    assert files == ["error.json"]  # stopped before the run directory (and any compilation)
+
+
+def test_mesh_sizes_fill_the_remaining_devices_or_name_both_numbers():
+    assert mesh_shape({"data": 2, "fsdp": -1, "tensor": 2, "expert": 1}, 8) == {
+        "data": 2, "fsdp": 2, "tensor": 2, "expert": 1}
+    with pytest.raises(ValueError, match="the fixed axes multiply to 3, which does not divide the 8 devices"):
+        mesh_shape({"data": 3, "fsdp": -1, "tensor": 1, "expert": 1}, 8)
+    with pytest.raises(ValueError, match="multiplies to 4 devices, but there are 8"):
+        mesh_shape({"data": 2, "fsdp": 2, "tensor": 1, "expert": 1}, 8)
+
+
+def test_rules_map_logical_axes_replicate_what_does_not_divide_and_never_reuse_a_mesh_axis():
+    mesh = AbstractMesh((2, 2, 4, 1), MESH_AXES)
+    assert spec_for(("embed", "heads", "head_dim"), (32, 8, 16), mesh, DEFAULT_RULES) == PartitionSpec(
+        "fsdp", "tensor", None)
+    assert spec_for(("embed", "kv_heads", "head_dim"), (32, 2, 16), mesh, DEFAULT_RULES) == PartitionSpec(
+        "fsdp", None, None)  # 2 kv heads on a tensor axis of 4: replicated
+    assert spec_for(("vocab", "embed"), (250, 32), mesh, DEFAULT_RULES) == PartitionSpec(None, "fsdp")
+    both_fsdp = {**DEFAULT_RULES, "vocab": ("fsdp",)}
+    assert spec_for(("vocab", "embed"), (256, 32), mesh, both_fsdp) == PartitionSpec("fsdp", None)
+    layout = Layout(mesh, DEFAULT_RULES)
+    assert layout.batch_shards == 4  # data × fsdp × expert
+    with pytest.raises(ValueError, match=r"parallel.rules.embedding: unknown logical axis"):
+        load_rules = Layout.from_config(load_config(None, ["parallel.rules.embedding=fsdp"]).parallel)
+        del load_rules
+    with pytest.raises(ValueError, match=r"parallel.rules.mlp: 'tensr' is not a mesh axis"):
+        Layout.from_config(load_config(None, ["parallel.rules.mlp=[tensr]"]).parallel)
+
+
+def test_one_device_mesh_product_mismatch_exits_2_before_anything_is_written(tmp_path, capsys):
+    config = tmp_path / "run.yaml"
+    config.write_text("{}\n")
+    assert main(["train", str(config), "parallel.mesh.data=2", "parallel.mesh.fsdp=1",
+                 "--run-dir", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert "parallel.mesh data=2 × fsdp=1 × tensor=1 × expert=1 multiplies to 2 devices, but there are 1" in err
+    assert [p.name for p in (tmp_path / "run").iterdir()] == ["error.json"]
+
+
+# one model and batch shape for the two-process run and its one-process reference
+TWO_PROCESS = ["model.d_model=32", "model.num_layers=1", "model.num_heads=4", "model.num_kv_heads=2",
+               "model.max_seq_len=16", "data.corpus=synthetic-markov", "data.markov.bytes=60000",
+               "optimizer.lr=1e-2", "train.batch_size=8", "train.seq_len=16", "train.tokens=384",
+               "train.eval_tokens=256", "train.peak_flops=1e12", "train.compilation_cache=", "logging.interval=1",
+               "logging.progress=none", "logging.tensorboard=false"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _final_state(run_dir: Path):
+    config = load_config(None, TWO_PROCESS)
+    _, state = build_state(config.model, 0, make_optimizer(config.optimizer))
+    checkpointer = Checkpointer(run_dir / "checkpoints", keep=1)
+    try:  # onto this process's single device, whatever mesh wrote it; the digest is checked on the way
+        return checkpointer.restore_latest(jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), state))[1]
+    finally:
+        checkpointer.close()
+
+
+@pytest.mark.slow
+def test_two_processes_with_four_devices_each_train_like_one_process(tmp_path):
+    config = tmp_path / "run.yaml"
+    config.write_text("{}\n")
+    port, shared = _free_port(), tmp_path / "two"
+    layout = ["parallel.mesh.data=2", "parallel.mesh.fsdp=2", "parallel.mesh.tensor=2",
+              f"parallel.distributed.coordinator_address=127.0.0.1:{port}", "parallel.distributed.num_processes=2"]
+    processes = [subprocess.Popen([sys.executable, "-m", "jaxformer.cli", "train", str(config), *TWO_PROCESS, *layout,
+                                   f"parallel.distributed.process_id={i}", "--run-dir", str(shared)],
+                                  env=_env(4), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                  for i in range(2)]
+    record = train(load_config(None, TWO_PROCESS), tmp_path / "one")  # meanwhile: the one-device reference
+    outputs = [p.communicate(timeout=900)[0] for p in processes]
+    assert [p.returncode for p in processes] == [0, 0], outputs[0][-2000:] + outputs[1][-2000:]
+
+    rows = [[json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+            for run in (shared, tmp_path / "one")]
+    assert [row["step"] for row in rows[0]] == [1, 2, 3] == [row["step"] for row in rows[1]]
+    for two, one in zip(*rows):
+        assert two["train_loss"] == pytest.approx(one["train_loss"], rel=TOLERANCE)
+        assert two["grad_norm"] == pytest.approx(one["grad_norm"], rel=TOLERANCE)
+    assert json.loads((shared / "final.json").read_text())["val_loss"] == pytest.approx(record["val_loss"],
+                                                                                        rel=TOLERANCE)
+    two, one = (jax.tree.leaves(_final_state(run)["params"]) for run in (shared, tmp_path / "one"))
+    assert max(_relative(np.asarray(a), np.asarray(b)) for a, b in zip(two, one)) <= TOLERANCE

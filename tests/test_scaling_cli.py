@@ -1,0 +1,103 @@
+"""`jaxformer fit` / `jaxformer allocate` end to end (in-process), plots, and bad input → exit 2."""
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from jaxformer.cli import main
+from jaxformer.scaling.allocation import PRESETS
+from jaxformer.scaling.synthetic import isoflop_sweep, write_sweep
+
+CHINCHILLA = Path(__file__).resolve().parents[2] / "shared" / "data" / "chinchilla_svg_extracted.csv"
+
+
+def run(capsys, *argv):
+    rc = main(list(argv))
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def test_fit_json_then_allocate_from_it(tmp_path, capsys):
+    rc, out, _ = run(capsys, "fit", str(CHINCHILLA), "--exclude-highest-loss", "5", "--approach", "3",
+                     "--bootstrap", "0", "--json")
+    assert rc == 0
+    fit = json.loads(out)
+    assert fit["runs"] == 240
+    assert fit["approach3"]["params"]["E"] == pytest.approx(1.8172, rel=0.01)
+    assert fit["approach3"]["a"] == pytest.approx(0.514, abs=0.002)
+    assert fit["approach3"]["tokens_per_param"]["5.76e+23"] == pytest.approx(17.9, abs=0.5)
+    assert fit["approach3"]["convergence"]["starts"] == 4500
+    (tmp_path / "fit.json").write_text(out)
+    rc, out, _ = run(capsys, "allocate", "--flops", "5.76e23", "--law", str(tmp_path / "fit.json"), "--json")
+    assert rc == 0
+    row = json.loads(out)["allocation"][0]
+    assert row["tokens_per_param"] == pytest.approx(17.9, abs=0.5)
+    assert row["N_opt"] * row["D_opt"] * 6 == pytest.approx(5.76e23)
+
+
+def test_allocate_preset_table(capsys):
+    rc, out, _ = run(capsys, "allocate", "--flops", "1e21", "5.76e23")
+    assert rc == 0
+    lines = out.splitlines()
+    assert lines[0].startswith("law: chinchilla (E=1.69, A=406.4, B=410.7, alpha=0.34, beta=0.28)")
+    N = PRESETS["chinchilla"].n_opt(5.76e23)
+    assert f"{N:10.4g}" in lines[3]
+
+
+def test_fit_all_approaches_on_a_sweep_directory_with_plots(tmp_path, capsys):
+    sweep = write_sweep(isoflop_sweep(PRESETS["chinchilla"], np.logspace(18, 21, 7), noise=0.002), tmp_path / "s")
+    rc, out, err = run(capsys, "fit", str(sweep), "--bootstrap", "0", "--json", "--plots", str(tmp_path / "fig"))
+    assert rc == 0, err
+    fit = json.loads(out)
+    a = PRESETS["chinchilla"].a
+    assert fit["approach3"]["a"] == pytest.approx(a, abs=0.01)
+    assert fit["approach2"]["power_laws"]["a"] == pytest.approx(a, abs=0.01)
+    assert fit["approach1"]["power_laws"]["a"] == pytest.approx(a, abs=0.03)
+    for name in ("isoflop", "contour", "n_opt", "residuals"):
+        png, svg = tmp_path / "fig" / f"{name}.png", tmp_path / "fig" / f"{name}.svg"
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert b"<svg" in svg.read_bytes()[:500]
+    assert not list((tmp_path / "fig").glob(".*"))  # no temporary files left
+
+
+def test_fit_text_summary_with_intervals(tmp_path, capsys):
+    sweep = write_sweep(isoflop_sweep(PRESETS["chinchilla"], np.logspace(18, 21, 5), sizes=7), tmp_path / "s")
+    rc, out, _ = run(capsys, "fit", str(sweep), "--approach", "2", "--bootstrap", "200", "--level", "0.9")
+    assert rc == 0
+    match = re.search(r"\n  a +([\d.]+) +SE ([\d.e-]+) +90% CI \[([\d.]+), ([\d.]+)\]", out)
+    value, se, low, high = map(float, match.groups())
+    assert low < PRESETS["chinchilla"].a < high and low < value < high and 0 < se < 0.02
+
+
+@pytest.mark.parametrize(
+    "table, extra, message",
+    [
+        ("N,D\n1e8,1e9\n", [], "no loss column"),
+        ("N,D,loss\n1e8,1e9,0\n", [], "column 'loss' row 0: 0.0 is not positive and finite"),
+        ("N,D,loss\n1e8,inf,3\n", [], "column 'D' row 0: inf is not positive and finite"),
+        ("N,D,loss\n1e8,1e9,3\n2e8,1e9,2.9\n3e8,1e9,2.8\n", ["--approach", "3"],
+         "more runs than its 5 parameters, got 3"),
+        ("N,C,loss\n1e8,1e19,3\n2e8,1e19,2.9\n3e8,1e19,2.95\n", ["--approach", "2"],
+         r"2 or more budgets, got 1 \(C=1e\+19\)"),
+        ("N,D,loss\n1e8,1e9,3\n", ["--n-col", "params"], "column 'params' not found"),
+    ],
+)
+def test_bad_input_exits_2_with_one_line(tmp_path, capsys, table, extra, message):
+    path = tmp_path / "runs.csv"
+    path.write_text(table)
+    rc, out, err = run(capsys, "fit", str(path), *extra)
+    assert rc == 2 and out == ""
+    assert len(err.splitlines()) == 1 and err.startswith("jaxformer fit: error: ")
+    assert re.search(message, err)
+
+
+def test_allocate_bad_input(tmp_path, capsys):
+    rc, _, err = run(capsys, "allocate", "--flops", "0")
+    assert rc == 2 and err.strip() == "jaxformer allocate: error: flops must be positive and finite, got 0.0"
+    law = tmp_path / "law.json"
+    law.write_text(json.dumps({"approach2": {}}))
+    rc, _, err = run(capsys, "allocate", "--flops", "1e20", "--law", str(law), "--approach", "3")
+    assert rc == 2 and "no approach 3 fit in it (has: 2)" in err and len(err.splitlines()) == 1

@@ -1,0 +1,116 @@
+"""Approach 3 on the Chinchilla extraction: the reproduction numbers, the bootstrap, the solver."""
+
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxformer.scaling import lbfgs
+from jaxformer.scaling.bench import numpy_value_and_grad
+from jaxformer.scaling.bootstrap import bootstrap_parametric
+from jaxformer.scaling.parametric import fit_parametric, hoffmann_grid, objective, residuals, value_and_grad
+from jaxformer.scaling.table import RunTable, load_table
+
+CHINCHILLA = Path(__file__).resolve().parents[2] / "shared" / "data" / "chinchilla_svg_extracted.csv"
+# scipy L-BFGS-B on the same objective and grid (../shared/data/README.md)
+REFERENCE = {"A": 477.8, "B": 2143.0, "E": 1.8172, "alpha": 0.3473, "beta": 0.3672}
+
+
+@pytest.fixture(scope="module")
+def table():
+    return load_table(CHINCHILLA).exclude_highest_loss(5)
+
+
+@pytest.fixture(scope="module")
+def fit(table):
+    return fit_parametric(table)
+
+
+def test_grid_is_hoffmanns_4500_starts():
+    grid = hoffmann_grid()
+    assert grid.shape == (4500, 5)
+    assert sorted(set(grid[:, 0])) == [0, 5, 10, 15, 20, 25]
+    assert sorted(set(grid[:, 2])) == [-1, -0.5, 0, 0.5, 1]
+    assert sorted(set(grid[:, 3])) == [0, 0.5, 1, 1.5, 2]
+
+
+def test_point_fit_reproduces_the_reference_within_one_percent(table, fit):
+    assert len(table) == 240
+    got = fit.law.to_dict()
+    for name, want in REFERENCE.items():
+        assert got[name] == pytest.approx(want, rel=0.01), name
+    assert fit.law.a == pytest.approx(0.514, abs=0.002)
+    tokens_per_param = fit.law.d_opt(5.76e23) / fit.law.n_opt(5.76e23)
+    assert tokens_per_param == pytest.approx(17.9, abs=0.5)
+
+
+def test_convergence_is_reported(fit):
+    conv = fit.convergence
+    assert conv["starts"] == 4500
+    assert conv["converged"] >= 0.95 * 4500
+    assert conv["reached_best"] >= 10  # many starts agree on the optimum
+    assert sum(conv["by_status"].values()) == 4500
+
+
+def test_fast_gradient_matches_autodiff_of_the_reference_objective(table):
+    data = (np.log(table.N), np.log(table.D), np.log(table.loss), np.asarray(1e-3))
+    rng = np.random.default_rng(0)
+    with jax.enable_x64(True):
+        reference = jax.jit(jax.value_and_grad(objective))
+        for x in [np.array([6.2, 7.7, 0.6, 0.35, 0.37]), np.array([3.0, 12.0, 0.1, 0.2, 0.6])]:
+            w = rng.integers(0, 3, len(table)).astype(np.float64)
+            ref_f, ref_g = reference(jnp.asarray(x), *map(jnp.asarray, data[:3]), jnp.asarray(w))
+            f, g = value_and_grad(jnp.asarray(x), jnp.asarray(w), tuple(map(jnp.asarray, data)))
+            np.testing.assert_allclose(f, ref_f, rtol=1e-12)
+            np.testing.assert_allclose(g, ref_g, rtol=1e-9, atol=1e-15)
+            # the numpy copy scipy uses in `jaxformer bench fit` (unit weights)
+            f_np, g_np = numpy_value_and_grad(x, *data[:3], 1e-3)
+            ref_f1, ref_g1 = reference(jnp.asarray(x), *map(jnp.asarray, data[:3]), jnp.ones(len(table)))
+            np.testing.assert_allclose(f_np, ref_f1, rtol=1e-12)
+            np.testing.assert_allclose(g_np, ref_g1, rtol=1e-9, atol=1e-15)
+
+
+def test_fit_recovers_a_noiseless_law():
+    rng = np.random.default_rng(1)
+    N, D = 10 ** rng.uniform(7, 10, 240), 10 ** rng.uniform(8.5, 11.5, 240)  # 240 runs: the compiled fit is reused
+    true = dict(E=1.7, A=400.0, B=1200.0, alpha=0.33, beta=0.36)
+    L = true["E"] + true["A"] / N ** true["alpha"] + true["B"] / D ** true["beta"]
+    fit = fit_parametric(RunTable.from_arrays(N, L, D=D))
+    for name, want in true.items():
+        assert fit.law.to_dict()[name] == pytest.approx(want, rel=2e-3), name
+    assert np.max(np.abs(residuals(fit.law, RunTable.from_arrays(N, L, D=D)))) < 1e-5
+
+
+def test_bootstrap_standard_errors_match_besiroglu(table, fit):
+    boot = bootstrap_parametric(table, fit, resamples=200, seed=0)
+    # Besiroglu et al. (2024), 4000 resamples: α 0.015, β 0.021, E 0.026, a 0.020
+    for name, se in {"alpha": 0.015, "beta": 0.021, "E": 0.026, "a": 0.020}.items():
+        assert se / 1.5 < boot.stats[name].se < se * 1.5, (name, boot.stats[name].se)
+    for name, s in boot.stats.items():
+        assert s.low <= s.value <= s.high, name
+    assert boot.converged >= 190
+    assert set(boot.stats) >= {"E", "A", "B", "alpha", "beta", "a", "b", "G", "tokens_per_param@5.76e+23"}
+
+
+def test_too_few_runs_is_one_line_error():
+    with pytest.raises(ValueError, match="more runs than its 5 parameters, got 5"):
+        fit_parametric(RunTable.from_arrays([1e8, 2e8, 3e8, 4e8, 5e8], [3.0, 2.9, 2.8, 2.7, 2.6], D=[1e9] * 5))
+
+
+def test_pool_solver_runs_more_jobs_than_slots():
+    """Rosenbrock from 300 starts through 128 slots: every job converges to (1, 1)."""
+
+    def rosenbrock(x, w, data):
+        a, b = data
+        f = w[0] * ((a - x[0]) ** 2 + b * (x[1] - x[0] ** 2) ** 2)
+        g = w[0] * jnp.stack([-2 * (a - x[0]) - 4 * b * x[0] * (x[1] - x[0] ** 2), 2 * b * (x[1] - x[0] ** 2)])
+        return f, g
+
+    x0 = np.random.default_rng(0).uniform(-2, 2, (300, 2))
+    sol = lbfgs.minimize(rosenbrock, x0, np.ones((300, 1)), (np.asarray(1.0), np.asarray(100.0)),
+                         gtol=1e-9, ftol=0.0)
+    assert sol.converged.all()
+    np.testing.assert_allclose(sol.x, 1.0, atol=1e-6)
+    assert (sol.iterations > 5).all() and (sol.evaluations >= sol.iterations).all()

@@ -1,0 +1,123 @@
+"""Loading runs: CSV / Parquet / JSONL / sweep directories, column detection, bad input."""
+
+import csv
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from jaxformer.scaling.allocation import PRESETS
+from jaxformer.scaling.synthetic import isoflop_sweep, write_sweep
+from jaxformer.scaling.table import RunTable, load_table
+
+CHINCHILLA = Path(__file__).resolve().parents[2] / "shared" / "data" / "chinchilla_svg_extracted.csv"
+
+
+def test_chinchilla_extraction_loads_as_is():
+    t = load_table(CHINCHILLA)
+    assert len(t) == 245
+    with CHINCHILLA.open() as fh:
+        first = next(csv.DictReader(fh))
+    assert t.N[0] == float(first["Model Size"])
+    assert t.C[0] == float(first["Training FLOP"])
+    assert t.loss[0] == float(first["loss"])
+    np.testing.assert_allclose(t.D, t.C / (6 * t.N))
+    assert t.budget is None and not t.has_curves
+    kept = t.exclude_highest_loss(5)
+    assert len(kept) == 240 and kept.loss.max() < 3.45 < t.loss.max()
+
+
+def _records():
+    return [{"params": 1e8, "tokens": 2e9, "val_loss": 3.1}, {"params": 2e8, "tokens": 4e9, "val_loss": 2.9},
+            {"params": 4e8, "tokens": 8e9, "val_loss": 2.7}]
+
+
+def test_csv_parquet_jsonl_give_the_same_table(tmp_path):
+    records = _records()
+    with (tmp_path / "runs.csv").open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(records[0]))
+        writer.writeheader()
+        writer.writerows(records)
+    (tmp_path / "runs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    pq.write_table(pa.Table.from_pylist(records), tmp_path / "runs.parquet")
+    tables = [load_table(tmp_path / f"runs.{ext}") for ext in ("csv", "jsonl", "parquet")]
+    for t in tables:
+        np.testing.assert_array_equal(t.N, [1e8, 2e8, 4e8])
+        np.testing.assert_array_equal(t.D, [2e9, 4e9, 8e9])
+        np.testing.assert_allclose(t.C, 6 * t.N * t.D)
+        np.testing.assert_array_equal(t.loss, [3.1, 2.9, 2.7])
+
+
+def test_explicit_column_names(tmp_path):
+    path = tmp_path / "odd.csv"
+    path.write_text("size,seen,xent,loss\n1e8,2e9,3.0,9.9\n2e8,4e9,2.8,9.9\n")
+    t = load_table(path, n_col="size", d_col="seen", loss_col="xent")
+    np.testing.assert_array_equal(t.loss, [3.0, 2.8])
+
+
+def test_sweep_directory_with_budgets_and_curves(tmp_path):
+    source = isoflop_sweep(PRESETS["chinchilla"], [1e18, 1e19], sizes=5, curve_points=6)
+    t = load_table(write_sweep(source, tmp_path / "sweep"))
+    assert len(t) == 10
+    np.testing.assert_allclose(np.sort(t.N), np.sort(source.N))
+    assert sorted(set(t.budget)) == [1e18, 1e19]
+    assert t.has_curves and len(t.curve_loss) == 60
+    order = np.argsort(t.N)
+    np.testing.assert_allclose(t.loss[order], source.loss[np.argsort(source.N)])
+
+
+def test_long_form_table_is_curves(tmp_path):
+    path = tmp_path / "curves.csv"
+    rows = ["run,N,tokens,loss"] + [f"r{i},{n},{d},{4 - 0.1 * i - 0.01 * j}" for i, n in enumerate([1e7, 2e7])
+                                    for j, d in enumerate([1e8, 2e8, 4e8])]
+    path.write_text("\n".join(rows) + "\n")
+    t = load_table(path)
+    assert len(t) == 2 and t.has_curves
+    np.testing.assert_array_equal(t.D, [4e8, 4e8])  # final point = most tokens
+    np.testing.assert_allclose(t.loss, [3.98, 3.88])
+
+
+def test_results_table_keeps_finished_runs(tmp_path):
+    path = tmp_path / "results.csv"
+    path.write_text("run,status,N,D,C,budget,loss\na,done,1e7,1e8,6e15,6e15,3.0\nb,failed,2e7,5e7,6e15,6e15,\n")
+    t = load_table(path)
+    assert len(t) == 1 and t.budget[0] == 6e15
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("N,tokens,loss\n1e8,2e9,-3.0\n", "column 'loss' row 0: -3.0 is not positive and finite"),
+        ("N,tokens,loss\n1e8,2e9,nan\n", "column 'loss' row 0: nan is not positive and finite"),
+        ("N,tokens,loss\n1e8,0,3.0\n", "column 'tokens' row 0: 0.0 is not positive and finite"),
+        ("N,tokens,loss\n1e8,2e9,abc\n", "column 'loss' row 0: 'abc' is not a number"),
+        ("N,tokens\n1e8,2e9\n", "no loss column"),
+        ("N,loss\n1e8,3.0\n", "no tokens \\(D\\) or FLOPs \\(C\\) column"),
+    ],
+)
+def test_bad_tables_raise_one_line(tmp_path, text, message):
+    path = tmp_path / "bad.csv"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=message) as info:
+        load_table(path)
+    assert "\n" not in str(info.value)
+
+
+def test_missing_explicit_column_and_unknown_format(tmp_path):
+    path = tmp_path / "t.csv"
+    path.write_text("N,D,loss\n1,2,3\n")
+    with pytest.raises(ValueError, match="column 'flops' not found"):
+        load_table(path, c_col="flops")
+    (tmp_path / "t.xlsx").write_text("")
+    with pytest.raises(ValueError, match="unknown table format '.xlsx'"):
+        load_table(tmp_path / "t.xlsx")
+    with pytest.raises(FileNotFoundError):
+        load_table(tmp_path / "missing.csv")
+
+
+def test_from_arrays_needs_d_or_c():
+    with pytest.raises(ValueError, match="need tokens D or FLOPs C"):
+        RunTable.from_arrays([1e8], [3.0])
