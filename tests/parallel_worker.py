@@ -1,21 +1,21 @@
-"""Trains a GQA and a MoE model for a few steps on several meshes of 8 CPU devices; run by ``tests/test_parallel.py``.
+"""Trains a GQA and a MoE model a few steps on several meshes of 8 CPU devices; run by ``tests/test_parallel.py``.
 
 ``XLA_FLAGS=--xla_force_host_platform_device_count=8 python tests/parallel_worker.py OUT_DIR`` writes
 
-- ``OUT_DIR/{model}-{mesh}.npz``: per step ``k`` (1-based) the loss ``loss{k}`` the train step
-  reported and the gradient ``grad{k}/{path}`` of every parameter (fp32, same windows and
-  parameters as the step), plus ``params/{path}`` after the last step; ``mesh`` is
-  ``ref`` (one device) or ``data-fsdp-tensor-expert`` sizes like ``2-2-2-1``;
+- ``OUT_DIR/{model}-{mesh}.npz`` (`Trainer.train`): per step ``k`` (1-based) the loss
+  ``loss{k}`` the train step reported, the gradient ``grad{k}/{path}`` it took (fp32) and the
+  parameters ``params{k}/{path}`` after it; for the meshes also ``forced_…{k}``, the same for
+  step ``k`` taken from the one-device run's state before it. ``mesh`` is ``ref`` (one
+  device) or the ``data-fsdp-tensor-expert`` sizes, like ``2-2-2-1``;
 - ``OUT_DIR/shards.json``: ``{run: {path: per-device shard shape}}`` of every parameter and
   Adam moment, read from the arrays' first addressable shard;
-- ``OUT_DIR/resumed.npz``: the GQA model trained 3 steps on ``2-2-2-1``, checkpointed, restored
-  onto ``8-1-1-1`` and trained 2 more (``loss4``, ``loss5``, grads, params), next to the reference's
-  5 steps in ``gqa-ref5.npz`` and the ``2-2-2-1`` run itself continued in ``gqa-2-2-2-1-cont.npz``.
-
+- ``OUT_DIR/resumed.npz``: steps 4–5 of the GQA model trained 3 steps on ``2-2-2-1``,
+  checkpointed, and restored onto ``8-1-1-1``; next to the one-device run's steps 4–5
+  (``gqa-ref5.npz``) and the ``2-2-2-1`` run itself continued (``gqa-2-2-2-1-cont.npz``);
 - ``OUT_DIR/bad.json``: ``{case: [exit code, stderr, files left in the run directory]}`` of
   ``jaxformer train`` given layouts that do not fit the model or the batch.
 
-One process does all of it so each model is compiled once per mesh.
+One process does all of it, so each model is compiled once per mesh.
 """
 
 from __future__ import annotations
@@ -42,7 +42,8 @@ BASE = ["model.d_model=32", "model.num_layers=1", "model.num_heads=4", "model.ma
         f"train.batch_size={BATCH}", "optimizer.lr=1e-2"]
 MODELS = {
     "gqa": BASE + ["model.num_kv_heads=2"],  # swiglu d_ff = 96
-    "moe": BASE + ["model.num_experts=4", "model.experts_per_token=2", "model.expert_d_ff=64"],
+    # GELU experts, as in the moe-8x-top2 preset
+    "moe": BASE + ["model.num_experts=4", "model.experts_per_token=2", "model.expert_d_ff=64", "model.activation=gelu"],
 }
 MESHES = [(8, 1, 1, 1), (1, 8, 1, 1), (2, 2, 2, 1), (1, 2, 4, 1)]
 EXPERT_MESH = (1, 2, 2, 2)  # MoE only: experts split two ways
@@ -50,43 +51,67 @@ STEPS, TOTAL = 3, 5
 
 
 def windows(step: int) -> np.ndarray:
-    """``[1, BATCH, SEQ + 1]`` token windows of step ``step`` (1-based), the same for every run."""
-    return np.random.default_rng(step).integers(0, 256, (1, BATCH, SEQ + 1)).astype(np.int32)
+    """``[1, BATCH, SEQ + 1]`` windows of step ``step`` (1-based), the same for every run: ``t[i+1] = t[i] + 3 mod 256``."""
+    starts = np.random.default_rng(step).integers(0, 256, (1, BATCH, 1))
+    return ((starts + 3 * np.arange(SEQ + 1)) % 256).astype(np.int32)
 
 
 def path_of(key_path) -> str:
     return jax.tree_util.keystr(key_path, simple=True, separator="/").removesuffix("/value")
 
 
-class Trainer:
-    """One model on one layout: the production train step plus a gradient probe with the same shardings."""
+def record(prefix: str, k: int, grads, state) -> dict[str, np.ndarray]:
+    """Step ``k``'s loss, gradients and updated parameters, on the host, named as `Trainer.train` says."""
+    out = {f"{prefix}loss{k}": np.asarray(state["sums"]["loss"])}
+    for name, tree in ((f"{prefix}grad{k}", grads), (f"{prefix}params{k}", state["params"])):
+        out.update({f"{name}/{path_of(p)}": np.asarray(v) for p, v in jax.tree_util.tree_flatten_with_path(tree)[0]})
+    return out
 
-    def __init__(self, overrides: list[str], layout: Layout) -> None:
+
+class Trainer:
+    """One model on one layout: the production train step plus a gradient probe with the same shardings.
+
+    The initial state is created on the layout (``Layout.materialize``), or copied from ``like``
+    (another `Trainer` of the same model), which saves compiling the initialisation once per mesh.
+    """
+
+    def __init__(self, overrides: list[str], layout: Layout, like: Trainer | None = None) -> None:
         config = load_config(None, overrides)
         self.layout = layout
         self.optimizer = make_optimizer(config.optimizer)
         self.lrs = learning_rates(config.optimizer, TOTAL)
-        self.graphdef, self.state = layout.materialize(lambda: build_state(config.model, 0, self.optimizer))
+        if like is None:
+            self.graphdef, self.state = layout.materialize(lambda: build_state(config.model, 0, self.optimizer))
+        else:
+            self.graphdef, self.state = like.graphdef, jax.device_put(like.initial, layout.shardings(like.initial))
+        self.initial = jax.device_get(self.state)
         self.sharding = layout.shardings(self.state)
         self.batch_sharding = layout.batch_sharding((1, BATCH, SEQ + 1), batch_dim=1)
-        self.step = make_train_step(self.graphdef, self.optimizer, "float32", state_sharding=self.sharding,
-                                    batch_sharding=self.batch_sharding)
-        loss = lambda p, w: next_token_loss(self.graphdef, p, w[0], jnp.float32)[0]  # noqa: E731
-        self.grad = jax.jit(jax.grad(loss), in_shardings=(self.sharding["params"], self.batch_sharding),
-                            out_shardings=self.sharding["params"])
+        step = make_train_step(self.graphdef, self.optimizer, "float32", state_sharding=self.sharding,
+                               batch_sharding=self.batch_sharding)
+        grad = jax.grad(lambda p, w: next_token_loss(self.graphdef, p, w[0], jnp.float32)[0])
+        # one program per mesh: the gradient the step is about to take, and the step (its shardings inside)
+        self.grad_and_step = jax.jit(lambda state, w, lr: (grad(state["params"], w), step(state, w, lr)),
+                                     in_shardings=(self.sharding, self.batch_sharding, layout.replicated),
+                                     out_shardings=(self.sharding["params"], self.sharding))
 
-    def train(self, first: int, last: int) -> dict[str, np.ndarray]:
-        """Steps ``first … last``: their losses and gradients, then the parameters."""
-        out = {}
+    def train(self, first: int, last: int, forced: dict | None = None) -> dict[str, np.ndarray]:
+        """Steps ``first … last``: ``loss{k}``, ``grad{k}/…`` and the updated ``params{k}/…`` of each.
+
+        Each step's starting state is kept in ``self.before[k]`` (on the host). With ``forced``
+        (another run's ``before``) step ``k`` is also taken from ``forced[k]`` placed on this mesh,
+        giving ``forced_loss{k}``, ``forced_grad{k}/…`` and ``forced_params{k}/…``.
+        """
+        out, self.before = {}, {}
         for k in range(first, last + 1):
             batch = self.layout.global_array(windows(k), self.batch_sharding, (1, BATCH, SEQ + 1))
-            for key_path, g in jax.tree_util.tree_flatten_with_path(self.grad(self.state["params"], batch))[0]:
-                out[f"grad{k}/{path_of(key_path)}"] = np.asarray(g)
             self.state = {**self.state, "sums": jax.device_put(empty_sums(), self.layout.replicated)}
-            self.state = self.step(self.state, batch, self.lrs[k - 1])
-            out[f"loss{k}"] = np.asarray(self.state["sums"]["loss"])
-        for key_path, p in jax.tree_util.tree_flatten_with_path(self.state["params"])[0]:
-            out[f"params/{path_of(key_path)}"] = np.asarray(p)
+            self.before[k] = jax.device_get(self.state)
+            if forced:
+                grads, after = self.grad_and_step(jax.device_put(forced[k], self.sharding), batch, self.lrs[k - 1])
+                out.update(record("forced_", k, grads, after))
+            grads, self.state = self.grad_and_step(self.state, batch, self.lrs[k - 1])
+            out.update(record("", k, grads, self.state))
         return out
 
     def shard_shapes(self) -> dict[str, list[int]]:
@@ -133,12 +158,13 @@ def main(out: Path) -> None:
     for model, overrides in MODELS.items():
         reference = Trainer(overrides, layout((1, 1, 1, 1), jax.devices()[:1]))
         np.savez(out / f"{model}-ref.npz", **reference.train(1, STEPS))
+        before = reference.before
         if model == "gqa":
             np.savez(out / "gqa-ref5.npz", **reference.train(STEPS + 1, TOTAL))
         for sizes in MESHES + ([EXPERT_MESH] if model == "moe" else []):
             name = f"{model}-{'-'.join(map(str, sizes))}"
-            trainer = Trainer(overrides, layout(sizes))
-            np.savez(out / f"{name}.npz", **trainer.train(1, STEPS))
+            trainer = Trainer(overrides, layout(sizes), like=reference)
+            np.savez(out / f"{name}.npz", **trainer.train(1, STEPS, forced=before))
             shards[name] = trainer.shard_shapes()
             if name == "gqa-2-2-2-1":
                 resume_on_another_mesh(trainer, overrides, out)
@@ -149,7 +175,7 @@ def resume_on_another_mesh(trainer: Trainer, overrides: list[str], out: Path) ->
     """Checkpoint after step 3 on (2,2,2), restore onto (8,1,1), train steps 4–5 on both."""
     checkpointer = Checkpointer(out / "checkpoints", keep=1)
     checkpointer.save(STEPS, trainer.state, {"loader": {}})
-    target = Trainer(overrides, layout((8, 1, 1, 1)))
+    target = Trainer(overrides, layout((8, 1, 1, 1)), like=trainer)
     abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), target.state)
     step, target.state, _ = checkpointer.restore_latest(abstract)  # the digest check passes across meshes
     checkpointer.close()

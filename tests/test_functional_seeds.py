@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import jaxformer.functional as F
-from jaxformer.functional.attention import attention_logits
+from jaxformer.functional.dot_product import attention_logits
 from seed_kedi import B_1, W_1, W_2, W_O, X, two_heads
 
 KEDI, SUTU, ICTI = 0, 1, 2

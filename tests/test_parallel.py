@@ -2,7 +2,16 @@
 
 The multi-device runs happen in subprocesses (``tests/parallel_worker.py``, and two
 ``jaxformer train`` processes), because JAX fixes the device count when it starts.
-Gradients are compared leaf by leaf as ``max|g - g_ref| / max|g_ref|`` (fp32).
+Arrays are compared leaf by leaf as ``‖a − a_ref‖ / ‖a_ref‖`` (fp32), the largest over leaves
+and steps reported.
+
+Why a step is also taken from the one-device run's own state ("forced"): AdamW divides
+each gradient entry by its own magnitude, so an entry near ``eps`` (~1e-9 here) that
+differs in its third digit between reduction orders moves its weight by a visible
+fraction of the learning rate. Runs that are the same to rounding therefore drift apart
+at the ~1e-5 level after one update (MoE more, where the drift also shifts routing), and
+the gradients along each run's own path differ by that drift, not by sharding. From the
+same state, the mesh's step equals the single device's to ~5e-7.
 """
 
 import json
@@ -46,24 +55,29 @@ def worker(tmp_path_factory) -> Path:
 
 
 def _relative(a: np.ndarray, b: np.ndarray) -> float:
-    scale = float(np.max(np.abs(b)))
-    return float(np.max(np.abs(a - b))) / scale if scale else float(np.max(np.abs(a)))
+    scale = float(np.linalg.norm(b))
+    return float(np.linalg.norm(a - b)) / scale if scale else float(np.linalg.norm(a))
 
 
-def _max_relative(run: dict, reference: dict, prefix: str) -> float:
-    keys = [k for k in reference if k.startswith(prefix)]
-    assert keys and set(keys) == {k for k in run if k.startswith(prefix)}
-    return max(_relative(run[k], reference[k]) for k in keys)
+def _max_relative(run, reference, prefix: str, reference_prefix: str | None = None) -> float:
+    """The largest `_relative` over the leaves named ``prefix…`` in ``run`` and ``reference_prefix…`` in ``reference``."""
+    reference_prefix = reference_prefix or prefix
+    keys = [k[len(prefix):] for k in run.files if k.startswith(prefix)]
+    assert keys and len(keys) == len([k for k in reference.files if k.startswith(reference_prefix)])
+    return max(_relative(run[prefix + k], reference[reference_prefix + k]) for k in keys)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("model", "mesh"), RUNS)
 def test_three_steps_on_a_mesh_match_one_device(worker, model, mesh):
     run, reference = np.load(worker / f"{model}-{mesh}.npz"), np.load(worker / f"{model}-ref.npz")
+    drift_bound = TOLERANCE if model == "gqa" else 10 * TOLERANCE  # see the module docstring
     for k in (1, 2, 3):
         assert _relative(run[f"loss{k}"], reference[f"loss{k}"]) <= TOLERANCE
-        assert _max_relative(run, reference, f"grad{k}/") <= TOLERANCE
-    assert float(reference["loss3"]) < float(reference["loss1"])  # it is training
+        assert _relative(run[f"forced_loss{k}"], reference[f"loss{k}"]) <= TOLERANCE
+        assert _max_relative(run, reference, f"forced_grad{k}/", f"grad{k}/") <= TOLERANCE
+        assert _max_relative(run, reference, f"grad{k}/") <= drift_bound
+    assert float(reference["loss3"]) < float(reference["loss1"]) - 0.2  # it is learning
 
 
 @pytest.mark.slow
@@ -100,7 +114,7 @@ def test_a_checkpoint_saved_on_2x2x2_restores_onto_8x1x1_and_training_continues_
         assert _relative(resumed[f"loss{k}"], continued[f"loss{k}"]) <= TOLERANCE
         assert _relative(resumed[f"loss{k}"], reference[f"loss{k}"]) <= TOLERANCE
         assert _max_relative(resumed, reference, f"grad{k}/") <= TOLERANCE
-    assert _max_relative(resumed, reference, "params/") <= TOLERANCE
+    assert _max_relative(resumed, reference, "params5/") <= TOLERANCE
 
 
 @pytest.mark.slow

@@ -104,3 +104,34 @@ def make_torch_step(cfg: ModelConfig, *, lr: float, betas: tuple[float, float], 
         return loss
 
     return step
+
+
+def load_jax_params(model: TorchDecoder, params: dict) -> None:
+    """Copies a jaxformer decoder's parameters (``nnx.to_pure_dict`` of the pure view) into ``model``."""
+    import numpy as np
+
+    def tensor(array, *, transpose=False) -> torch.Tensor:
+        value = np.array(array, dtype=np.float32)
+        return torch.from_numpy(np.ascontiguousarray(value.T if transpose else value))
+
+    cfg = model.cfg
+    with torch.no_grad():
+        model.tokens.weight.copy_(tensor(params["embedding"]["tokens"]))
+        if model.positions is not None:
+            model.positions.weight.copy_(tensor(params["embedding"]["positions"]))
+        for index, block in enumerate(model.blocks):
+            source = params["decoder"]["blocks"][index]
+            attention = source["attention"]
+            for name in ("wq", "wk", "wv"):  # [E, heads, D] -> Linear weight [heads·D, E]
+                getattr(block, name).weight.copy_(tensor(attention[name].reshape(cfg.d_model, -1), transpose=True))
+            block.wo.weight.copy_(tensor(attention["wo"].reshape(-1, cfg.d_model), transpose=True))
+            ffn = source["feed_forward"]
+            block.w_in.weight.copy_(tensor(ffn["w_in"], transpose=True))
+            block.w_out.weight.copy_(tensor(ffn["w_out"], transpose=True))
+            if block.w_gate is not None:
+                block.w_gate.weight.copy_(tensor(ffn["w_gate"], transpose=True))
+            for norm, norms in ((block.norm1, source["attention_norms"]), (block.norm2, source["feed_forward_norms"])):
+                norm.weight.copy_(tensor(norms[0]["scale"]))
+        model.norm.weight.copy_(tensor(params["decoder"]["final_norm"]["scale"]))
+        if model.head is not None:
+            model.head.weight.copy_(tensor(params["head"]["w"], transpose=True))

@@ -1,6 +1,6 @@
 """Pure functions over JAX arrays: no state, no Flax. Per-head tensors are ``[batch, seq, heads, head_dim]``."""
 
-from jaxformer.functional.attention import dot_product_attention
+from jaxformer.functional.dot_product import dot_product_attention
 from jaxformer.functional.blockwise import blockwise_attention
 from jaxformer.functional.dispatch import attention
 from jaxformer.functional.feedforward import feed_forward

@@ -23,7 +23,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from jaxformer.functional.attention import group_heads, validate_qkv
+from jaxformer.functional.dot_product import group_heads, validate_qkv
 from jaxformer.functional.masks import attention_mask
 from jaxformer.functional.positions import alibi_bias_from_slopes
 

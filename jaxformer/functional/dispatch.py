@@ -1,6 +1,6 @@
 """One attention entry point over three implementations, chosen per model by ``attention_impl``.
 
-- ``naive``: :func:`~jaxformer.functional.attention.dot_product_attention` with the full
+- ``naive``: :func:`~jaxformer.functional.dot_product.dot_product_attention` with the full
   ``[B, H, T, S]`` mask and ALiBi bias built from the structured arguments; the reference.
 - ``blockwise``: :func:`~jaxformer.functional.blockwise.blockwise_attention`, exact, in key
   tiles, O(T·block_size) memory in both passes.
@@ -17,7 +17,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jaxformer.functional.attention import dot_product_attention, validate_qkv
+from jaxformer.functional.dot_product import dot_product_attention, validate_qkv
 from jaxformer.functional.blockwise import blockwise_attention, check_structured_args
 from jaxformer.functional.masks import attention_mask
 from jaxformer.functional.positions import alibi_bias_from_slopes

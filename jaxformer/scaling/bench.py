@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from pathlib import Path
 
@@ -133,6 +134,8 @@ def run(args: argparse.Namespace) -> int:
                       bootstrap_se={k: boot.stats[k].se for k in ("E", "alpha", "beta", "a")})
         print(f"bootstrap: {args.bootstrap} resamples in {boot_clock.wall:.1f} s wall, {boot_clock.cpu:.1f} s CPU "
               "(with compilation); SE " + ", ".join(f"{k} {v:.4f}" for k, v in result["bootstrap_se"].items()))
-    if args.out:
-        Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    if args.out:  # temporary file, then rename: never a half-written result
+        tmp = Path(f"{args.out}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(result, indent=1) + "\n")
+        os.replace(tmp, args.out)
     return 0

@@ -21,7 +21,7 @@ import numpy as np
 
 from jaxformer.scaling import lbfgs
 from jaxformer.scaling.allocation import ParametricLaw
-from jaxformer.scaling.parametric import ParametricFit, _data, value_and_grad
+from jaxformer.scaling.parametric import ParametricFit, log_data, value_and_grad
 from jaxformer.scaling.table import RunTable
 
 REFERENCE_BUDGET = 5.76e23  # Chinchilla's training compute, FLOPs
@@ -69,7 +69,8 @@ def summarize(point: dict[str, float], samples: dict[str, np.ndarray], level: fl
     for k, v in samples.items():
         v = v[np.isfinite(v)]
         low, high = np.percentile(v, q) if v.size else (np.nan, np.nan)
-        stats[k] = Interval(float(point[k]), float(np.std(v, ddof=1)) if v.size > 1 else np.nan, float(low), float(high))
+        se = float(np.std(v, ddof=1)) if v.size > 1 else np.nan
+        stats[k] = Interval(float(point[k]), se, float(low), float(high))
     return stats
 
 
@@ -92,7 +93,7 @@ def bootstrap_parametric(table: RunTable, fit: ParametricFit, *, resamples: int 
     # Tighter than scipy's default tests: a resample starts next to its optimum, where an
     # absolute reduction test of 2.2e-9 (objective ~1e-3) would stop after a step or two.
     sol = lbfgs.minimize(value_and_grad, np.tile(x0, (resamples, 1)), np.repeat(counts, K, axis=0),
-                         _data(table, fit.delta), ftol=1e-12, gtol=1e-8)
+                         log_data(table, fit.delta), ftol=1e-12, gtol=1e-8)
     f = np.where(np.isfinite(sol.f), sol.f, np.inf).reshape(resamples, K)
     best = np.argmin(f, axis=1)
     pick = np.arange(resamples) * K + best

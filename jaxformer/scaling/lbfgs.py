@@ -13,9 +13,10 @@ compiled program. A modest pool (128 slots) keeps both the tail and the per-step
 on a CPU.
 
 The L-BFGS direction (two-loop recursion, memory 10) is Optax's ``scale_by_lbfgs``. The
-step is backtracking on the Armijo condition from a unit step (halving, or the minimiser of
-the quadratic through the trial, whichever is larger); a pair with non-positive curvature
-resets the memory, so directions stay descent directions.
+step is backtracking on the Armijo condition from a unit step (to the minimiser of the
+quadratic through the rejected trial, kept within 0.1–0.5 of the step); a pair with
+non-positive curvature resets the memory, and a direction that does not descend is replaced
+by the capped steepest-descent step.
 
 Status codes (``Solution.status``): 0 gradient below ``gtol``, 1 relative reduction below
 ``ftol`` (scipy's ``factr`` test) — these two count as converged —, 2 the line search could

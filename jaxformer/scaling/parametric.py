@@ -82,18 +82,20 @@ class ParametricFit:
     objective: float
     starts: np.ndarray  # [S, 5] grid used
     solution: lbfgs.Solution  # per start
+    best: int  # index of the start that ended lowest
     delta: float
 
     @property
     def convergence(self) -> dict:
         sol = self.solution
-        near = np.abs(sol.f - self.objective) <= 1e-6 * abs(self.objective)
+        near = np.abs(sol.f - self.objective) <= 1e-6 * abs(self.objective)  # "reached the best"
         return {
             "starts": int(len(sol.f)),
             "converged": int(sol.converged.sum()),
             "by_status": {name: int((sol.status == k).sum()) for k, name in enumerate(lbfgs.STATUS)},
             "reached_best": int(near.sum()),
-            "best_grad_max": float(sol.grad_max[np.nanargmin(np.where(np.isfinite(sol.f), sol.f, np.nan))]),
+            "best_status": lbfgs.STATUS[int(sol.status[self.best])],
+            "best_grad_max": float(sol.grad_max[self.best]),
             "iterations_mean": float(sol.iterations.mean()),
             "iterations_max": int(sol.iterations.max()),
             "evaluations": int(sol.evaluations.sum()),
@@ -105,7 +107,8 @@ class ParametricFit:
         return self.starts[order[:k]]
 
 
-def _data(table: RunTable, delta: float) -> tuple:
+def log_data(table: RunTable, delta: float) -> tuple:
+    """What ``value_and_grad`` takes as ``data``: (log N, log D, log L, δ)."""
     return (np.log(table.N), np.log(table.D), np.log(table.loss), np.asarray(delta))
 
 
@@ -118,14 +121,15 @@ def fit_parametric(table: RunTable, *, starts: np.ndarray | None = None, delta: 
     """Fits L = E + A/N^α + B/D^β from every start (default: the 4500-point Hoffmann grid)."""
     _check(table)
     starts = hoffmann_grid() if starts is None else np.asarray(starts, dtype=np.float64)
-    data = _data(table, delta)
+    data = log_data(table, delta)
     weights = np.ones((len(starts), len(table)))
     sol = lbfgs.minimize(value_and_grad, starts, weights, data)
     f = np.where(np.isfinite(sol.f), sol.f, np.inf)
     best = int(np.argmin(f))
     if not np.isfinite(f[best]):
         raise ValueError("Approach 3: no start reached a finite objective")
-    return ParametricFit(ParametricLaw.from_log_params(sol.x[best]), sol.x[best], float(f[best]), starts, sol, delta)
+    return ParametricFit(ParametricLaw.from_log_params(sol.x[best]), sol.x[best], float(f[best]), starts, sol, best,
+                         delta)
 
 
 def residuals(law: ParametricLaw, table: RunTable) -> np.ndarray:

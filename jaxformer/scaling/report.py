@@ -72,8 +72,9 @@ class FitReport:
         if self.approach3:
             fit, law = self.approach3, self.approach3.law
             conv = fit.convergence
-            lines += ["", "Approach 3: L = E + A/N^alpha + B/D^beta (Huber on log loss, L-BFGS from "
-                      f"{conv['starts']} starts: {conv['converged']} converged, {conv['reached_best']} reached the best)"]
+            lines += ["", "Approach 3: L = E + A/N^alpha + B/D^beta (Huber on log loss; L-BFGS from "
+                      f"{conv['starts']} starts: {conv['converged']} converged, {conv['reached_best']} within 1e-6 "
+                      "of the best)"]
             values = {"E": law.E, "A": law.A, "B": law.B, "alpha": law.alpha, "beta": law.beta, "a": law.a,
                       "b": law.b, "G": law.G}
             values.update({f"tokens_per_param@{C:.3g}": law.d_opt(C) / law.n_opt(C) for C in self.budgets})
@@ -102,6 +103,9 @@ class FitReport:
             paths += plots.save(plots.plot_contour(self.approach3.law, t), directory, "contour")
             paths += plots.save(plots.plot_residuals(self.approach3.law, t), directory, "residuals")
         points = {}
+        if self.approach1:
+            every = max(len(self.approach1.flops) // 25, 1)
+            points["loss envelope"] = (self.approach1.flops[::every], self.approach1.n_opt[::every])
         if self.approach2:
             points["IsoFLOP minima"] = ([p.budget for p in self.approach2.profiles],
                                         [p.n_opt for p in self.approach2.profiles])

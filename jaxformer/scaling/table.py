@@ -64,7 +64,8 @@ class RunTable:
     def from_arrays(cls, N, loss, D=None, C=None, budget=None, source: str = "arrays") -> "RunTable":
         """Builds and validates a table; give D or C (or both)."""
         cols = {"N": N, "loss": loss, "D": D, "C": C, "budget": budget}
-        arrays = {k: _positive(k, np.asarray(v, dtype=np.float64).ravel(), source) for k, v in cols.items() if v is not None}
+        arrays = {k: _positive(k, np.asarray(v, dtype=np.float64).ravel(), source)
+                  for k, v in cols.items() if v is not None}
         if "D" not in arrays and "C" not in arrays:
             raise ValueError(f"{source}: need tokens D or FLOPs C for every run, got neither")
         lengths = {k: len(v) for k, v in arrays.items()}
@@ -98,7 +99,8 @@ class RunTable:
 def _positive(name: str, values: np.ndarray, source: str) -> np.ndarray:
     bad = np.flatnonzero(~(np.isfinite(values) & (values > 0)))
     if bad.size:
-        raise ValueError(f"{source}: column {name!r} row {bad[0]}: {float(values[bad[0]])!r} is not positive and finite")
+        value = float(values[bad[0]])
+        raise ValueError(f"{source}: column {name!r} row {bad[0]}: {value!r} is not positive and finite")
     return values
 
 
