@@ -57,17 +57,27 @@ def run_config(run_dir: Path) -> ModelConfig:
 
 
 def restore_run_params(run_dir: Path, graphdef, params):
-    """Trained parameters of the run at ``run_dir``, or ``params`` unchanged when it has no checkpoint.
+    """Trained parameters of the run at ``run_dir`` (its newest readable checkpoint), or ``params`` when it has none.
 
-    The one place that reads a run's Orbax checkpoints for inference; until the training
-    stack publishes how its state nests the parameters, a run that has checkpoints is
-    refused rather than silently sampled from an untrained model.
+    The abstract training state (parameters and optimizer state) is rebuilt from the
+    run's own ``config.yaml`` so Orbax restores exactly what training saved.
     """
+    import jax
+
+    from jaxformer.train.checkpoint import Checkpointer
+    from jaxformer.train.config import load_config
+    from jaxformer.train.optimizer import make_optimizer
+    from jaxformer.train.step import build_state
+
     checkpoints = run_dir / "checkpoints"
-    if checkpoints.is_dir() and any(p.name.isdigit() for p in checkpoints.iterdir()):
-        raise ValueError(f"{checkpoints}: restoring trained parameters for generation is not wired up yet")
-    print(f"note: {run_dir} has no checkpoint yet; sampling from the untrained model", file=sys.stderr)
-    return params
+    if not (checkpoints.is_dir() and any(p.name.isdigit() for p in checkpoints.iterdir())):
+        print(f"note: {run_dir} has no checkpoint yet; sampling from the untrained model", file=sys.stderr)
+        return params
+    config = load_config(run_dir / "config.yaml")
+    _, abstract = jax.eval_shape(lambda: build_state(config.model, config.train.seed, make_optimizer(config.optimizer)))
+    step, state, _ = Checkpointer(checkpoints, config.checkpoint.keep).restore_latest(abstract)
+    print(f"restored {run_dir} at step {step}", file=sys.stderr)
+    return state["params"]
 
 
 def load_model(source: str | None, preset: str | None, seed: int):

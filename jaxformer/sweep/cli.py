@@ -10,8 +10,8 @@ from pathlib import Path
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("spec", help="sweep YAML (see sweeps/)")
     parser.add_argument("--executor", choices=("local", "ray"), default="local")
-    parser.add_argument("--workers", type=int, help="parallel runs (local; default: one per core)")
-    parser.add_argument("--threads", type=int, default=1, help="CPU threads per run (0: no limit)")
+    parser.add_argument("--workers", type=int, help="parallel runs (default: the layout `bench train --layout` chose)")
+    parser.add_argument("--threads", type=int, help="CPU threads per run, 0 = no limit (default: as --workers)")
     parser.add_argument("--dry-run", action="store_true", help="print the plan and exit")
     parser.add_argument("--out", help="sweep directory (default: runs/<sweep name>)")
     parser.add_argument("--retry-failed", action="store_true", help="train failed runs again")

@@ -52,6 +52,19 @@ def _estimate_minutes(runs: list[PlannedRun]) -> dict[str, float]:
     return estimates
 
 
+def choose_layout(workers: int | None, threads: int | None) -> tuple[int, int, str]:
+    """``(processes, threads per process, why)``: given flags, else what `bench train --layout` measured here."""
+    from jaxformer.benchmarks.train import LAYOUT_FILE
+
+    cores = os.cpu_count() or 1
+    if workers is not None or threads is not None:
+        return workers or cores, 1 if threads is None else threads, "from the command line"
+    if LAYOUT_FILE.is_file():
+        measured = json.loads(LAYOUT_FILE.read_text())
+        return measured["processes"], measured["threads"], f"fastest in `jaxformer bench train --layout`, {LAYOUT_FILE}"
+    return cores, 1, "default one single-threaded run per core; measure with `jaxformer bench train --layout`"
+
+
 def _prepare_directory(spec: SweepSpec, runs: list[PlannedRun], out: Path) -> None:
     """Writes spec, plan and per-run configs; refuses a directory that holds a different sweep."""
     plan = {"name": spec.name, "runs": [{k: v for k, v in dataclasses.asdict(run).items() if k != "config"}
@@ -76,15 +89,16 @@ def launch(spec: SweepSpec, runs: list[PlannedRun], out: Path, args: argparse.Na
     wanted = {"queued", "partial"} | ({"failed"} if args.retry_failed else set())
     todo = [run.name for run in runs if states[run.name] in wanted]
     initial = {name: ("queued" if state == "partial" else state) for name, state in states.items()}
-    workers = args.workers or os.cpu_count() or 1
-    print(f"sweep {spec.name}: {len(runs)} runs, {len(todo)} to train, {args.executor} executor, "
-          f"{workers if ray is None else 'ray'} workers × {args.threads or 'all'} threads → {out}", flush=True)
+    workers, threads, why = choose_layout(args.workers, args.threads)
+    print(f"sweep {spec.name}: {len(runs)} runs, {len(todo)} to train, {args.executor} executor → {out}", flush=True)
+    print(f"layout: {workers if ray is None else 'Ray-scheduled'} processes × {threads or 'all'} threads ({why})",
+          flush=True)
     progress = SweepProgress(out, [dataclasses.asdict(run) for run in runs], initial)
     with progress:
         if ray is None:
-            run_local(out, todo, workers, args.threads, progress.event)
+            run_local(out, todo, workers, threads, progress.event)
         else:
-            run_ray(ray, out, todo, args.threads, args.gpus_per_run, progress.event)
+            run_ray(ray, out, todo, threads, args.gpus_per_run, progress.event)
     print(progress.summary())
     rows = collect(out)
     write_atomic(out / "results.csv", render(rows, "csv"))
