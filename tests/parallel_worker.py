@@ -51,7 +51,7 @@ STEPS, TOTAL = 3, 5
 
 
 def windows(step: int) -> np.ndarray:
-    """``[1, BATCH, SEQ + 1]`` windows of step ``step`` (1-based), the same for every run: ``t[i+1] = t[i] + 3 mod 256``."""
+    """Step ``step``'s ``[1, BATCH, SEQ + 1]`` windows, the same in every run: ``t[i+1] = t[i] + 3 mod 256``."""
     starts = np.random.default_rng(step).integers(0, 256, (1, BATCH, 1))
     return ((starts + 3 * np.arange(SEQ + 1)) % 256).astype(np.int32)
 

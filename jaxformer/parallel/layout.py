@@ -55,9 +55,9 @@ class Layout:
         return " × ".join(f"parallel.mesh.{axis}" for axis in self.rules[logical])
 
     def check(self, model: ModelConfig, micro_batch: int) -> None:
-        """Heads, MLP width and experts must split evenly over their mesh axes, and each micro-batch over the batch axes.
+        """Heads, MLP width and experts must split evenly over their mesh axes; so must each micro-batch.
 
-        (Other dimensions fall back to replication; these would leave the axis doing nothing.)
+        (Other dimensions fall back to replication; for these it would leave the axis idle.)
         Raises ``ValueError``: one line naming both numbers.
         """
         mlp_field, mlp = ("model.expert_d_ff", model.expert_d_ff) if model.is_moe else ("model.d_ff", model.d_ff)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -88,6 +89,8 @@ def connect_ray(address: str | None, num_cpus: int | None):
         import ray
     except ImportError:
         raise ValueError("--executor ray needs Ray: pip install 'jaxformer[ray]'") from None
+    if address and address != "auto":
+        _check_reachable(address)
     try:
         if address:
             ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
@@ -96,6 +99,16 @@ def connect_ray(address: str | None, num_cpus: int | None):
     except Exception as error:  # Ray raises ConnectionError, RuntimeError, … for a bad address
         raise ValueError(f"cannot reach Ray at --ray-address {address!r}: {str(error).splitlines()[0]}") from None
     return ray
+
+
+def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
+    """A TCP connection to ``[ray://]host:port``; Ray itself would retry for minutes before failing."""
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    try:
+        with socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout_s):
+            pass
+    except (OSError, ValueError) as error:
+        raise ValueError(f"cannot reach Ray at --ray-address {address!r}: {error}") from None
 
 
 def run_ray(ray, sweep_dir: Path, names: Iterable[str], threads: int, gpus_per_run: float,
