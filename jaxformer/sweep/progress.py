@@ -55,10 +55,10 @@ class SweepProgress:
                 self.state[name] = {"skipped": "done", "busy": "elsewhere"}.get(outcome.status, outcome.status)
                 if outcome.reason and outcome.status == "failed":
                     self.reasons[name] = outcome.reason
-        if not self.live:
-            detail = f" ({outcome.reason})" if outcome and outcome.reason else ""
-            wall = f" in {_duration(outcome.wall_s)}" if outcome and outcome.wall_s else ""
-            print(f"[{self._counts()}] {name}: {self.state[name]}{wall}{detail}", flush=True)
+            if not self.live:  # under the lock: lines from two workers never interleave
+                detail = f" ({outcome.reason})" if outcome and outcome.reason else ""
+                wall = f" in {_duration(outcome.wall_s)}" if outcome and outcome.wall_s else ""
+                print(f"[{self._counts()}] {name}: {self.state[name]}{wall}{detail}", flush=True)
 
     def _counts(self) -> str:
         values = list(self.state.values())
