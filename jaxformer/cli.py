@@ -15,6 +15,8 @@ import importlib
 import os
 import sys
 
+from jaxformer.runtime import reexec_tuned
+
 # sub-command -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "count": ("jaxformer.accounting.cli", "exact parameter, FLOP and KV-cache counts of a model"),
@@ -49,7 +51,11 @@ def build_parser(selected: str | None = None) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+    """Runs one sub-command; from the command line (``argv`` None) first in the tuned process
+    environment of `jaxformer.runtime`."""
+    if argv is None:
+        argv = sys.argv[1:]
+        reexec_tuned(argv)
     selected = next((a for a in argv if not a.startswith("-")), None)
     args = build_parser(selected).parse_args(argv)
     try:

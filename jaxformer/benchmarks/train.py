@@ -154,7 +154,8 @@ def run(args: argparse.Namespace) -> int:
         row["jax_mfu"] = row["jax_tokens_per_s"] * row["flops_per_token"] / peak
         if "torch_tokens_per_s" in row:
             row["torch_mfu"] = row["torch_tokens_per_s"] * row["flops_per_token"] / peak
-    report = {"matmul_peak_flops": peak, "sizes": rows}
+    report = {"matmul_peak_flops": peak, "sizes": rows,
+              "environment": {name: os.environ.get(name, "") for name in ("GLIBC_TUNABLES", "XLA_FLAGS")}}
     if args.layout:
         report["layout"] = _layout([s for s in sizes if s[0] <= 128], args.batch, args.steps)
         LAYOUT_FILE.parent.mkdir(parents=True, exist_ok=True)
@@ -168,7 +169,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _print(report: dict, args: argparse.Namespace) -> None:
-    print(f"matmul peak {report['matmul_peak_flops'] / 1e9:.1f} GFLOP/s (fp32, this run)")
+    print(f"matmul peak {report['matmul_peak_flops'] / 1e9:.1f} GFLOP/s (fp32, this run); "
+          + ", ".join(f"{name}={value!r}" for name, value in report["environment"].items()))
     print(f"{'d':>5}{'L':>3}{'T':>5}{'params':>11}{'jax tok/s':>12}{'torch tok/s':>13}{'ratio':>7}"
           f"{'jax MFU':>9}{'torch MFU':>10}{'compile s':>10}")
     for row in report["sizes"]:

@@ -41,6 +41,9 @@ class ModelConfig:
       ``num_experts`` experts of width ``expert_d_ff`` (default ``d_ff``), each token
       routed to ``experts_per_token``, plus ``num_shared_experts`` that see every token.
     sliding_window: if set, self-attention sees only the last ``sliding_window`` tokens.
+    attention_impl, attention_block_size: the attention path (`jaxformer.functional.attention`)
+      and its key tile. attention_query_blocks: causal self-attention over a whole sequence
+      is computed in this many query blocks, skipping the fully masked score tiles (1: off).
     """
 
     family: Family = "decoder"
@@ -71,13 +74,15 @@ class ModelConfig:
     sliding_window: int | None = None
     attention_impl: AttentionImpl = "naive"
     attention_block_size: int = 128
+    attention_query_blocks: int = 2
 
     def __post_init__(self) -> None:
         for name, choices in _CHOICES.items():
             allowed = choices.__args__
             if getattr(self, name) not in allowed:
                 raise ValueError(f"model.{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
-        for name in ("vocab_size", "d_model", "num_layers", "num_heads", "max_seq_len", "attention_block_size"):
+        for name in ("vocab_size", "d_model", "num_layers", "num_heads", "max_seq_len", "attention_block_size",
+                     "attention_query_blocks"):
             _require_positive(name, getattr(self, name))
         for name in ("num_kv_heads", "head_dim", "d_ff", "expert_d_ff", "sliding_window"):
             if getattr(self, name) is not None:

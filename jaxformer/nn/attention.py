@@ -112,6 +112,7 @@ class Attention(nnx.Module):
             window=cfg.sliding_window if self.causal else None,
             alibi_slopes=F.alibi_slopes(cfg.num_heads) if alibi else None,
             block_size=cfg.attention_block_size,
+            query_blocks=cfg.attention_query_blocks,
         )
         if supported is not None:
             out_BTHD = jnp.where(supported, out_BTHD, jnp.nan)
