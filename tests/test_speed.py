@@ -6,12 +6,11 @@ import os
 import subprocess
 import sys
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxformer.runtime import HUGE_PAGES, tuned_environment
+from jaxformer.runtime import HUGE_PAGES, NO_YNN_FUSION, tuned_environment
 from jaxformer.train.config import load_config
 from jaxformer.train.optimizer import make_optimizer
 from jaxformer.train.step import build_state, make_train_step
@@ -66,20 +65,24 @@ def test_second_identical_run_hits_the_compilation_cache(tmp_path):
     assert second_s < first_s
 
 
-def test_tuned_environment_adds_huge_pages_once_and_respects_opt_out():
-    assert tuned_environment({})["GLIBC_TUNABLES"] == HUGE_PAGES
-    assert tuned_environment({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"})["GLIBC_TUNABLES"] == \
-        f"glibc.malloc.arena_max=2:{HUGE_PAGES}"
-    assert tuned_environment({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=0"})["GLIBC_TUNABLES"] == "glibc.malloc.hugetlb=0"
-    assert "GLIBC_TUNABLES" not in tuned_environment({"JAXFORMER_TUNE": "0"})
+def test_tuned_environment_adds_its_settings_once_and_keeps_the_users():
+    assert tuned_environment({}) == {"GLIBC_TUNABLES": HUGE_PAGES, "XLA_FLAGS": NO_YNN_FUSION}
+    tuned = tuned_environment({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2", "XLA_FLAGS": "--xla_foo=1"})
+    assert tuned["GLIBC_TUNABLES"] == f"glibc.malloc.arena_max=2:{HUGE_PAGES}"
+    assert tuned["XLA_FLAGS"] == f"--xla_foo=1 {NO_YNN_FUSION}"
+    assert tuned_environment(tuned) == tuned
+    mine = {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=0", "XLA_FLAGS": "--xla_cpu_experimental_ynn_fusion_type=dot"}
+    assert tuned_environment(mine) == mine
+    assert tuned_environment({"JAXFORMER_TUNE": "0"}) == {"JAXFORMER_TUNE": "0"}
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the tunable is glibc's")
 def test_the_command_line_runs_in_the_tuned_environment(tmp_path):
     """`jaxformer bench train` records the environment it ran in; the CLI re-executed itself into it."""
-    env = {key: value for key, value in os.environ.items() if key != "GLIBC_TUNABLES"}
+    env = {key: value for key, value in os.environ.items() if key not in ("GLIBC_TUNABLES", "XLA_FLAGS")}
     out = tmp_path / "b.json"
     subprocess.run([sys.executable, "-m", "jaxformer.cli", "bench", "train", "--sizes", "16:1:16", "--batch", "2",
                     "--steps", "1", "--repeats", "1", "--no-torch", "--json", str(out)],
                    env=env, check=True, capture_output=True, timeout=300)
-    assert HUGE_PAGES in json.loads(out.read_text())["environment"]["GLIBC_TUNABLES"]
+    environment = json.loads(out.read_text())["environment"]
+    assert HUGE_PAGES in environment["GLIBC_TUNABLES"] and NO_YNN_FUSION in environment["XLA_FLAGS"]

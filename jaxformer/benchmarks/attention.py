@@ -20,13 +20,13 @@ import json
 import os
 import platform
 import statistics
-import tempfile
 import time
 from pathlib import Path
 
 import jax
 import numpy as np
 
+from jaxformer.files import write_atomically
 from jaxformer.benchmarks.attention_memory import MODES, attention_call, largest_n
 from jaxformer.functional.dispatch import IMPLEMENTATIONS
 
@@ -197,21 +197,8 @@ def plot(rows: list[dict], searches: list[dict], shape: dict, path: Path) -> Non
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
     fig.tight_layout()
-    _write_atomically(path, lambda handle: fig.savefig(handle, format="png", dpi=120))
+    write_atomically(path, lambda handle: fig.savefig(handle, format="png", dpi=120))
     plt.close(fig)
-
-
-def _write_atomically(path: Path, write) -> None:
-    """Writes through a temporary file in the same directory, then renames: never half a file."""
-    descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(descriptor, "wb") as handle:
-            write(handle)
-        os.chmod(temporary, 0o644)  # mkstemp creates 0600
-        os.replace(temporary, path)
-    except BaseException:
-        os.unlink(temporary)
-        raise
 
 
 def run(args: argparse.Namespace) -> int:
@@ -250,7 +237,7 @@ def run(args: argparse.Namespace) -> int:
 
     report = {"machine": machine, "shape": shape, "repeats": args.repeats, "memory_budget_bytes": budget_bytes,
               "timings": rows, "slopes": slope_fits, "memory": searches}
-    _write_atomically(args.out / "attention.json", lambda handle: handle.write(json.dumps(report, indent=1).encode()))
+    write_atomically(args.out / "attention.json", lambda handle: handle.write(json.dumps(report, indent=1).encode()))
     plot(rows, searches, shape, args.out / "attention.png")
     print(f"\nwrote {args.out / 'attention.json'} and {args.out / 'attention.png'}")
     return 0

@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxformer.benchmarks.attention import _write_atomically
+from jaxformer.files import write_atomically
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -116,7 +116,7 @@ def plot(report: dict, path: Path) -> None:
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    _write_atomically(path, lambda handle: fig.savefig(handle, format="png", dpi=120))
+    write_atomically(path, lambda handle: fig.savefig(handle, format="png", dpi=120))
     plt.close(fig)
 
 
@@ -166,7 +166,7 @@ def run(args: argparse.Namespace) -> int:
                     "device": str(jax.devices()[0])},
     }
     args.out.mkdir(parents=True, exist_ok=True)
-    _write_atomically(args.out / "decode.json", lambda handle: handle.write(json.dumps(report, indent=1).encode()))
+    write_atomically(args.out / "decode.json", lambda handle: handle.write(json.dumps(report, indent=1).encode()))
     plot(report, args.out / "decode.png")
     print(f"\nwrote {args.out / 'decode.json'} and {args.out / 'decode.png'}")
     return 0

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
+from jaxformer.files import write_json_atomic
+
 LADDER = ((16, 1, 128), (32, 2, 128), (64, 2, 128), (128, 4, 128), (256, 4, 256), (512, 8, 256))
 LAYOUT_FILE = Path("~/.cache/jaxformer/layout.json").expanduser()
 
@@ -159,12 +161,12 @@ def run(args: argparse.Namespace) -> int:
     if args.layout:
         report["layout"] = _layout([s for s in sizes if s[0] <= 128], args.batch, args.steps)
         LAYOUT_FILE.parent.mkdir(parents=True, exist_ok=True)
-        LAYOUT_FILE.write_text(json.dumps(report["layout"]["choice"]) + "\n")
+        write_json_atomic(LAYOUT_FILE, report["layout"]["choice"])
     _print(report, args)
     for path in [args.json] + ([str(Path(args.out) / "bench_train.json")] if args.out else []):
         if path:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
-            Path(path).write_text(json.dumps(report, indent=1) + "\n")
+            write_json_atomic(Path(path), report, indent=1)
     return 0
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from jaxformer.sweep.results import write_atomic
+from jaxformer.files import write_bytes_atomic
 from jaxformer.sweep.spec import FitSpec
 
 
@@ -49,6 +49,6 @@ def fit_sweep(out: Path, rows: list[dict], spec: FitSpec) -> None:
     directory = out / "fit"
     directory.mkdir(exist_ok=True)
     paths = report.write_plots(directory)
-    write_atomic(directory / "fit.json",
+    write_bytes_atomic(directory / "fit.json",
                  (json.dumps(jsonable({**report.to_dict(), "allocation": allocations}), indent=1) + "\n").encode())
     print(f"\nwrote {directory / 'fit.json'} and {len(paths)} figures to {directory}")

@@ -14,7 +14,8 @@ from jaxformer.configs import to_dict
 from jaxformer.sweep.executors import connect_ray, run_local, run_ray
 from jaxformer.sweep.plan import PlannedRun
 from jaxformer.sweep.progress import SweepProgress
-from jaxformer.sweep.results import collect, load_plan, render, write_atomic
+from jaxformer.files import write_bytes_atomic
+from jaxformer.sweep.results import collect, load_plan, render
 from jaxformer.sweep.runs import RunPaths
 from jaxformer.sweep.spec import SweepSpec
 
@@ -75,10 +76,10 @@ def _prepare_directory(spec: SweepSpec, runs: list[PlannedRun], out: Path) -> No
             raise ValueError(f"--out {out} holds a different sweep (its plan.json lists other runs); "
                              "use a new --out")
     (out / "configs").mkdir(parents=True, exist_ok=True)
-    write_atomic(out / "spec.yaml", yaml.safe_dump(to_dict(spec), sort_keys=False).encode())
-    write_atomic(out / "plan.json", (json.dumps(plan, indent=1) + "\n").encode())
+    write_bytes_atomic(out / "spec.yaml", yaml.safe_dump(to_dict(spec), sort_keys=False).encode())
+    write_bytes_atomic(out / "plan.json", (json.dumps(plan, indent=1) + "\n").encode())
     for run in runs:
-        write_atomic(RunPaths(out, run.name).config, yaml.safe_dump(run.config, sort_keys=False).encode())
+        write_bytes_atomic(RunPaths(out, run.name).config, yaml.safe_dump(run.config, sort_keys=False).encode())
 
 
 def launch(spec: SweepSpec, runs: list[PlannedRun], out: Path, args: argparse.Namespace) -> int:
@@ -101,7 +102,7 @@ def launch(spec: SweepSpec, runs: list[PlannedRun], out: Path, args: argparse.Na
             run_ray(ray, out, todo, threads, args.gpus_per_run, progress.event)
     print(progress.summary())
     rows = collect(out)
-    write_atomic(out / "results.csv", render(rows, "csv"))
+    write_bytes_atomic(out / "results.csv", render(rows, "csv"))
     if spec.fit is not None:
         from jaxformer.sweep.fit import fit_sweep
 

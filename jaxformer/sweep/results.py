@@ -6,10 +6,10 @@ import argparse
 import csv
 import io
 import json
-import os
 import sys
 from pathlib import Path
 
+from jaxformer.files import write_bytes_atomic
 from jaxformer.sweep.runs import RunPaths, read_json
 
 COLUMNS = ("run", "status", "N", "N_non_embedding", "D", "C", "budget", "tokens_per_param", "loss", "train_loss",
@@ -64,12 +64,6 @@ def render(rows: list[dict], fmt: str) -> bytes:
     raise ValueError(f"--format must be csv, parquet or json, got {fmt!r}")
 
 
-def write_atomic(path: Path, payload: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_bytes(payload)
-    os.replace(tmp, path)
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("sweep_dir")
     parser.add_argument("--format", default="csv", choices=("csv", "parquet", "json"))
@@ -81,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--format parquet needs --output FILE")
     payload = render(collect(Path(args.sweep_dir)), args.format)
     if args.output:
-        write_atomic(Path(args.output), payload)
+        write_bytes_atomic(Path(args.output), payload)
     else:
         sys.stdout.write(payload.decode())
     return 0

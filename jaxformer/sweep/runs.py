@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Iterator
 
-from jaxformer.train.metrics import write_json_atomic
+from jaxformer.files import write_json_atomic
 
 
 class RunPaths:

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from jaxformer.configs import apply_overrides, load_yaml
-from jaxformer.train.metrics import write_json_atomic
+from jaxformer.files import write_json_atomic
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -35,7 +35,8 @@ from jaxformer.train.checkpoint import Checkpointer
 from jaxformer.train.config import TrainConfig, config_to_dict, resume_conflict
 from jaxformer.train.dataset import Dataset, prepare_dataset
 from jaxformer.train.loader import Loader, eval_batches
-from jaxformer.train.metrics import MetricsLogger, probe_matmul_peak, write_json_atomic
+from jaxformer.files import write_json_atomic
+from jaxformer.train.metrics import MetricsLogger, probe_matmul_peak
 from jaxformer.train.optimizer import learning_rates, make_optimizer
 from jaxformer.train.step import build_state, empty_sums, make_eval_pass, make_train_step
 

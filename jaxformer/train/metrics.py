@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import sys
 import time
 from pathlib import Path
@@ -20,12 +19,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 
-
-def write_json_atomic(path: Path, payload: dict) -> None:
-    """Writes ``payload`` as JSON via a temporary file and a rename."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(payload, indent=2, sort_keys=False) + "\n")
-    os.replace(tmp, path)
+from jaxformer.files import write_text_atomic
 
 
 def truncate_rows(path: Path, last_step: int) -> None:
@@ -40,9 +34,7 @@ def truncate_rows(path: Path, last_step: int) -> None:
             continue
         if row.get("step", math.inf) <= last_step:
             kept.append(line)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text("".join(line + "\n" for line in kept))
-    os.replace(tmp, path)
+    write_text_atomic(path, "".join(line + "\n" for line in kept))
 
 
 def probe_matmul_peak(dtype: str = "float32", n: int = 1024, repeats: int = 5) -> float:

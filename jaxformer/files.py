@@ -1,0 +1,38 @@
+"""Writing files so that a reader never sees half of one: a temporary file in the same directory, then a rename."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import BinaryIO, Callable
+
+
+def write_atomically(path: Path, write: Callable[[BinaryIO], object]) -> None:
+    """Calls ``write(handle)`` on a temporary file beside ``path``, then renames it over ``path``.
+
+    On any error the temporary file is removed and ``path`` is left as it was.
+    """
+    path = Path(path)
+    descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(descriptor, "wb") as handle:
+            write(handle)
+        os.chmod(temporary, 0o644)  # mkstemp creates 0600
+        os.replace(temporary, path)
+    except BaseException:
+        os.unlink(temporary)
+        raise
+
+
+def write_bytes_atomic(path: Path, payload: bytes) -> None:
+    write_atomically(path, lambda handle: handle.write(payload))
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    write_bytes_atomic(path, text.encode())
+
+
+def write_json_atomic(path: Path, payload: object, *, indent: int = 2) -> None:
+    write_text_atomic(path, json.dumps(payload, indent=indent) + "\n")
