@@ -26,8 +26,9 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from jaxformer.files import write_atomically
 from jaxformer.benchmarks.attention_memory import MODES, attention_call, largest_n
+from jaxformer.benchmarks.figures import save_figure
+from jaxformer.files import write_atomically
 from jaxformer.functional.dispatch import IMPLEMENTATIONS
 
 
@@ -192,13 +193,7 @@ def plot(rows: list[dict], searches: list[dict], shape: dict, path: Path) -> Non
     if ns:
         ax_memory.loglog(ns, [shape["batch"] * shape["heads"] * n * n * 4 / 2**20 for n in ns], "k:", label="one fp32 score tensor")
     ax_memory.set(xlabel="sequence length n", ylabel="MiB", title="peak memory of one call (fresh process each)")
-    for ax in (ax_time, ax_memory):
-        ax.set_xscale("log", base=2)
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    write_atomically(path, lambda handle: fig.savefig(handle, format="png", dpi=120))
-    plt.close(fig)
+    save_figure(fig, (ax_time, ax_memory), path)
 
 
 def run(args: argparse.Namespace) -> int:

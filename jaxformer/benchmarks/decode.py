@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxformer.benchmarks.figures import save_figure
 from jaxformer.files import write_atomically
 
 
@@ -112,12 +113,7 @@ def plot(report: dict, path: Path) -> None:
               label="without cache (recompute prompt + t tokens)")
     ax.set(xlabel="generated token t", ylabel="latency of token t (ms)",
            title=f"{report['model']}: decode latency, batch {report['batch']}, prompt {report['prompt_len']}")
-    ax.set_xscale("log", base=2)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    write_atomically(path, lambda handle: fig.savefig(handle, format="png", dpi=120))
-    plt.close(fig)
+    save_figure(fig, (ax,), path)
 
 
 def run(args: argparse.Namespace) -> int:
