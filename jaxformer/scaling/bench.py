@@ -14,13 +14,12 @@ wall time to other processes than one long vectorised computation does.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import time
 from pathlib import Path
 
 import numpy as np
 
+from jaxformer.files import write_json_atomic
 from jaxformer.scaling.table import load_table
 
 DEFAULT_DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "chinchilla_svg_extracted.csv"
@@ -134,8 +133,6 @@ def run(args: argparse.Namespace) -> int:
                       bootstrap_se={k: boot.stats[k].se for k in ("E", "alpha", "beta", "a")})
         print(f"bootstrap: {args.bootstrap} resamples in {boot_clock.wall:.1f} s wall, {boot_clock.cpu:.1f} s CPU "
               "(with compilation); SE " + ", ".join(f"{k} {v:.4f}" for k, v in result["bootstrap_se"].items()))
-    if args.out:  # temporary file, then rename: never a half-written result
-        tmp = Path(f"{args.out}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(result, indent=1) + "\n")
-        os.replace(tmp, args.out)
+    if args.out:
+        write_json_atomic(Path(args.out), result, indent=1)
     return 0

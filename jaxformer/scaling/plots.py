@@ -8,7 +8,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +15,7 @@ from matplotlib import colormaps
 from matplotlib.colors import LogNorm
 from matplotlib.figure import Figure
 
+from jaxformer.files import write_atomically
 from jaxformer.scaling.allocation import PRESETS, Law, ParametricLaw
 from jaxformer.scaling.isoflop import IsoFLOPFit
 from jaxformer.scaling.parametric import residuals
@@ -95,13 +95,11 @@ def plot_residuals(law: ParametricLaw, table: RunTable) -> Figure:
 
 
 def save(fig: Figure, directory: str | Path, name: str) -> list[Path]:
-    """Writes ``name.png`` and ``name.svg`` (each to a temporary file first, then renamed)."""
+    """Writes ``name.png`` and ``name.svg`` (each atomically)."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     paths = []
     for ext in ("png", "svg"):
-        tmp = directory / f".{name}.{ext}.{os.getpid()}.tmp"
-        fig.savefig(tmp, format=ext, dpi=150)
-        os.replace(tmp, directory / f"{name}.{ext}")
+        write_atomically(directory / f"{name}.{ext}", lambda handle, ext=ext: fig.savefig(handle, format=ext, dpi=150))
         paths.append(directory / f"{name}.{ext}")
     return paths

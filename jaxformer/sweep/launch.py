@@ -11,10 +11,10 @@ from pathlib import Path
 import yaml
 
 from jaxformer.configs import to_dict
+from jaxformer.files import write_bytes_atomic
 from jaxformer.sweep.executors import connect_ray, run_local, run_ray
 from jaxformer.sweep.plan import PlannedRun
 from jaxformer.sweep.progress import SweepProgress
-from jaxformer.files import write_bytes_atomic
 from jaxformer.sweep.results import collect, load_plan, render
 from jaxformer.sweep.runs import RunPaths
 from jaxformer.sweep.spec import SweepSpec

@@ -20,7 +20,6 @@ process writes its shards of each checkpoint.
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 
@@ -31,11 +30,11 @@ import yaml
 from jaxformer.accounting import count_params, training_flops
 from jaxformer.parallel import Layout
 from jaxformer.parallel import initialize as initialize_distributed
+from jaxformer.files import write_json_atomic, write_text_atomic
 from jaxformer.train.checkpoint import Checkpointer
 from jaxformer.train.config import TrainConfig, config_to_dict, resume_conflict
 from jaxformer.train.dataset import Dataset, prepare_dataset
 from jaxformer.train.loader import Loader, eval_batches
-from jaxformer.files import write_json_atomic
 from jaxformer.train.metrics import MetricsLogger, probe_matmul_peak
 from jaxformer.train.optimizer import learning_rates, make_optimizer
 from jaxformer.train.step import build_state, empty_sums, make_eval_pass, make_train_step
@@ -99,9 +98,7 @@ def train(config: TrainConfig, run_dir: Path) -> dict:
 
 
 def _write_run_files(config: TrainConfig, run_dir: Path, dataset: Dataset) -> None:
-    tmp = run_dir / ".config.yaml.tmp"
-    tmp.write_text(yaml.safe_dump(config_to_dict(config), sort_keys=False))
-    os.replace(tmp, run_dir / "config.yaml")
+    write_text_atomic(run_dir / "config.yaml", yaml.safe_dump(config_to_dict(config), sort_keys=False))
     write_json_atomic(run_dir / "data.json", dataset.info)
     if dataset.tokenizer is not None and dataset.tokenizer.name == "bpe":
         dataset.tokenizer.save(run_dir / "tokenizer.json")

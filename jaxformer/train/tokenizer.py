@@ -14,6 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
+from jaxformer.files import write_text_atomic
+
 
 class ByteTokenizer:
     """Token id = byte value."""
@@ -71,10 +73,7 @@ class BPETokenizer:
 
     def save(self, path: str | Path) -> None:
         """Writes ``tokenizer.json`` atomically."""
-        path = Path(path)
-        tmp = path.with_name(path.name + ".tmp")
-        self._tokenizer.save(str(tmp))
-        tmp.replace(path)
+        write_text_atomic(Path(path), self._tokenizer.to_str())
 
     def encode(self, data: bytes | str) -> np.ndarray:
         return np.asarray(self._tokenizer.encode(_text(data)).ids, dtype=np.uint16)
