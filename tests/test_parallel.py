@@ -258,3 +258,15 @@ def test_two_processes_with_four_devices_each_train_like_one_process(tmp_path):
     # each leaf by 0.9–71 % of its norm, so weights trained on other rows could not pass
     assert max(_relative(np.asarray(a), np.asarray(b))
                for a, b in zip(jax.tree.leaves(two["params"]), jax.tree.leaves(one["params"]))) <= 1e-3
+
+
+def test_the_default_mesh_is_data_parallel_over_the_most_devices_that_split_the_batch():
+    """Default ``parallel.mesh.data=-1`` on 4 devices: every device for a batch of 8, 3 for 6, 1 for 5."""
+    code = ("import json; from jaxformer.parallel import Layout; from jaxformer.train.config import load_config; "
+            "print(json.dumps([dict(Layout.from_config(load_config(None, []).parallel, micro_batch=b).mesh.shape) "
+            "for b in (8, 6, 5)]))")
+    done = subprocess.run([sys.executable, "-c", code], env=_env(4), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    shapes = json.loads(done.stdout.strip().splitlines()[-1])
+    assert [shape["data"] for shape in shapes] == [4, 3, 1]
+    assert all(shape["fsdp"] == shape["tensor"] == shape["expert"] == 1 for shape in shapes)

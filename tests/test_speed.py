@@ -6,11 +6,14 @@ import os
 import subprocess
 import sys
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxformer.runtime import HUGE_PAGES, NO_YNN_FUSION, tuned_environment
+import jaxformer.functional as F
+from jaxformer.runtime import HOST_DEVICES, HUGE_PAGES, NO_YNN_FUSION, tuned_environment, usable_cores
+from jaxformer.sweep.executors import thread_environment
 from jaxformer.train.config import load_config
 from jaxformer.train.optimizer import make_optimizer
 from jaxformer.train.step import build_state, make_train_step
@@ -43,6 +46,24 @@ def test_fast_attention_path_leaves_a_few_steps_losses_unchanged():
     np.testing.assert_allclose(fast_losses, plain_losses, rtol=2e-6)
 
 
+@pytest.mark.parametrize(("x_shape", "w_shape", "in_axes", "spec"), [
+    ((2, 5, 8), (8, 3, 4), 1, "bte,ehd->bthd"),   # query projection
+    ((2, 5, 3, 4), (3, 4, 8), 2, "bthd,hde->bte"),  # attention output
+    ((5, 8), (8, 6), 1, "ne,ef->nf"),
+])
+def test_dense_equals_the_einsum_in_value_and_gradient(x_shape, w_shape, in_axes, spec):
+    kx, kw = jax.random.split(jax.random.key(0))
+    x, w = jax.random.normal(kx, x_shape), jax.random.normal(kw, w_shape)
+    np.testing.assert_allclose(F.dense(x, w, in_axes=in_axes), jnp.einsum(spec, x, w), rtol=1e-6, atol=1e-6)
+    loss = lambda f: lambda x, w: jnp.sum(jnp.sin(f(x, w)))  # noqa: E731
+    ours = jax.grad(loss(lambda x, w: F.dense(x, w, in_axes=in_axes)), argnums=(0, 1))(x, w)
+    peer = jax.grad(loss(lambda x, w: jnp.einsum(spec, x, w)), argnums=(0, 1))(x, w)
+    for a, b in zip(ours, peer):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)  # fp32, another summation order
+    with pytest.raises(ValueError, match=r"dense: x's last 1 axes \(7,\) must equal w's first \(8,\)"):
+        F.dense(jnp.ones((2, 7)), jnp.ones((8, 3)))
+
+
 def _train(tmp_path, name: str, cache: str) -> subprocess.CompletedProcess:
     (tmp_path / "empty.yaml").write_text("{}\n")
     command = [sys.executable, "-m", "jaxformer.cli", "train", str(tmp_path / "empty.yaml"), "model.d_model=16", "model.num_layers=1",
@@ -61,17 +82,21 @@ def test_second_identical_run_hits_the_compilation_cache(tmp_path):
     hit = "Persistent compilation cache hit for 'jit_train_step'"
     assert hit not in first.stderr and hit in second.stderr
     assert "cache hit for 'jit_eval_pass'" in second.stderr
-    first_s, second_s = (json.loads((tmp_path / n / "final.json").read_text())["compile_s"] for n in ("first", "second"))
-    assert second_s < first_s
+    first, second = (json.loads((tmp_path / n / "final.json").read_text()) for n in ("first", "second"))
+    assert second["compile_s"] < first["compile_s"]
+    # the command made each core a device and trained data-parallel over those that split the batch of 2
+    assert first["mesh"] == {"data": min(2, usable_cores()), "fsdp": 1, "tensor": 1, "expert": 1}
 
 
 def test_tuned_environment_adds_its_settings_once_and_keeps_the_users():
-    assert tuned_environment({}) == {"GLIBC_TUNABLES": HUGE_PAGES, "XLA_FLAGS": NO_YNN_FUSION}
+    devices = f"{HOST_DEVICES}={usable_cores()}"
+    assert tuned_environment({}) == {"GLIBC_TUNABLES": HUGE_PAGES, "XLA_FLAGS": f"{NO_YNN_FUSION} {devices}"}
     tuned = tuned_environment({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2", "XLA_FLAGS": "--xla_foo=1"})
     assert tuned["GLIBC_TUNABLES"] == f"glibc.malloc.arena_max=2:{HUGE_PAGES}"
-    assert tuned["XLA_FLAGS"] == f"--xla_foo=1 {NO_YNN_FUSION}"
+    assert tuned["XLA_FLAGS"] == f"--xla_foo=1 {NO_YNN_FUSION} {devices}"
     assert tuned_environment(tuned) == tuned
-    mine = {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=0", "XLA_FLAGS": "--xla_cpu_experimental_ynn_fusion_type=dot"}
+    mine = {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=0",
+            "XLA_FLAGS": f"--xla_cpu_experimental_ynn_fusion_type=dot {HOST_DEVICES}=1"}
     assert tuned_environment(mine) == mine
     assert tuned_environment({"JAXFORMER_TUNE": "0"}) == {"JAXFORMER_TUNE": "0"}
 
@@ -84,5 +109,13 @@ def test_the_command_line_runs_in_the_tuned_environment(tmp_path):
     subprocess.run([sys.executable, "-m", "jaxformer.cli", "bench", "train", "--sizes", "16:1:16", "--batch", "2",
                     "--steps", "1", "--repeats", "1", "--no-torch", "--json", str(out)],
                    env=env, check=True, capture_output=True, timeout=300)
-    environment = json.loads(out.read_text())["environment"]
+    report = json.loads(out.read_text())
+    environment = report["environment"]
     assert HUGE_PAGES in environment["GLIBC_TUNABLES"] and NO_YNN_FUSION in environment["XLA_FLAGS"]
+    assert f"{HOST_DEVICES}={usable_cores()}" in environment["XLA_FLAGS"]
+    assert report["sizes"][0]["devices"] == min(2, usable_cores())  # data-parallel over the batch of 2
+
+
+def test_a_single_threaded_sweep_process_gets_one_device():
+    assert f"{HOST_DEVICES}=1" in thread_environment(1)["XLA_FLAGS"]
+    assert f"{HOST_DEVICES}=2" in thread_environment(2)["XLA_FLAGS"]

@@ -3,7 +3,9 @@
 For a ladder of the CPU sweeps' sizes (byte vocabulary), jaxformer's jitted train step and
 a PyTorch twin of the identical model and optimizer (`torch_reference`) are timed in
 alternating repeats in one process; medians are compared as ratios, and MFU is measured
-against a matmul peak probed in the same run. ``--layout`` also compares thread layouts
+against a matmul peak probed in the same run. Both use the whole machine: PyTorch its
+intra-op threads, jaxformer (as `jaxformer train` does) a data-parallel mesh over one JAX
+device per core (`jaxformer.runtime`); the ``dev`` column says over how many devices. ``--layout`` also compares thread layouts
 (one process using every core vs one single-threaded process per core, run side by side)
 and records the faster one for `jaxformer sweep`'s local executor.
 """
@@ -79,6 +81,7 @@ def measure(config, *, steps: int, repeats: int, torch_too: bool) -> dict:
     result = {
         "d_model": config.model.d_model, "layers": config.model.num_layers, "seq_len": config.train.seq_len,
         "batch": config.train.batch_size, "params": count_params(config.model).total, "compile_s": runner.compile_s,
+        "devices": runner.devices,
         "flops_per_token": runner.flops_per_step / runner.tokens_per_step,
         "jax_tokens_per_s": tokens / statistics.median(jax_times),
     }
@@ -173,12 +176,12 @@ def run(args: argparse.Namespace) -> int:
 def _print(report: dict, args: argparse.Namespace) -> None:
     print(f"matmul peak {report['matmul_peak_flops'] / 1e9:.1f} GFLOP/s (fp32, this run); "
           + ", ".join(f"{name}={value!r}" for name, value in report["environment"].items()))
-    print(f"{'d':>5}{'L':>3}{'T':>5}{'params':>11}{'jax tok/s':>12}{'torch tok/s':>13}{'ratio':>7}"
+    print(f"{'d':>5}{'L':>3}{'T':>5}{'params':>11}{'dev':>4}{'jax tok/s':>12}{'torch tok/s':>13}{'ratio':>7}"
           f"{'jax MFU':>9}{'torch MFU':>10}{'compile s':>10}")
     for row in report["sizes"]:
         torch_part = (f"{row['torch_tokens_per_s']:>13,.0f}{row['ratio']:>7.2f}" if "ratio" in row else f"{'':>20}")
         torch_mfu = f"{row['torch_mfu']:>10.1%}" if "torch_mfu" in row else f"{'':>10}"
-        print(f"{row['d_model']:>5}{row['layers']:>3}{row['seq_len']:>5}{row['params']:>11,}"
+        print(f"{row['d_model']:>5}{row['layers']:>3}{row['seq_len']:>5}{row['params']:>11,}{row['devices']:>4}"
               f"{row['jax_tokens_per_s']:>12,.0f}{torch_part}{row['jax_mfu']:>9.1%}{torch_mfu}{row['compile_s']:>10.1f}")
     if "layout" in report:
         layout = report["layout"]

@@ -1,5 +1,6 @@
 """Pure functions over JAX arrays: no state, no Flax. Per-head tensors are ``[batch, seq, heads, head_dim]``."""
 
+from jaxformer.functional.dense import dense
 from jaxformer.functional.dot_product import dot_product_attention
 from jaxformer.functional.blockwise import blockwise_attention
 from jaxformer.functional.dispatch import attention
@@ -19,6 +20,7 @@ __all__ = [
     "attention_mask",
     "blockwise_attention",
     "causal_mask",
+    "dense",
     "dot_product_attention",
     "feed_forward",
     "layer_norm",

@@ -6,6 +6,8 @@ from typing import Callable
 
 import jax
 
+from jaxformer.functional.dense import dense
+
 ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
     "relu": jax.nn.relu,
     "gelu": lambda x: jax.nn.gelu(x, approximate=False),
@@ -35,17 +37,17 @@ def feed_forward(
     E is the model width, F the hidden width. SwiGLU (Shazeer 2020) needs ``w_gate_EF``.
     """
     check_activation(activation)
-    hidden_BTF = x_BTE @ w_in_EF
+    hidden_BTF = dense(x_BTE, w_in_EF)
     if b_in_F is not None:
         hidden_BTF = hidden_BTF + b_in_F
     if activation in GATED:
         if w_gate_EF is None:
             raise ValueError(f"activation {activation!r} needs w_gate_EF")
-        gate_BTF = x_BTE @ w_gate_EF
+        gate_BTF = dense(x_BTE, w_gate_EF)
         if b_gate_F is not None:
             gate_BTF = gate_BTF + b_gate_F
         hidden_BTF = ACTIVATIONS[activation](gate_BTF) * hidden_BTF
     else:
         hidden_BTF = ACTIVATIONS[activation](hidden_BTF)
-    out_BTE = hidden_BTF @ w_out_FE
+    out_BTE = dense(hidden_BTF, w_out_FE)
     return out_BTE if b_out_E is None else out_BTE + b_out_E

@@ -6,6 +6,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+import jaxformer.functional as F
+
 from jaxformer.models.config import ModelConfig
 from jaxformer.models.kv_cache import KVCache
 from jaxformer.nn import params
@@ -23,7 +25,7 @@ class OutputHead(nnx.Module):
         """``[B, T, E] -> [B, T, V]`` float32 logits."""
         if self.w is None:
             return embedding.attend(x_BTE)
-        return jnp.einsum("bte,ev->btv", x_BTE, self.w[...], preferred_element_type=jnp.float32)
+        return F.dense(x_BTE, self.w[...], preferred_element_type=jnp.float32)
 
 
 class DecoderLM(nnx.Module):

@@ -6,6 +6,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+import jaxformer.functional as F
+
 from jaxformer.models.config import ModelConfig
 from jaxformer.models.decoder import OutputHead
 from jaxformer.nn import params
@@ -25,7 +27,7 @@ class MLMHead(nnx.Module):
         self.output_bias = params.zeros((cfg.vocab_size,), ("vocab",)) if cfg.use_bias else None
 
     def __call__(self, x_BTE: jax.Array, embedding: Embedding) -> jax.Array:
-        h_BTE = x_BTE @ self.transform[...]
+        h_BTE = F.dense(x_BTE, self.transform[...])
         if self.transform_bias is not None:
             h_BTE = h_BTE + self.transform_bias[...]
         logits_BTV = self.output(self.norm(jax.nn.gelu(h_BTE, approximate=False)), embedding)

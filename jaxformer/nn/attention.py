@@ -46,7 +46,7 @@ class Attention(nnx.Module):
         self.bo = params.zeros((E,), ("embed",)) if bias else None
 
     def _project(self, x_BTE: jax.Array, w, b) -> jax.Array:
-        y = jnp.einsum("bte,ehd->bthd", x_BTE, w[...])
+        y = F.dense(x_BTE, w[...])
         return y if b is None else y + b[...]
 
     def _rope(self, x_BTHD: jax.Array, offset) -> jax.Array:
@@ -116,7 +116,7 @@ class Attention(nnx.Module):
         )
         if supported is not None:
             out_BTHD = jnp.where(supported, out_BTHD, jnp.nan)
-        out_BTE = jnp.einsum("bthd,hde->bte", out_BTHD, self.wo[...])
+        out_BTE = F.dense(out_BTHD, self.wo[...], in_axes=2)
         return (out_BTE if self.bo is None else out_BTE + self.bo[...]), kv_cache
 
     def weights(self, x_BTE: jax.Array, context_BSE: jax.Array, *, key_lengths: jax.Array | None = None) -> jax.Array:

@@ -58,4 +58,4 @@ class Embedding(nnx.Module):
 
     def attend(self, x_BTE: jax.Array) -> jax.Array:
         """Tied output head: ``x · tokensᵀ``, ``[B, T, E] -> [B, T, V]`` float32 logits."""
-        return jnp.einsum("bte,ve->btv", x_BTE, self.tokens[...], preferred_element_type=jnp.float32)
+        return F.dense(x_BTE, self.tokens[...].T, preferred_element_type=jnp.float32)

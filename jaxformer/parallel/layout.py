@@ -2,7 +2,7 @@
 
 ::
 
-    layout = Layout.from_config(config.parallel)        # mesh over all devices of all processes
+    layout = Layout.from_config(config.parallel, micro_batch=32)   # mesh over all devices of all processes
     layout.check(config.model, micro_batch=32)          # one-line ValueError before any compilation
     graphdef, state = layout.materialize(build)         # created sharded, never whole on one device
     shardings = layout.shardings(state)                 # for jit's in_shardings / out_shardings
@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Callable, Sequence
 
 import jax
@@ -26,6 +27,18 @@ from jaxformer.parallel.rules import Rules, batch_spec, param_shardings, resolve
 from jaxformer.train.config import ParallelConfig
 
 
+def _devices_dividing(devices: list[jax.Device], sizes: dict[str, int], micro_batch: int) -> list[jax.Device]:
+    """The first ``data·fixed`` devices, ``data`` the largest count ≤ the free devices splitting ``micro_batch``."""
+    fixed = math.prod(size for axis, size in sizes.items() if axis != "data")
+    if len(devices) % fixed:
+        return devices  # make_mesh reports the mismatch
+    other_batch_ways = sizes["fsdp"] * sizes["expert"]
+    data = len(devices) // fixed
+    while data > 1 and micro_batch % (data * other_batch_ways):
+        data -= 1
+    return devices[:data * fixed]
+
+
 @dataclasses.dataclass(frozen=True)
 class Layout:
     """The device mesh and the logical→mesh rules of a run."""
@@ -34,13 +47,22 @@ class Layout:
     rules: Rules
 
     @classmethod
-    def from_config(cls, parallel: ParallelConfig, devices: Sequence[jax.Device] | None = None) -> Layout:
+    def from_config(cls, parallel: ParallelConfig, devices: Sequence[jax.Device] | None = None, *,
+                    micro_batch: int | None = None) -> Layout:
         """The layout ``parallel`` describes over ``devices`` (default: every device of every process).
+
+        ``micro_batch``: sequences per micro-batch. When ``parallel.mesh.data`` is -1 (the
+        default) in a single process and the devices do not divide it, the mesh takes the
+        most leading devices that do (e.g. 2 of 4 cores for a batch of 6), so the default
+        never rejects a batch size.
 
         Raises ``ValueError`` when the mesh sizes do not multiply to the device count or a rule is unknown.
         """
         rules = resolve_rules(parallel.rules)
-        return cls(make_mesh(dataclasses.asdict(parallel.mesh), devices), rules)
+        sizes = dataclasses.asdict(parallel.mesh)
+        if devices is None and micro_batch is not None and sizes["data"] == -1 and jax.process_count() == 1:
+            devices = _devices_dividing(jax.devices(), sizes, micro_batch)
+        return cls(make_mesh(sizes, devices), rules)
 
     @property
     def replicated(self) -> NamedSharding:

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Callable, Iterable
 
+from jaxformer.runtime import HOST_DEVICES
 from jaxformer.sweep.runs import RunPaths, failure_reason, run_lock
 
 
@@ -33,12 +34,15 @@ class Outcome:
 
 
 def thread_environment(threads: int) -> dict[str, str]:
-    """Environment for a training process limited to ``threads`` CPU threads (0: no limit)."""
+    """Environment for a training process limited to ``threads`` CPU threads (0: no limit).
+
+    A limited process also gets one JAX device per thread (`jaxformer.runtime`), not one per core.
+    """
     env = dict(os.environ)
     if threads > 0:
         flags = env.get("XLA_FLAGS", "")
         env["XLA_FLAGS"] = f"{flags} --xla_cpu_multi_thread_eigen={'true' if threads > 1 else 'false'} " \
-                           f"intra_op_parallelism_threads={threads}".strip()
+                           f"intra_op_parallelism_threads={threads} {HOST_DEVICES}={threads}".strip()
         env["OMP_NUM_THREADS"] = env["OPENBLAS_NUM_THREADS"] = str(threads)
     return env
 

@@ -132,13 +132,16 @@ class LoggingConfig:
 class MeshConfig:
     """Device-mesh axis sizes; their product is the device count. -1 (at most one axis): the remaining devices.
 
-    data: pure data parallelism (parameters replicated). fsdp: data parallelism with parameters
-    and optimizer state sharded (ZeRO-3). tensor: attention heads and MLP columns split
-    (Megatron). expert: MoE experts split; it also splits the batch, like data.
+    data: pure data parallelism (parameters replicated), the default over every device, as
+    DDP. fsdp: data parallelism with parameters and optimizer state sharded (ZeRO-3), for
+    models too big to replicate: ``parallel.mesh.data=1 parallel.mesh.fsdp=-1``. tensor:
+    attention heads and MLP columns split (Megatron). expert: MoE experts split; it also
+    splits the batch, like data. On a CPU the `jaxformer` command makes each core a device
+    (`jaxformer.runtime`), so the default trains data-parallel over the cores.
     """
 
-    data: int = 1
-    fsdp: int = -1
+    data: int = -1
+    fsdp: int = 1
     tensor: int = 1
     expert: int = 1
 
@@ -295,7 +298,8 @@ def _validate_parallel(parallel: ParallelConfig) -> None:
         if size != -1 and size <= 0:
             raise ValueError(f"parallel.mesh.{name} must be positive or -1 (all remaining devices), got {size}")
     if list(axes.values()).count(-1) > 1:
-        raise ValueError(f"at most one parallel.mesh axis may be -1, got {axes}")
+        raise ValueError(f"at most one parallel.mesh axis may be -1, got {axes} "
+                         "(data is -1 by default: FSDP over every device is parallel.mesh.data=1 parallel.mesh.fsdp=-1)")
     dist = parallel.distributed
     if dist.num_processes is not None:
         _positive("parallel.distributed.num_processes", dist.num_processes)

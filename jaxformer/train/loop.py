@@ -10,8 +10,9 @@ and checkpoint steps; ``final.json`` is the record sweeps and fits read.
 Run directory: ``config.yaml data.json [tokenizer.json] checkpoints/ metrics.jsonl
 tensorboard/ final.json`` (or only ``error.json`` when the input was bad).
 
-Devices: the state lives on the mesh of ``parallel`` (`jaxformer.parallel.Layout`; one
-device by default on a CPU), created sharded and stepped by a step compiled for that
+Devices: the state lives on the mesh of ``parallel`` (`jaxformer.parallel.Layout`;
+data-parallel over every device by default, and the `jaxformer` command makes each CPU
+core a device), created sharded and stepped by a step compiled for that
 layout. In a multi-process run every process runs this loop on its own slice of each
 batch; process 0 alone writes the run files, metrics and ``final.json``, and every
 process writes its shards of each checkpoint.
@@ -77,8 +78,9 @@ def train(config: TrainConfig, run_dir: Path) -> dict:
     started = time.perf_counter()
     run_dir = Path(run_dir)
     initialize_distributed(config.parallel.distributed)
-    layout = Layout.from_config(config.parallel)
-    layout.check(config.model, config.train.batch_size // config.train.grad_accum)
+    micro_batch = config.train.batch_size // config.train.grad_accum
+    layout = Layout.from_config(config.parallel, micro_batch=micro_batch)
+    layout.check(config.model, micro_batch)
     resuming = check_resume(config, run_dir)
     dataset = prepare_dataset(config, run_dir / "tokenizer.json" if resuming else None)
     if resuming and (run_dir / "data.json").is_file():
@@ -256,6 +258,7 @@ class _Run:
             "val_bits_per_byte": self.dataset.bits_per_byte(self.val_loss),
             "wall_s": self._wall_s(),
             "compile_s": self.compile_s,
+            "mesh": dict(self.layout.mesh.shape),
             "tokens_per_s": tokens_per_s,
             "mfu": tokens_per_s * self.flops_per_token / self.peak_flops if tokens_per_s else None,
             "peak_flops": self.peak_flops,

@@ -1,7 +1,8 @@
 """Timing the real train step: compile time and seconds per step, on random tokens.
 
-The same jitted step `jaxformer train` runs (``make_train_step``), so the sweep planner's
-estimates and `jaxformer bench train` measure what a run will actually do.
+The same jitted step `jaxformer train` runs (``make_train_step``, compiled for the run's
+device layout ``parallel``), so the sweep planner's estimates and `jaxformer bench train`
+measure what a run will actually do.
 """
 
 from __future__ import annotations
@@ -13,10 +14,10 @@ import jax
 import numpy as np
 
 from jaxformer.accounting import forward_flops_per_token
-from jaxformer.models.pure import init_params
+from jaxformer.parallel import Layout
 from jaxformer.train.config import TrainConfig
 from jaxformer.train.optimizer import make_optimizer
-from jaxformer.train.step import init_state, make_train_step
+from jaxformer.train.step import build_state, make_train_step
 
 
 def random_windows(config: TrainConfig, seed: int = 0) -> np.ndarray:
@@ -27,19 +28,26 @@ def random_windows(config: TrainConfig, seed: int = 0) -> np.ndarray:
 
 
 class TrainStepRunner:
-    """The compiled train step of ``config`` with its state, ready to be timed.
+    """The compiled train step of ``config`` with its state, on the run's mesh, ready to be timed.
 
+    ``devices``: how many devices the step runs on (data-parallel by default).
     ``compile_s``: the first call (trace, compile, one step). ``run(steps)`` dispatches
     ``steps`` steps back to back and synchronises once, as the training loop does.
     """
 
     def __init__(self, config: TrainConfig) -> None:
-        graphdef, params = init_params(config.model, config.train.seed)
+        micro_batch = config.train.batch_size // config.train.grad_accum
+        layout = Layout.from_config(config.parallel, micro_batch=micro_batch)
+        layout.check(config.model, micro_batch)
+        self.devices = layout.mesh.devices.size
         optimizer = make_optimizer(config.optimizer)
-        self.state = init_state(params, optimizer)
+        graphdef, self.state = layout.materialize(lambda: build_state(config.model, config.train.seed, optimizer))
+        windows = random_windows(config)
+        batch_sharding = layout.batch_sharding(windows.shape, batch_dim=1)
+        self.windows = jax.device_put(windows, batch_sharding)
         self.lr = np.float32(config.optimizer.lr)  # the step takes its learning rate as an argument
-        self.step = make_train_step(graphdef, optimizer, config.train.compute_dtype)
-        self.windows = jax.device_put(random_windows(config))
+        self.step = make_train_step(graphdef, optimizer, config.train.compute_dtype,
+                                    state_sharding=layout.shardings(self.state), batch_sharding=batch_sharding)
         self.tokens_per_step = config.tokens_per_step
         self.flops_per_step = 3.0 * forward_flops_per_token(config.model, config.train.seq_len).total * self.tokens_per_step
         started = time.perf_counter()
