@@ -5,9 +5,10 @@ a PyTorch twin of the identical model and optimizer (`torch_reference`) are time
 alternating repeats in one process; medians are compared as ratios, and MFU is measured
 against a matmul peak probed in the same run. Both use the whole machine: PyTorch its
 intra-op threads, jaxformer (as `jaxformer train` does) a data-parallel mesh over one JAX
-device per core (`jaxformer.runtime`); the ``dev`` column says over how many devices. ``--layout`` also compares thread layouts
-(one process using every core vs one single-threaded process per core, run side by side)
-and records the faster one for `jaxformer sweep`'s local executor.
+device per core (`jaxformer.runtime`); the ``dev`` column says over how many devices.
+``--layout`` also compares thread layouts (one process using every core vs one
+single-threaded process per core, run side by side) and records the faster one for
+`jaxformer sweep`'s local executor.
 """
 
 from __future__ import annotations

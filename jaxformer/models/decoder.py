@@ -7,7 +7,6 @@ import jax.numpy as jnp
 from flax import nnx
 
 import jaxformer.functional as F
-
 from jaxformer.models.config import ModelConfig
 from jaxformer.models.kv_cache import KVCache
 from jaxformer.nn import params
