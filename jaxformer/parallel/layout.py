@@ -4,6 +4,7 @@
 
     layout = Layout.from_config(config.parallel, micro_batch=32)   # mesh over all devices of all processes
     layout.check(config.model, micro_batch=32)          # one-line ValueError before any compilation
+    layout = Layout.for_run(config)                     # both, for a training run
     graphdef, state = layout.materialize(build)         # created sharded, never whole on one device
     shardings = layout.shardings(state)                 # for jit's in_shardings / out_shardings
     sharding = layout.batch_sharding((A, B, T + 1), batch_dim=1)
@@ -24,7 +25,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from jaxformer.models.config import ModelConfig
 from jaxformer.parallel.mesh import make_mesh
 from jaxformer.parallel.rules import Rules, batch_spec, param_shardings, resolve_rules, rule_size
-from jaxformer.train.config import ParallelConfig
+from jaxformer.train.config import ParallelConfig, TrainConfig
 
 
 def _devices_dividing(devices: list[jax.Device], sizes: dict[str, int], micro_batch: int) -> list[jax.Device]:
@@ -63,6 +64,13 @@ class Layout:
         if devices is None and micro_batch is not None and sizes["data"] == -1 and jax.process_count() == 1:
             devices = _devices_dividing(jax.devices(), sizes, micro_batch)
         return cls(make_mesh(sizes, devices), rules)
+
+    @classmethod
+    def for_run(cls, config: TrainConfig) -> Layout:
+        """The layout a training run of ``config`` uses, checked against its model and micro-batch."""
+        layout = cls.from_config(config.parallel, micro_batch=config.micro_batch)
+        layout.check(config.model, config.micro_batch)
+        return layout
 
     @property
     def replicated(self) -> NamedSharding:

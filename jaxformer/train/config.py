@@ -194,6 +194,11 @@ class TrainConfig:
         return self.train.batch_size * self.train.seq_len
 
     @property
+    def micro_batch(self) -> int:
+        """Sequences per micro-batch (``batch_size / grad_accum``), the unit the mesh splits."""
+        return self.train.batch_size // self.train.grad_accum
+
+    @property
     def total_steps(self) -> int:
         """Optimizer steps of the run: ``ceil(D / (batch_size · seq_len))``."""
         return -(-self.train.tokens // self.tokens_per_step)

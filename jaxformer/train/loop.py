@@ -78,9 +78,7 @@ def train(config: TrainConfig, run_dir: Path) -> dict:
     started = time.perf_counter()
     run_dir = Path(run_dir)
     initialize_distributed(config.parallel.distributed)
-    micro_batch = config.train.batch_size // config.train.grad_accum
-    layout = Layout.from_config(config.parallel, micro_batch=micro_batch)
-    layout.check(config.model, micro_batch)
+    layout = Layout.for_run(config)
     resuming = check_resume(config, run_dir)
     dataset = prepare_dataset(config, run_dir / "tokenizer.json" if resuming else None)
     if resuming and (run_dir / "data.json").is_file():
@@ -131,7 +129,7 @@ class _Run:
         self.optimizer = make_optimizer(config.optimizer)
         self.flops_per_token = training_flops(config.model, 1, train.seq_len)["exact"]
         self.loader = Loader(dataset.train, train.seq_len, train.batch_size, train.seed)
-        self.micro_batch = train.batch_size // train.grad_accum
+        self.micro_batch = config.micro_batch
         # this process feeds the rows its devices hold, of every micro-batch
         self.batch_shape = (train.grad_accum, self.micro_batch, train.seq_len + 1)
         self.batch_sharding = layout.batch_sharding(self.batch_shape, batch_dim=1)

@@ -22,8 +22,7 @@ from jaxformer.train.step import build_state, make_train_step
 
 def random_windows(config: TrainConfig, seed: int = 0) -> np.ndarray:
     """``[grad_accum, micro_batch, seq_len + 1]`` random token windows."""
-    micro = config.train.batch_size // config.train.grad_accum
-    shape = (config.train.grad_accum, micro, config.train.seq_len + 1)
+    shape = (config.train.grad_accum, config.micro_batch, config.train.seq_len + 1)
     return np.random.default_rng(seed).integers(0, config.model.vocab_size, shape, dtype=np.int32)
 
 
@@ -36,9 +35,7 @@ class TrainStepRunner:
     """
 
     def __init__(self, config: TrainConfig) -> None:
-        micro_batch = config.train.batch_size // config.train.grad_accum
-        layout = Layout.from_config(config.parallel, micro_batch=micro_batch)
-        layout.check(config.model, micro_batch)
+        layout = Layout.for_run(config)
         self.devices = layout.mesh.devices.size
         optimizer = make_optimizer(config.optimizer)
         graphdef, self.state = layout.materialize(lambda: build_state(config.model, config.train.seed, optimizer))
