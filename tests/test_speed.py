@@ -37,10 +37,10 @@ def _losses(config, steps: int) -> list[float]:
 
 def test_fast_attention_path_leaves_a_few_steps_losses_unchanged():
     """Causal query blocks (the default) against the plain single-block pass, 4 AdamW steps."""
-    config = load_config(None, ["model.d_model=32", "model.num_layers=2", "model.num_heads=2", "model.max_seq_len=64",
-                                "train.seq_len=64", "train.batch_size=4", "optimizer.lr=1e-2"])
-    assert config.model.attention_query_blocks > 1
-    plain = dataclasses.replace(config, model=dataclasses.replace(config.model, attention_query_blocks=1))
+    config = load_config(None, ["model.d_model=32", "model.num_layers=2", "model.num_heads=2", "model.max_seq_len=128",
+                                "train.seq_len=128", "train.batch_size=2", "optimizer.lr=1e-2"])
+    assert config.model.attention_query_block_size < config.train.seq_len
+    plain = dataclasses.replace(config, model=dataclasses.replace(config.model, attention_query_block_size=None))
     fast_losses, plain_losses = _losses(config, 4), _losses(plain, 4)
     assert plain_losses[-1] < plain_losses[0] - 0.05  # the steps do train
     np.testing.assert_allclose(fast_losses, plain_losses, rtol=2e-6)
@@ -76,6 +76,19 @@ def _train(tmp_path, name: str, cache: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.slow
+def test_rope_tables_are_constants_for_concrete_positions_and_traced_otherwise():
+    """Under jit, concrete positions leave no sin/cos in the program; a traced offset computes them there."""
+    x = jax.random.normal(jax.random.key(0), (2, 6, 3, 8))
+    eager = F.apply_rope(x, jnp.arange(6) + 3)
+    concrete = lambda x: F.apply_rope(x, np.arange(6) + 3)  # noqa: E731
+    traced = lambda x, offset: F.apply_rope(x, offset + jnp.arange(6))  # noqa: E731
+    np.testing.assert_allclose(jax.jit(concrete)(x), eager, rtol=0, atol=1e-6)
+    np.testing.assert_allclose(jax.jit(traced)(x, 3), eager, rtol=0, atol=1e-6)
+    primitives = lambda jaxpr: {eqn.primitive.name for eqn in jaxpr.eqns}  # noqa: E731
+    assert not {"sin", "cos"} & primitives(jax.make_jaxpr(concrete)(x))
+    assert {"sin", "cos"} <= primitives(jax.make_jaxpr(traced)(x, 3))
+
+
 def test_second_identical_run_hits_the_compilation_cache(tmp_path):
     cache = str(tmp_path / "xla")
     first, second = _train(tmp_path, "first", cache), _train(tmp_path, "second", cache)

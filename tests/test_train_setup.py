@@ -41,11 +41,17 @@ def test_yaml_plus_dotted_overrides_resolve_to_a_reloadable_config(tmp_path):
     ("train.seq_len=512", "train.seq_len=512 exceeds the model's context (model.max_seq_len=256)"),
     ("model.family=encoder", "model.family must be decoder"),
     ("train.grad_accum=3", "train.batch_size (32) must be a multiple of train.grad_accum (3)"),
+    ("model.attention_query_block_size=0", "model.attention_query_block_size must be a positive integer, got 0"),
 ])
 def test_bad_values_raise_one_line_naming_the_field(override, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")) as error:
         load_config(None, [override])
     assert "\n" not in str(error.value)
+
+
+def test_query_blocks_turn_off_with_null():
+    assert load_config(None, []).model.attention_query_block_size == 64
+    assert load_config(None, ["model.attention_query_block_size=null"]).model.attention_query_block_size is None
 
 
 def test_learned_positions_bound_seq_len():
@@ -57,6 +63,10 @@ def test_resume_conflict_names_the_changed_field():
     config = load_config(None, [])
     saved = config_to_dict(config)
     assert resume_conflict(saved, load_config(None, ["logging.interval=3", "checkpoint.keep=9"])) is None
+    attention_path = ["model.attention_impl=blockwise", "model.attention_query_block_size=null"]
+    assert resume_conflict(saved, load_config(None, attention_path)) is None
+    saved_by_an_older_version = {**saved, "model": {**saved["model"], "attention_query_blocks": 2}}
+    assert resume_conflict(saved_by_an_older_version, config) is None
     assert resume_conflict(saved, load_config(None, ["train.tokens=3e6"])).startswith("train.tokens was 2000000")
 
 

@@ -11,10 +11,10 @@
 All three agree on the semantics: query ``i`` sits at position ``i + q_offset``, key ``j`` at
 ``j``; rows with no visible key return zeros.
 
-Causal self-attention can also be cut into ``query_blocks`` blocks of queries (any ``impl``):
-block ``i`` attends only to the keys up to its last query, so the score tiles above the
-diagonal, fully masked, are never computed — ``(n + 1) / 2n`` of the work for ``n`` blocks.
-The result is the same attention, computed exactly per block.
+Causal self-attention can also be cut into blocks of ``query_block_size`` queries (any
+``impl``): each block attends only to the keys up to its last query, so the score tiles above
+the diagonal, fully masked, are never computed — ``(n + 1) / 2n`` of the work for ``n``
+blocks. The result is the same attention, computed exactly per block.
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ def attention(
     alibi_slopes: jax.Array | None = None,
     scale: float | None = None,
     block_size: int = 128,
-    query_blocks: int = 1,
+    query_block_size: int | None = None,
 ) -> jax.Array:
     """``softmax(q·kᵀ·scale + bias)·v`` by the implementation ``impl`` (naive | blockwise | xla).
 
@@ -92,21 +92,21 @@ def attention(
       alibi_slopes: ``[H]``; adds ``-slope_h·|i + q_offset - j|`` after scaling.
       scale: multiplies the scores; defaults to ``1/sqrt(D)``.
       block_size: keys per tile (blockwise only).
-      query_blocks: for causal self-attention (``T == S``, ``q_offset == 0``, causal or
-        windowed), the number of query blocks, each attending only to its visible key prefix;
-        ignored otherwise.
+      query_block_size: for causal self-attention (``T == S``, ``q_offset == 0``, causal or
+        windowed), queries per block, each block attending only to its visible key prefix
+        (the last block takes the remainder); ``None`` computes one block. Ignored otherwise.
 
     Returns ``[B, T, H, D]`` in q's dtype; rows with no visible key are zeros.
     """
     check_impl(impl)
-    if int(query_blocks) <= 0:
-        raise ValueError(f"query_blocks must be positive, got {query_blocks}")
+    if query_block_size is not None and int(query_block_size) <= 0:
+        raise ValueError(f"query_block_size must be positive or None, got {query_block_size}")
     T = q.shape[-3]
     causal_self = (causal or window is not None) and isinstance(q_offset, int) and q_offset == 0 and T == k.shape[-3]
-    if query_blocks > 1 and causal_self and T > 1:
+    if query_block_size is not None and T > query_block_size and causal_self:
         return _causal_query_blocks(q, k, v, impl=impl, key_lengths=key_lengths, window=window,
                                     alibi_slopes=alibi_slopes, scale=scale, block_size=block_size,
-                                    query_blocks=int(query_blocks))
+                                    query_block_size=int(query_block_size))
     if impl == "blockwise":
         return blockwise_attention(
             q, k, v, causal=causal, q_offset=q_offset, key_lengths=key_lengths, window=window,
@@ -127,13 +127,12 @@ def attention(
     return out_BTHD[0] if unbatched else out_BTHD
 
 
-def _causal_query_blocks(q, k, v, *, query_blocks: int, **kwargs) -> jax.Array:
+def _causal_query_blocks(q, k, v, *, query_block_size: int, **kwargs) -> jax.Array:
     """Causal self-attention, block by block of queries: block ``[t0, t1)`` sees keys ``[0, t1)``."""
     T = q.shape[-3]
-    size = -(-T // min(query_blocks, T))
     outs = []
-    for t0 in range(0, T, size):
-        t1 = min(t0 + size, T)
+    for t0 in range(0, T, query_block_size):
+        t1 = min(t0 + query_block_size, T)
         outs.append(attention(q[..., t0:t1, :, :], k[..., :t1, :, :], v[..., :t1, :, :], causal=True, q_offset=t0,
                               **kwargs))
     return jnp.concatenate(outs, axis=-3)

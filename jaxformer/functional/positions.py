@@ -45,11 +45,16 @@ def apply_rope(x: jax.Array, positions: jax.Array, *, base: float = 10000.0, sca
     head_dim = x.shape[-1]
     _even_positive("head_dim", head_dim)
     compute_dtype = jnp.promote_types(x.dtype, jnp.float32)  # at least fp32 angles, fp64 when enabled
-    positions = jnp.asarray(positions, dtype=compute_dtype) * scale
-    if positions.shape[-1] != x.shape[-3]:
-        raise ValueError(f"positions length {positions.shape[-1]} does not match sequence length {x.shape[-3]}")
-    angles_TF = positions[..., :, None] * _inverse_frequencies(head_dim, base, compute_dtype)
-    cos_T1F, sin_T1F = jnp.cos(angles_TF)[..., None, :], jnp.sin(angles_TF)[..., None, :]
+    if jnp.shape(positions)[-1] != x.shape[-3]:
+        raise ValueError(f"positions length {jnp.shape(positions)[-1]} does not match sequence length {x.shape[-3]}")
+    # Concrete positions (training, prefill) make the cos/sin tables constants of the compiled
+    # program. Computed inside it, XLA:CPU fuses them into every consumer and evaluates scalar
+    # sin/cos per element of [B, T, H, D/2], forward and backward: 3× the time of the rotation
+    # (measured at d = 256, T = 256). Traced positions (decoding offsets) are computed in the program.
+    with jax.ensure_compile_time_eval():
+        scaled_T = jnp.asarray(positions, dtype=compute_dtype) * scale
+        angles_TF = scaled_T[..., :, None] * _inverse_frequencies(head_dim, base, compute_dtype)
+        cos_T1F, sin_T1F = jnp.cos(angles_TF)[..., None, :], jnp.sin(angles_TF)[..., None, :]
     pairs = x.astype(compute_dtype).reshape(*x.shape[:-1], head_dim // 2, 2)
     even, odd = pairs[..., 0], pairs[..., 1]
     rotated = jnp.stack([even * cos_T1F - odd * sin_T1F, even * sin_T1F + odd * cos_T1F], axis=-1)

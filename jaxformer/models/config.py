@@ -42,8 +42,9 @@ class ModelConfig:
       routed to ``experts_per_token``, plus ``num_shared_experts`` that see every token.
     sliding_window: if set, self-attention sees only the last ``sliding_window`` tokens.
     attention_impl, attention_block_size: the attention path (`jaxformer.functional.attention`)
-      and its key tile. attention_query_blocks: causal self-attention over a whole sequence
-      is computed in this many query blocks, skipping the fully masked score tiles (1: off).
+      and its key tile. attention_query_block_size: causal self-attention over a whole sequence
+      is computed in blocks of this many queries, skipping the fully masked score tiles
+      (``None``: one block).
     """
 
     family: Family = "decoder"
@@ -74,17 +75,16 @@ class ModelConfig:
     sliding_window: int | None = None
     attention_impl: AttentionImpl = "naive"
     attention_block_size: int = 128
-    attention_query_blocks: int = 2
+    attention_query_block_size: int | None = 64
 
     def __post_init__(self) -> None:
         for name, choices in _CHOICES.items():
             allowed = choices.__args__
             if getattr(self, name) not in allowed:
                 raise ValueError(f"model.{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
-        for name in ("vocab_size", "d_model", "num_layers", "num_heads", "max_seq_len", "attention_block_size",
-                     "attention_query_blocks"):
+        for name in ("vocab_size", "d_model", "num_layers", "num_heads", "max_seq_len", "attention_block_size"):
             _require_positive(name, getattr(self, name))
-        for name in ("num_kv_heads", "head_dim", "d_ff", "expert_d_ff", "sliding_window"):
+        for name in ("num_kv_heads", "head_dim", "d_ff", "expert_d_ff", "sliding_window", "attention_query_block_size"):
             if getattr(self, name) is not None:
                 _require_positive(name, getattr(self, name))
         for name in ("num_encoder_layers", "num_experts", "num_shared_experts"):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 import jaxformer.functional as F
@@ -52,7 +53,7 @@ class Attention(nnx.Module):
     def _rope(self, x_BTHD: jax.Array, offset) -> jax.Array:
         if self.cfg.position != "rope" or self.cross:
             return x_BTHD
-        positions_T = offset + jnp.arange(x_BTHD.shape[1])
+        positions_T = offset + np.arange(x_BTHD.shape[1])  # numpy: concrete unless the offset is traced
         return F.apply_rope(x_BTHD, positions_T, base=self.cfg.rope_base, scale=self.cfg.rope_scale)
 
     def queries_keys_values(self, x_BTE, context_BSE=None, *, offset=0):
@@ -112,7 +113,7 @@ class Attention(nnx.Module):
             window=cfg.sliding_window if self.causal else None,
             alibi_slopes=F.alibi_slopes(cfg.num_heads) if alibi else None,
             block_size=cfg.attention_block_size,
-            query_blocks=cfg.attention_query_blocks,
+            query_block_size=cfg.attention_query_block_size,
         )
         if supported is not None:
             out_BTHD = jnp.where(supported, out_BTHD, jnp.nan)

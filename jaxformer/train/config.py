@@ -228,9 +228,10 @@ def config_to_dict(config: TrainConfig) -> dict[str, Any]:
     return to_dict(config)
 
 
-# fields a resumed run may change: they do not alter the parameters or the data stream
+# fields a resumed run may change: they do not alter the parameters or the data stream (the attention
+# path and the mesh change only the order of fp32 sums)
 RESUMABLE_CHANGES = ("logging.", "checkpoint.", "train.run_dir", "train.compilation_cache", "train.peak_flops",
-                     "train.eval_interval", "parallel.")
+                     "train.eval_interval", "parallel.", "model.attention_")
 
 
 def resume_conflict(saved: dict[str, Any], current: TrainConfig) -> str | None:
