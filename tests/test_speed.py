@@ -76,8 +76,8 @@ def _train(tmp_path, name: str, cache: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.slow
-def test_rope_tables_are_constants_for_concrete_positions_and_traced_otherwise():
-    """Under jit, concrete positions leave no sin/cos in the program; a traced offset computes them there."""
+def test_position_tables_are_constants_for_concrete_positions_and_traced_otherwise():
+    """Under jit, concrete positions (RoPE, sinusoids) leave no sin/cos in the program; a traced offset does."""
     x = jax.random.normal(jax.random.key(0), (2, 6, 3, 8))
     eager = F.apply_rope(x, jnp.arange(6) + 3)
     concrete = lambda x: F.apply_rope(x, np.arange(6) + 3)  # noqa: E731
@@ -87,6 +87,7 @@ def test_rope_tables_are_constants_for_concrete_positions_and_traced_otherwise()
     primitives = lambda jaxpr: {eqn.primitive.name for eqn in jaxpr.eqns}  # noqa: E731
     assert not {"sin", "cos"} & primitives(jax.make_jaxpr(concrete)(x))
     assert {"sin", "cos"} <= primitives(jax.make_jaxpr(traced)(x, 3))
+    assert not {"sin", "cos"} & primitives(jax.make_jaxpr(lambda: F.sinusoidal_positions(6, 8))())
 
 
 def test_second_identical_run_hits_the_compilation_cache(tmp_path):
@@ -129,6 +130,10 @@ def test_the_command_line_runs_in_the_tuned_environment(tmp_path):
     assert report["sizes"][0]["devices"] == min(2, usable_cores())  # data-parallel over the batch of 2
 
 
-def test_a_single_threaded_sweep_process_gets_one_device():
+def test_a_single_threaded_sweep_process_gets_one_device(monkeypatch):
     assert f"{HOST_DEVICES}=1" in thread_environment(1)["XLA_FLAGS"]
     assert f"{HOST_DEVICES}=2" in thread_environment(2)["XLA_FLAGS"]
+    monkeypatch.setenv("XLA_FLAGS", f"{NO_YNN_FUSION} {HOST_DEVICES}=2")  # the tuned sweep process's own count
+    flags = thread_environment(1)["XLA_FLAGS"].split()
+    assert [flag for flag in flags if flag.startswith(HOST_DEVICES)] == [f"{HOST_DEVICES}=1"]
+    assert NO_YNN_FUSION in flags

@@ -24,8 +24,9 @@ def sinusoidal_positions(num_positions: int, dim: int, *, base: float = 10000.0,
     if num_positions <= 0:
         raise ValueError(f"num_positions must be positive, got {num_positions}")
     _even_positive("dim", dim)
-    angles_PF = jnp.arange(num_positions, dtype=dtype)[:, None] * _inverse_frequencies(dim, base, dtype)[None]
-    return jnp.stack([jnp.sin(angles_PF), jnp.cos(angles_PF)], axis=-1).reshape(num_positions, dim)
+    with jax.ensure_compile_time_eval():  # a constant of the compiled program, as RoPE's tables (apply_rope)
+        angles_PF = jnp.arange(num_positions, dtype=dtype)[:, None] * _inverse_frequencies(dim, base, dtype)[None]
+        return jnp.stack([jnp.sin(angles_PF), jnp.cos(angles_PF)], axis=-1).reshape(num_positions, dim)
 
 
 def apply_rope(x: jax.Array, positions: jax.Array, *, base: float = 10000.0, scale: float = 1.0) -> jax.Array:

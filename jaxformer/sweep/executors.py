@@ -40,7 +40,7 @@ def thread_environment(threads: int) -> dict[str, str]:
     """
     env = dict(os.environ)
     if threads > 0:
-        flags = env.get("XLA_FLAGS", "")
+        flags = " ".join(flag for flag in env.get("XLA_FLAGS", "").split() if not flag.startswith(HOST_DEVICES))
         env["XLA_FLAGS"] = f"{flags} --xla_cpu_multi_thread_eigen={'true' if threads > 1 else 'false'} " \
                            f"intra_op_parallelism_threads={threads} {HOST_DEVICES}={threads}".strip()
         env["OMP_NUM_THREADS"] = env["OPENBLAS_NUM_THREADS"] = str(threads)
