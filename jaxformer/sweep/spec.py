@@ -6,7 +6,7 @@ base: {model: {preset: tiny}, data: {corpus: stdlib}, train: {batch_size: 8, seq
 shape: {head_dim: 16, aspect_ratio: 16}          # target N -> layers/width (sizing.py)
 isoflop: {budgets: [1e11, 3e11, 1e12], params: [8e3, 16e3, 32e3, 64e3, 128e3], flops: 6ND}
 # or: grid: {params: [...], tokens: [...]}
-hyperparameters:                                  # formulas of N, D, C, d_model, num_layers
+hyperparameters:                                  # formulas of N, D, C, d_model, num_layers, seed (formula.py)
   optimizer.lr: "min(1e-2, 3e-3 * (N / 1e5) ** -0.3)"
 seeds: [0]
 fit: {approaches: [2, 3]}
@@ -24,13 +24,12 @@ from pathlib import Path
 from typing import Any, Literal
 
 from jaxformer.configs import from_dict, load_yaml
+from jaxformer.sweep.formula import FormulaError
+from jaxformer.sweep.formula import check as check_formula
+from jaxformer.sweep.formula import evaluate as formula_evaluate
 from jaxformer.sweep.sizing import ShapeRule
 from jaxformer.train.config import config_from_dict
 
-FORMULA_NAMES = ("N", "D", "C", "d_model", "num_layers", "seed")
-FORMULA_FUNCTIONS = {name: getattr(math, name) for name in ("sqrt", "log", "log2", "log10", "exp")} | {
-    "min": min, "max": max, "round": round, "int": int,
-}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,14 +90,17 @@ class SweepSpec:
                 raise ValueError(f"fit.approaches must be 1, 2 or 3, got {approach}")
 
 
-def evaluate_formula(key: str, formula: Any, variables: dict[str, float]) -> Any:
-    """A hyperparameter for one run: a number, or an expression of ``FORMULA_NAMES``."""
+def evaluate_formula(key: str, formula: Any, variables: dict[str, float] | None) -> Any:
+    """A hyperparameter for one run: a number, or a formula of `formula.NAMES` (`jaxformer.sweep.formula`).
+
+    With ``variables`` None only the formula's grammar is checked. Errors name ``hyperparameters.<key>``.
+    """
     if not isinstance(formula, str):
         return formula
     try:
-        return eval(compile(formula, key, "eval"), {"__builtins__": {}}, {**FORMULA_FUNCTIONS, **variables})  # noqa: S307
-    except Exception as error:  # a user formula: report it as one line
-        raise ValueError(f"hyperparameters.{key}: cannot evaluate {formula!r} ({type(error).__name__}: {error})") from None
+        return check_formula(formula) if variables is None else formula_evaluate(formula, variables)
+    except FormulaError as error:
+        raise ValueError(f"hyperparameters.{key}: cannot evaluate {formula!r}: {error}") from None
 
 
 def load_spec(path: str | Path) -> SweepSpec:
@@ -107,9 +109,8 @@ def load_spec(path: str | Path) -> SweepSpec:
     data.setdefault("name", Path(path).stem)
     spec = from_dict(SweepSpec, data)
     config_from_dict(dict(spec.base))  # the base config must itself be valid
-    probe = {name: 1.0 for name in FORMULA_NAMES}
     for key, formula in spec.hyperparameters.items():
         if key.split(".")[0] not in ("model", "data", "optimizer", "train", "checkpoint", "logging", "parallel"):
             raise ValueError(f"hyperparameters.{key}: not a training config field")
-        evaluate_formula(key, formula, probe)
+        evaluate_formula(key, formula, None)  # the grammar, before anything is planned or evaluated
     return spec
