@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import re
 import sys
 
 from jaxformer.runtime import reexec_tuned
@@ -31,7 +32,15 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse already exits 2 on usage errors; keep its message to one line."""
+    """argparse already exits 2 on usage errors; keep its message to one line.
+
+    Negative numbers in scientific notation (``--flops -1e20``) are values, not options, so the
+    command's own check can name them.
+    """
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._negative_number_matcher = re.compile(r"^-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")
 
     def error(self, message: str) -> None:  # noqa: D102
         self.exit(2, f"{self.prog}: error: {message}\n")

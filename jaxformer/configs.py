@@ -8,6 +8,7 @@ field and the value (``ValueError``), in the style of Levanter/MaxText configs.
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from pathlib import Path
@@ -72,16 +73,15 @@ def _coerce(value: Any, annotation: Any, field: str) -> Any:
         if isinstance(value, str) and value.lower() in ("true", "false"):
             return value.lower() == "true"
         raise ValueError(f"{field} must be true or false, got {value!r}")
-    if annotation is int:
-        number = _parse_number(value) if isinstance(value, str) else value
-        if isinstance(number, bool) or not isinstance(number, (int, float)) or number != int(number):
-            raise ValueError(f"{field} must be an integer, got {value!r}")
-        return int(number)
-    if annotation is float:
+    if annotation in (int, float):
         number = _parse_number(value) if isinstance(value, str) else value
         if isinstance(number, bool) or not isinstance(number, (int, float)):
-            raise ValueError(f"{field} must be a number, got {value!r}")
-        return float(number)
+            raise ValueError(f"{field} must be {'an integer' if annotation is int else 'a number'}, got {value!r}")
+        if not math.isfinite(number):  # inf and NaN are never a size, a budget or a rate
+            raise ValueError(f"{field} must be a finite number, got {value!r}")
+        if annotation is int and (number != int(number) or abs(number) >= 2**63):
+            raise ValueError(f"{field} must be an integer (64-bit), got {value!r}")
+        return annotation(number)
     if annotation is str:
         if not isinstance(value, str):
             raise ValueError(f"{field} must be a string, got {value!r}")
@@ -136,7 +136,9 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     if not path.is_file():
         raise FileNotFoundError(f"config file not found: {path}")
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise ValueError(f"{path}: not a text file (not UTF-8), so not a YAML config") from None
     except yaml.YAMLError as error:
         raise ValueError(f"{path}: invalid YAML ({str(error).splitlines()[0]})") from None
     if data is None:

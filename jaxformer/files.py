@@ -36,3 +36,33 @@ def write_text_atomic(path: Path, text: str) -> None:
 
 def write_json_atomic(path: Path, payload: object, *, indent: int = 2) -> None:
     write_text_atomic(path, json.dumps(payload, indent=indent) + "\n")
+
+
+def load_json(path: Path) -> object:
+    """The JSON value in ``path``; a missing, binary or malformed file raises one line naming it."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"file not found: {path}")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise ValueError(f"{path}: not a text file (not UTF-8), so not JSON") from None
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path}: not valid JSON ({error.msg} at line {error.lineno}, column {error.colno})") from None
+
+
+def load_jsonl(path: Path) -> list[object]:
+    """One JSON value per non-blank line of ``path``; a bad line raises one line naming the file and its number."""
+    path = Path(path)
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError:
+        raise ValueError(f"{path}: not a text file (not UTF-8), so not JSON lines") from None
+    records = []
+    for number, line in enumerate(lines, start=1):
+        if line.strip():
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError as error:
+                raise ValueError(f"{path}, line {number}: not valid JSON ({error.msg})") from None
+    return records

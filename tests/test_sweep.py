@@ -147,3 +147,19 @@ def test_unreachable_ray_address_exits_2_before_any_run(tmp_path):
     result = jaxformer("sweep", TINY, "--out", tmp_path / "out", "--executor", "ray", "--ray-address", "127.0.0.1:1")
     assert result.returncode == 2 and "cannot reach Ray" in result.stderr, result.stderr
     assert len(result.stderr.strip().splitlines()) == 1 and not (tmp_path / "out").exists()
+
+
+def test_a_launch_beside_another_that_holds_runs_exits_0_and_leaves_the_fit_to_it(tmp_path):
+    """Two launches on one directory: the one that finishes first says how many runs are elsewhere and fits nothing."""
+    from jaxformer.sweep.runs import RunPaths, run_lock
+
+    spec = variant(tmp_path, "shared", isoflop={"budgets": [1e9], "params": [8e3, 16e3]})
+    out = tmp_path / "out"
+    held = plan_runs(load_spec(spec))[1].name
+    with run_lock(RunPaths(out, held)) as holding:  # "another launch" training one of the two runs
+        assert holding
+        result = jaxformer("sweep", spec, "--out", out, "--workers", 1)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "1 runs still training in another launch" in result.stdout
+    assert not (out / "results.csv").exists() and not (out / "fit").exists()
+    assert (out / "runs").joinpath(plan_runs(load_spec(spec))[0].name, "final.json").is_file()

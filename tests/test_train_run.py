@@ -116,12 +116,14 @@ def test_sigkill_then_resume_ends_bit_identical_even_past_a_corrupt_checkpoint(t
     out, err = resumed.communicate(timeout=600)
     assert resumed.returncode == 0, err
     assert f"checkpoint step {saved[-1]} is unreadable" in err  # the fallback warns
+    assert f"resumed from step {saved[-2]} (checkpoint {killed_dir.absolute() / 'checkpoints' / str(saved[-2])})" in err
     assert _final_digest(killed_dir) == _final_digest(tmp_path / "reference")  # params and optimizer state, bitwise
     assert _curve(killed_dir) == _curve(tmp_path / "reference")  # the whole loss curve, exactly
     final = json.loads((killed_dir / "final.json").read_text())
     reference_final = json.loads((tmp_path / "reference" / "final.json").read_text())
     assert (final["train_loss"], final["val_loss"]) == (reference_final["train_loss"], reference_final["val_loss"])
     assert final["wall_s"] > 0
+    assert final["resumed_from"]["step"] == saved[-2] and reference_final["resumed_from"] is None
 
 
 def test_a_diverging_run_stops_with_one_line_and_keeps_the_last_good_checkpoint(tmp_path, cache_dir, capsys,

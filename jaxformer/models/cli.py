@@ -1,11 +1,12 @@
-"""`jaxformer generate`: sample text from a run directory, a config file or a preset (byte-level prompts).
+"""`jaxformer generate`: sample text from a run directory, a config file or a preset (byte-level or the run's tokenizer).
 
 Where the model comes from:
 
 - ``--preset NAME`` or ``CONFIG.yaml`` (a ``model:`` section or a bare model mapping):
   an untrained model initialised from ``--seed`` — useful to exercise the decoding path;
 - ``RUN_DIR`` (a training run): ``RUN_DIR/config.yaml`` gives the model; trained
-  parameters come from ``RUN_DIR/checkpoints/`` through :func:`restore_run_params`.
+  parameters come from ``RUN_DIR/checkpoints/`` (`jaxformer.train.restore`, read-only), and
+  prompts are encoded with the run's own tokenizer (bytes, or the BPE it saved).
 """
 
 from __future__ import annotations
@@ -15,9 +16,6 @@ import sys
 from pathlib import Path
 
 from jaxformer.accounting.cli import resolve_model
-from jaxformer.configs import load_yaml
-from jaxformer.models.config import ModelConfig
-from jaxformer.models.presets import model_config_from_dict
 
 
 def encode_text(text: str) -> list[int]:
@@ -48,56 +46,38 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="sampling seed (and init seed of an untrained model)")
 
 
-def run_config(run_dir: Path) -> ModelConfig:
-    """The model section of ``RUN_DIR/config.yaml`` (the resolved training config)."""
-    data = load_yaml(run_dir / "config.yaml")
-    if not isinstance(data.get("model"), dict):
-        raise ValueError(f"{run_dir / 'config.yaml'} has no model section")
-    return model_config_from_dict(data["model"])
-
-
-def restore_run_params(run_dir: Path, graphdef, params):
-    """Trained parameters of the run at ``run_dir`` (its newest readable checkpoint), or ``params`` when it has none.
-
-    The abstract training state (parameters and optimizer state) is rebuilt from the
-    run's own ``config.yaml`` so Orbax restores exactly what training saved.
-    """
-    import jax
-
-    from jaxformer.train.checkpoint import Checkpointer
-    from jaxformer.train.config import load_config
-    from jaxformer.train.optimizer import make_optimizer
-    from jaxformer.train.step import build_state
-
-    checkpoints = run_dir / "checkpoints"
-    if not (checkpoints.is_dir() and any(p.name.isdigit() for p in checkpoints.iterdir())):
-        print(f"note: {run_dir} has no checkpoint yet; sampling from the untrained model", file=sys.stderr)
-        return params
-    config = load_config(run_dir / "config.yaml")
-    _, abstract = jax.eval_shape(lambda: build_state(config.model, config.train.seed, make_optimizer(config.optimizer)))
-    step, state, _ = Checkpointer(checkpoints, config.checkpoint.keep).restore_latest(abstract)
-    print(f"restored {run_dir} at step {step}", file=sys.stderr)
-    return state["params"]
-
-
 def load_model(source: str | None, preset: str | None, seed: int):
-    """The model to sample from: a run directory's, a config file's or a preset's (see the module docstring)."""
+    """``(model, tokenizer)`` to sample from: a run directory's, a config file's or a preset's (module docstring).
+
+    A run directory is only read (`jaxformer.train.restore`); a model from a config or a
+    preset is untrained and byte-level (tokenizer None).
+    """
     from flax import nnx
 
     from jaxformer.models.build import build_model
 
     path = None if source is None else Path(source)
-    if path is not None and path.is_dir():
-        if preset is not None:
-            raise ValueError("give a run directory or --preset, not both")
-        cfg = run_config(path)
+    if path is not None and not path.exists():
+        raise FileNotFoundError(f"no run directory or config file at {path}")
+    if path is None or not path.is_dir():
+        return build_model(resolve_model(source, preset), rngs=nnx.Rngs(params=seed)), None
+    if preset is not None:
+        raise ValueError("give a run directory or --preset, not both")
+    from jaxformer.train.checkpoint import CheckpointError
+    from jaxformer.train.restore import load_run_config, restore_params, run_tokenizer
+
+    config = load_run_config(path)
+    model = build_model(config.model, rngs=nnx.Rngs(params=seed))
+    try:
+        restored = restore_params(path, config)
+    except CheckpointError as error:  # unreadable checkpoints of a run: a bad source, reported in one line
+        raise ValueError(str(error)) from None
+    if restored is None:
+        print(f"note: {path} has no checkpoint yet; sampling from the untrained model", file=sys.stderr)
     else:
-        cfg = resolve_model(source, preset)
-    model = build_model(cfg, rngs=nnx.Rngs(params=seed))
-    if path is not None and path.is_dir():
-        graphdef, params = nnx.split(model)
-        model = nnx.merge(graphdef, restore_run_params(path, graphdef, params))
-    return model
+        graphdef, _ = nnx.split(model)
+        model = nnx.merge(graphdef, restored[1])
+    return model, run_tokenizer(path, config)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -110,8 +90,9 @@ def run(args: argparse.Namespace) -> int:
     cfg = resolve_model(None, args.preset) if args.preset and args.source is None else None
     if cfg is not None:  # fail on bad sampling options before building a large preset
         check_sampling(args.temperature, args.top_k, args.top_p, cfg.vocab_size)
-    model = load_model(args.source, args.preset, args.seed)
-    new_tokens = generate(model, encode_text(args.prompt), max_new_tokens=args.max_new_tokens,
+    model, tokenizer = load_model(args.source, args.preset, args.seed)
+    prompt = encode_text(args.prompt) if tokenizer is None else [int(t) for t in tokenizer.encode(args.prompt)]
+    new_tokens = generate(model, prompt, max_new_tokens=args.max_new_tokens,
                           temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
-    print(args.prompt + decode_tokens(new_tokens))
+    print(args.prompt + (decode_tokens(new_tokens) if tokenizer is None else tokenizer.decode(new_tokens)))
     return 0

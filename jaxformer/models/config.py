@@ -19,6 +19,9 @@ NormPosition = Literal["pre", "post", "sandwich"]
 Position = Literal["learned", "sinusoidal", "rope", "alibi", "none"]
 AttentionImpl = Literal["naive", "blockwise", "xla"]
 
+# sizes resolved from others when unset (``__post_init__``)
+DERIVED_FIELDS = ("num_kv_heads", "head_dim", "d_ff", "expert_d_ff")
+
 _CHOICES = {
     "family": Family,
     "activation": Activation,
@@ -142,6 +145,11 @@ class ModelConfig:
         return self.family != "encoder"
 
 
+MAX_SIZE = 2**31 - 1  # token ids, positions and every axis are indexed with int32
+
+
 def _require_positive(name: str, value: int) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
         raise ValueError(f"model.{name} must be a positive integer, got {value!r}")
+    if value > MAX_SIZE:
+        raise ValueError(f"model.{name} must be at most {MAX_SIZE:,}, got {value!r}")

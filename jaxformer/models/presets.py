@@ -8,7 +8,7 @@ shapes without BERT's token-type embeddings and pooler (not modelled here).
 
 from __future__ import annotations
 
-from jaxformer.models.config import ModelConfig
+from jaxformer.models.config import DERIVED_FIELDS, ModelConfig
 
 _GPT2 = dict(vocab_size=50257, max_seq_len=1024, activation="gelu", norm="layernorm", position="learned",
              use_bias=True, tie_embeddings=True)
@@ -61,7 +61,7 @@ def model_config_from_dict(data: dict) -> ModelConfig:
     if preset is not None:
         base = dataclasses.asdict(get_preset(str(preset)))
         # sizes the preset derived from its width are re-derived when the width changes
-        for derived in ("num_kv_heads", "head_dim", "d_ff", "expert_d_ff"):
+        for derived in DERIVED_FIELDS:
             if derived not in data and ({"d_model", "num_heads"} & data.keys()):
                 base[derived] = None
         data = {**base, **data}

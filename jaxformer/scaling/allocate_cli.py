@@ -12,6 +12,7 @@ import argparse
 import json
 from pathlib import Path
 
+from jaxformer.files import load_json
 from jaxformer.scaling.allocation import PRESETS, Law, ParametricLaw, PowerLawAllocation, allocate
 
 
@@ -25,7 +26,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def load_law(path: str, approach: str | None) -> tuple[str, Law]:
-    data = json.loads(Path(path).read_text())
+    data = load_json(Path(path))
     if not isinstance(data, dict):
         raise ValueError(f"{path}: expected a JSON object, got {type(data).__name__}")
     if approach is None and "approach3" not in data and {"E", "A", "B", "alpha", "beta"} <= set(data):

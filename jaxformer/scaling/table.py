@@ -20,12 +20,13 @@ run's IsoFLOP budget.
 from __future__ import annotations
 
 import csv
-import json
 import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
+
+from jaxformer.files import load_json, load_jsonl
 
 # role -> accepted names, compared after lower-casing and mapping spaces/dashes to "_"
 CANDIDATES: dict[str, tuple[str, ...]] = {
@@ -141,7 +142,7 @@ def _read_columns(path: Path) -> dict[str, list]:
             rows = list(csv.DictReader(fh))
         return {k: [r[k] for r in rows] for k in (rows[0].keys() if rows else [])}
     if suffix in (".jsonl", ".ndjson"):
-        return _records_to_columns([json.loads(line) for line in path.read_text().splitlines() if line.strip()], path)
+        return _records_to_columns(load_jsonl(path), path)
     if suffix == ".parquet":
         import pyarrow.parquet as pq  # imported here: only Parquet users pay for it
 
@@ -199,14 +200,9 @@ def _load_sweep(path: Path, names: dict[str, str | None]) -> RunTable:
     run_dirs = sorted(p.parent for p in root.glob("*/final.json"))
     if not run_dirs:
         raise ValueError(f"{path}: no run sub-directories with final.json")
-    records = []
-    for d in run_dirs:
-        try:
-            records.append(json.loads((d / "final.json").read_text()))
-        except json.JSONDecodeError as error:
-            raise ValueError(f"{d / 'final.json'}: not valid JSON ({error.msg})") from None
+    records = [load_json(d / "final.json") for d in run_dirs]
     if (path / "plan.json").is_file():  # `jaxformer sweep` layout: budgets live in the plan
-        budgets = {r["name"]: r.get("budget") for r in json.loads((path / "plan.json").read_text())["runs"]}
+        budgets = {r["name"]: r.get("budget") for r in load_json(path / "plan.json")["runs"]}
         if all(budgets.get(d.name) is not None for d in run_dirs):
             for record, d in zip(records, run_dirs):
                 record.setdefault("budget", budgets[d.name])

@@ -83,7 +83,7 @@ def _prepare_directory(spec: SweepSpec, runs: list[PlannedRun], out: Path) -> No
 
 
 def launch(spec: SweepSpec, runs: list[PlannedRun], out: Path, args: argparse.Namespace) -> int:
-    """Trains every run not yet done; returns 0 when all are done, 1 when some failed."""
+    """Trains every run not yet done; returns 1 when a run failed, else 0 (also when another launch holds runs)."""
     ray = connect_ray(args.ray_address, args.workers) if args.executor == "ray" else None
     _prepare_directory(spec, runs, out)
     states = {run.name: RunPaths(out, run.name).state() for run in runs}
@@ -97,14 +97,21 @@ def launch(spec: SweepSpec, runs: list[PlannedRun], out: Path, args: argparse.Na
     progress = SweepProgress(out, [dataclasses.asdict(run) for run in runs], initial)
     with progress:
         if ray is None:
-            run_local(out, todo, workers, threads, progress.event)
+            outcomes = run_local(out, todo, workers, threads, progress.event)
         else:
-            run_ray(ray, out, todo, threads, args.gpus_per_run, progress.event)
+            outcomes = run_ray(ray, out, todo, threads, args.gpus_per_run, progress.event)
     print(progress.summary())
     rows = collect(out)
+    busy = {outcome.name for outcome in outcomes if outcome.status == "busy"}
+    elsewhere = [row["run"] for row in rows if row["run"] in busy and row["status"] != "done"]
+    failed = [row["run"] for row in rows if row["status"] == "failed"]
+    if elsewhere:  # the launch that finishes last writes the table and the fit, on every run
+        print(f"{len(elsewhere)} runs still training in another launch; results.csv and the fit are left to it "
+              f"(or run `jaxformer results {out}` when it is done)")
+        return 1 if failed else 0
     write_bytes_atomic(out / "results.csv", render(rows, "csv"))
     if spec.fit is not None:
         from jaxformer.sweep.fit import fit_sweep
 
         fit_sweep(out, rows, spec.fit)
-    return 0 if all(row["status"] == "done" for row in rows) else 1
+    return 1 if failed else 0

@@ -7,8 +7,10 @@ into a temporary directory and renames it when complete, so a process killed mid
 leaves no half-written step behind; ``max_to_keep`` keeps the last ``keep`` steps.
 
 Restoring tries the newest step first. A step that fails to load, or whose arrays no longer
-match their digest, is moved to ``RUN_DIR/corrupt_checkpoints/`` with a warning and the
-previous step is tried — a run never silently restarts from step 0 when checkpoints exist.
+match their digest, is skipped with a warning and the previous step is tried — a run never
+silently restarts from step 0 when checkpoints exist. Training moves such a step to
+``RUN_DIR/corrupt_checkpoints/``; a read-only checkpointer (``read_only=True``: generation,
+inspection) leaves every file where it is and writes nothing.
 
 Sharded state is saved sharded: each process writes the shards its devices hold. Restoring
 into an abstract state whose ``ShapeDtypeStruct`` leaves carry other shardings (another mesh,
@@ -73,13 +75,24 @@ def state_digest(state: Any) -> str:
     return digest.hexdigest()
 
 
-class Checkpointer:
-    """Saves and restores ``(state, meta)`` under ``directory`` (synchronously)."""
+def has_checkpoints(run_dir: Path) -> bool:
+    """Whether ``RUN_DIR/checkpoints`` holds at least one saved step."""
+    directory = Path(run_dir) / "checkpoints"
+    return directory.is_dir() and any(child.name.isdigit() for child in directory.iterdir())
 
-    def __init__(self, directory: Path, keep: int) -> None:
+
+class Checkpointer:
+    """Saves and restores ``(state, meta)`` under ``directory`` (synchronously).
+
+    read_only: only restore; never create, clean up or move anything under ``directory``.
+    """
+
+    def __init__(self, directory: Path, keep: int, *, read_only: bool = False) -> None:
         self.directory = Path(directory).absolute()
+        self.read_only = read_only
         options = ocp.CheckpointManagerOptions(
-            max_to_keep=keep, create=True, enable_async_checkpointing=False, cleanup_tmp_directories=True
+            max_to_keep=keep, create=not read_only, enable_async_checkpointing=False,
+            cleanup_tmp_directories=not read_only, read_only=read_only,
         )
         self.manager = ocp.CheckpointManager(self.directory, options=options)
 
@@ -102,7 +115,7 @@ class Checkpointer:
         abstract_state: a tree of ``jax.ShapeDtypeStruct`` (with shardings) shaped like the state.
         Raises `CheckpointError` when steps exist but none restores.
         """
-        steps = self.steps()
+        steps, unreadable = self.steps(), []
         for step in reversed(steps):
             try:
                 restored = self.manager.restore(
@@ -112,26 +125,28 @@ class Checkpointer:
                 state, meta = restored["state"], dict(restored["meta"])
                 if state_digest(state) != meta.get("digest"):
                     raise ValueError("array contents do not match the digest saved with them")
-                return step, state, meta
             except Exception as error:  # noqa: BLE001 — any failure to read a step means: try the previous one
-                self._set_aside(step, error)
+                unreadable.append((step, f"{type(error).__name__}: {(str(error).splitlines() or [''])[0][:200]}"))
+                if not self.read_only:
+                    self._set_aside(*unreadable[-1])
+                continue
+            if unreadable and self.read_only:  # one line for all the skipped steps
+                print(f"warning: checkpoint steps {[s for s, _ in unreadable]} are unreadable ({unreadable[0][1]}); "
+                      f"restored step {step}, leaving them in place", file=sys.stderr)
+            return step, state, meta
         if steps:
-            raise CheckpointError(
-                f"none of the checkpoints {steps} in {self.directory} could be restored; "
-                f"they were moved to {self._corrupt_dir()} (start a new run directory to begin again)"
-            )
+            where = "they were left in place" if self.read_only else f"they were moved to {self._corrupt_dir()}"
+            raise CheckpointError(f"none of the checkpoints {steps} in {self.directory} could be restored "
+                                  f"(step {unreadable[0][0]}: {unreadable[0][1]}); {where} (start a new run directory to begin again)")
         return None
 
     def _corrupt_dir(self) -> Path:
         return self.directory.parent / "corrupt_checkpoints"
 
-    def _set_aside(self, step: int, error: Exception) -> None:
-        reason = str(error).splitlines()[0] if str(error) else ""
-        print(
-            f"warning: checkpoint step {step} is unreadable ({type(error).__name__}: {reason[:200]}); "
-            f"moving it to {self._corrupt_dir()} and falling back to the previous one",
-            file=sys.stderr,
-        )
+    def _set_aside(self, step: int, reason: str) -> None:
+        """Training moves an unreadable step out of the way, and says so."""
+        print(f"warning: checkpoint step {step} is unreadable ({reason}); moving it to {self._corrupt_dir()} "
+              "and falling back to the previous one", file=sys.stderr)
         source = self.directory / str(step)
         if source.exists():
             target = self._corrupt_dir() / str(step)

@@ -4,7 +4,7 @@ The run directory is ``--run-dir``, else ``train.run_dir``, else ``runs/<config 
 Bad input (unknown keys, wrong types, missing corpus files, a corpus shorter than one
 batch, ``seq_len`` past the model's positions, non-positive budgets, a run directory
 holding a different run) exits 2 with one line naming the field and value, after writing
-only ``RUN_DIR/error.json``. A loss that turns NaN/inf exits 1, keeping the last good checkpoint.
+only ``RUN_DIR/error.json`` — and nothing at all into a directory that already holds a run. A loss that turns NaN/inf exits 1, keeping the last good checkpoint.
 """
 
 from __future__ import annotations
@@ -39,7 +39,13 @@ def run_dir_for(args: argparse.Namespace) -> Path:
 
 
 def write_error(run_dir: Path, error: BaseException, kind: str) -> None:
-    """``RUN_DIR/error.json``: the one thing a failed run writes (best effort)."""
+    """``RUN_DIR/error.json``: the one thing a failed run writes (best effort).
+
+    Bad input aimed at a directory that already holds a run (a refused resume, say) writes
+    nothing there: that run's files stay exactly as they were.
+    """
+    if kind == "bad_input" and (run_dir / "config.yaml").is_file():
+        return
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
         write_json_atomic(run_dir / "error.json", {"error": kind, "message": str(error), "time": time.time()})

@@ -18,10 +18,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 from jaxformer.configs import apply_overrides, from_dict, load_yaml, to_dict
-from jaxformer.models.config import ModelConfig
+from jaxformer.models.config import DERIVED_FIELDS, ModelConfig
 from jaxformer.models.presets import model_config_from_dict
 
 DEFAULT_PRESET = "tiny"
+MAX_STEPS = 2**31 - 1  # the step counter is int32
 
 
 @dataclasses.dataclass(frozen=True)
@@ -235,9 +236,14 @@ RESUMABLE_CHANGES = ("logging.", "checkpoint.", "train.run_dir", "train.compilat
 
 
 def resume_conflict(saved: dict[str, Any], current: TrainConfig) -> str | None:
-    """The first field (other than `RESUMABLE_CHANGES`) whose value differs from the run's saved config."""
+    """The first field (other than `RESUMABLE_CHANGES`) whose value differs from the run's saved config.
+
+    Fields the model derives from others (``d_ff`` from ``d_model``…) are compared last, so the
+    message names the field the user changed.
+    """
     before, after = _flatten(saved), _flatten(config_to_dict(current))
-    for key in sorted(before.keys() | after.keys()):
+    derived = {f"model.{name}" for name in DERIVED_FIELDS}
+    for key in sorted(before.keys() | after.keys(), key=lambda key: (key in derived, key)):
         if not key.startswith(RESUMABLE_CHANGES) and before.get(key) != after.get(key):
             return f"{key} was {before.get(key)!r} in the saved run, now {after.get(key)!r}"
     return None
@@ -261,6 +267,9 @@ def validate(config: TrainConfig) -> None:
     for name in ("tokens", "batch_size", "seq_len", "grad_accum", "eval_tokens"):
         _positive(f"train.{name}", getattr(train, name))
     _non_negative("train.eval_interval", train.eval_interval)
+    if config.total_steps > MAX_STEPS:
+        raise ValueError(f"train.tokens={train.tokens:.3g} is {config.total_steps:.3g} optimizer steps of "
+                         f"{config.tokens_per_step:,} tokens; at most {MAX_STEPS:,} are supported")
     if train.batch_size % train.grad_accum:
         raise ValueError(
             f"train.batch_size ({train.batch_size}) must be a multiple of train.grad_accum ({train.grad_accum})"

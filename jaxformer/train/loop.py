@@ -21,6 +21,8 @@ process writes its shards of each checkpoint.
 from __future__ import annotations
 
 import json
+import os
+import sys
 import time
 from pathlib import Path
 
@@ -32,7 +34,7 @@ from jaxformer.accounting import count_params, training_flops
 from jaxformer.parallel import Layout
 from jaxformer.parallel import initialize as initialize_distributed
 from jaxformer.files import write_json_atomic, write_text_atomic
-from jaxformer.train.checkpoint import Checkpointer
+from jaxformer.train.checkpoint import Checkpointer, has_checkpoints
 from jaxformer.train.config import TrainConfig, config_to_dict, resume_conflict
 from jaxformer.train.dataset import Dataset, prepare_dataset
 from jaxformer.train.loader import Loader, eval_batches
@@ -54,11 +56,6 @@ def enable_compilation_cache(directory: str) -> None:
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 
 
-def has_checkpoints(run_dir: Path) -> bool:
-    directory = run_dir / "checkpoints"
-    return directory.is_dir() and any(child.name.isdigit() for child in directory.iterdir())
-
-
 def check_resume(config: TrainConfig, run_dir: Path) -> bool:
     """Whether the run resumes; raises ``ValueError`` when the run directory holds a different run."""
     if not has_checkpoints(run_dir):
@@ -73,11 +70,23 @@ def check_resume(config: TrainConfig, run_dir: Path) -> bool:
     return True
 
 
+def _check_host_memory(config: TrainConfig) -> None:
+    """On a CPU, one fp32 copy of the training state (parameters, gradients, two AdamW moments) must fit in RAM."""
+    if jax.default_backend() != "cpu":
+        return
+    need = 16 * count_params(config.model).total
+    have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if need > have:
+        raise ValueError(f"the model has {count_params(config.model).total:,} parameters, whose training state needs "
+                         f"{need / 2**30:,.1f} GiB, more than this machine's {have / 2**30:,.1f} GiB of memory")
+
+
 def train(config: TrainConfig, run_dir: Path) -> dict:
     """Trains (or resumes) the run in ``run_dir``; returns the ``final.json`` record."""
     started = time.perf_counter()
     run_dir = Path(run_dir)
     initialize_distributed(config.parallel.distributed)
+    _check_host_memory(config)
     layout = Layout.for_run(config)
     resuming = check_resume(config, run_dir)
     dataset = prepare_dataset(config, run_dir / "tokenizer.json" if resuming else None)
@@ -148,11 +157,15 @@ class _Run:
         checkpointer = Checkpointer(run_dir / "checkpoints", config.checkpoint.keep)
         abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state)
         restored = checkpointer.restore_latest(abstract)
-        self.previous_wall_s = 0.0
+        self.previous_wall_s, self.resumed_from = 0.0, None
         if restored is not None:
-            _, state, meta = restored
+            step, state, meta = restored
             self.loader.load_state_dict(meta["loader"])
             self.previous_wall_s = float(meta["wall_s"])
+            self.resumed_from = {"step": step, "checkpoint": str(checkpointer.directory / str(step))}
+            if jax.process_index() == 0:
+                print(f"resumed from step {step} (checkpoint {self.resumed_from['checkpoint']})", file=sys.stderr,
+                      flush=True)
         start_step = self.start_step = int(state["step"])
         self.peak_flops = config.train.peak_flops or probe_matmul_peak(config.train.compute_dtype)
 
@@ -256,6 +269,7 @@ class _Run:
             "val_bits_per_byte": self.dataset.bits_per_byte(self.val_loss),
             "wall_s": self._wall_s(),
             "compile_s": self.compile_s,
+            "resumed_from": self.resumed_from,
             "mesh": dict(self.layout.mesh.shape),
             "tokens_per_s": tokens_per_s,
             "mfu": tokens_per_s * self.flops_per_token / self.peak_flops if tokens_per_s else None,

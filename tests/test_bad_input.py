@@ -1,0 +1,103 @@
+"""Bad input through the command line, table-driven: exit 2, at most two stderr lines naming the field,
+no traceback, and any run or sweep directory it points at byte-for-byte unchanged."""
+
+import hashlib
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from jaxformer.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY_RUN = ["model.d_model=32", "model.num_layers=1", "model.num_heads=2", "model.max_seq_len=64",
+            "data.corpus=synthetic-markov", "data.markov.bytes=200000", "train.batch_size=8", "train.seq_len=32",
+            "train.tokens=2560", "train.eval_tokens=1024", "checkpoint.interval=5", "logging.progress=none",
+            "logging.tensorboard=false"]
+
+
+def snapshot(directory: Path) -> dict[str, str]:
+    """Every file under ``directory`` (relative path -> SHA-256), directories included as entries."""
+    if not directory.exists():
+        return {}
+    return {str(p.relative_to(directory)): hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir"
+            for p in sorted(directory.rglob("*"))}
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory):
+    """A finished run, a copy of it with every checkpoint corrupt, a sweep spec, and hostile or broken files."""
+    root = tmp_path_factory.mktemp("bad-input")
+    (root / "empty.yaml").write_text("{}\n")
+    assert main(["train", str(root / "empty.yaml"), *TINY_RUN, "--run-dir", str(root / "run")]) == 0
+    shutil.copytree(root / "run", root / "corrupt")
+    (root / "corrupt" / "final.json").unlink()
+    for chunk in (root / "corrupt" / "checkpoints").rglob("d/*"):
+        chunk.write_bytes(b"\0" * chunk.stat().st_size)
+    (root / "binary.yaml").write_bytes(bytes(range(256)) * 4)
+    (root / "not-json.json").write_text("E: 1.69\n")
+    (root / "table.jsonl").write_text('{"N": 1e6, "D": 1e9, "loss": 3.0}\n{"N": 2e6, "D": \n')
+    spec = yaml.safe_load((ROOT / "sweeps" / "tiny.yaml").read_text())
+    for name, formula in {"hostile": "().__class__.__base__.__subclasses__()",
+                          "import": "__import__('os').system('touch PWNED')",
+                          "huge": "10**10**10", "unknown": "3e-3 * M"}.items():
+        (root / f"{name}.yaml").write_text(yaml.safe_dump({**spec, "hyperparameters": {"optimizer.lr": formula}}))
+    (root / "inf-budget.yaml").write_text(yaml.safe_dump({**spec, "isoflop": {"budgets": [float("inf")], "params": [8e3]}}))
+    return root
+
+
+CASES = [  # (argv, what stderr must name, directory that must stay unchanged or None)
+    (["train", "{w}/empty.yaml", "train.tokens=1e400"], "train.tokens must be a finite number", None),
+    (["train", "{w}/empty.yaml", "train.tokens=.nan"], "train.tokens must be a finite number", None),
+    (["train", "{w}/empty.yaml", "train.tokens=1e300"], "train.tokens must be an integer", None),
+    (["train", "{w}/empty.yaml", "train.tokens=1e18"], "train.tokens=1e+18 is", None),
+    (["train", "{w}/empty.yaml", "optimizer.lr=.nan"], "optimizer.lr must be a finite number", None),
+    (["train", "{w}/empty.yaml", "optimizer.lr=-.inf"], "optimizer.lr must be a finite number", None),
+    (["train", "{w}/empty.yaml", "optimizer.beta2=1.5"], "optimizer.beta2 must be in [0.0, 1.0)", None),
+    (["train", "{w}/empty.yaml", "model.d_model=1e12"], "model.d_model must be at most 2,147,483,647", None),
+    (["train", "{w}/empty.yaml", "model.d_model=100000"], "training state needs", None),
+    (["train", "{w}/empty.yaml", "model.dmodel=3"], "unknown config key 'model.dmodel'", None),
+    (["train", "{w}/binary.yaml"], "binary.yaml: not a text file", None),
+    (["train", "{w}/absent.yaml"], "config file not found", None),
+    (["train", "{w}/empty.yaml", *TINY_RUN, "model.d_model=48", "--run-dir", "{w}/run"],
+     "model.d_model was 32 in the saved run, now 48", "run"),
+    (["train", "{w}/empty.yaml", *TINY_RUN, "train.seed=3", "--run-dir", "{w}/run"], "train.seed was 0", "run"),
+    (["sweep", "{w}/hostile.yaml", "--dry-run"], "hyperparameters.optimizer.lr: cannot evaluate", None),
+    (["sweep", "{w}/hostile.yaml", "--out", "{w}/sweep-out"], "__subclasses__' (attribute access)", None),
+    (["sweep", "{w}/import.yaml", "--dry-run"], "__import__", None),
+    (["sweep", "{w}/huge.yaml", "--dry-run", "--no-probe"], "hyperparameters.optimizer.lr: cannot evaluate '10**10**10'",
+     None),
+    (["sweep", "{w}/unknown.yaml", "--dry-run"], "unknown name 'M'", None),
+    (["sweep", "{w}/inf-budget.yaml", "--dry-run"], "isoflop.budgets[0] must be a finite number", None),
+    (["sweep", "{w}/binary.yaml", "--dry-run"], "binary.yaml: not a text file", None),
+    (["fit", "{w}/table.jsonl"], "table.jsonl, line 2: not valid JSON", None),
+    (["fit", "{w}/run"], "no run sub-directories", "run"),
+    (["allocate", "--flops", "-1e20"], "flops must be positive", None),
+    (["allocate", "--flops", "nan"], "flops must be positive and finite", None),
+    (["allocate", "--flops", "1e20", "--law", "{w}/not-json.json"], "not-json.json: not valid JSON", None),
+    (["allocate", "--flops", "1e20", "--law", "{w}/absent.json"], "absent.json", None),
+    (["count", "--preset", "gpt3"], "unknown preset 'gpt3'", None),
+    (["count", "{w}/binary.yaml"], "binary.yaml: not a text file", None),
+    (["generate", "{w}/no/such/run", "--prompt", "a"], "no run directory or config file at", None),
+    (["generate", "{w}/corrupt", "--prompt", "a"], "they were left in place", "corrupt"),
+    (["generate", "{w}/run", "--prompt", "a", "--max-new-tokens", "0"], "--max-new-tokens must be positive", "run"),
+    (["generate", "{w}/run", "--prompt", "a", "--top-p", "2"], "top_p must be in (0, 1]", "run"),
+    (["results", "{w}/run"], "not a sweep directory", "run"),
+]
+
+
+@pytest.mark.parametrize(("argv", "named", "kept"), CASES, ids=[" ".join(c[0][:3]) for c in CASES])
+def test_bad_input_is_one_clear_line_and_changes_nothing(workspace, capsys, argv, named, kept):
+    argv = [a.replace("{w}", str(workspace)) for a in argv]
+    before = snapshot(workspace / kept) if kept else None
+    outside = snapshot(workspace)
+    code = main(argv)
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert code == 2, err
+    assert len(lines) <= 2 and named in lines[-1], err
+    assert "Traceback" not in err
+    if kept:
+        assert snapshot(workspace / kept) == before
+    assert snapshot(workspace) == outside  # nothing written anywhere: no run directory, no sweep, no PWNED
