@@ -1,6 +1,6 @@
 """The `jaxformer` command line: a thin dispatcher over the sub-command modules.
 
-Each sub-command lives next to the code it drives and exposes two functions,
+Each sub-command is a module of `jaxformer.commands` exposing two functions,
 ``add_arguments(parser)`` and ``run(args) -> int``. They are imported lazily, so
 `jaxformer count` does not pay for importing Optax or Orbax.
 
@@ -15,19 +15,20 @@ import importlib
 import os
 import re
 import sys
+import warnings
 
 from jaxformer.runtime import reexec_tuned
 
 # sub-command -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "count": ("jaxformer.accounting.cli", "exact parameter, FLOP and KV-cache counts of a model"),
-    "generate": ("jaxformer.models.cli", "sample text from a run, a config or a preset, with a KV cache"),
-    "bench": ("jaxformer.bench", "benchmarks: ratios side by side in one run, tables, JSON and log-log plots"),
-    "train": ("jaxformer.train.cli", "train a decoder on a token budget, with checkpoints and exact resume"),
-    "sweep": ("jaxformer.sweep.cli", "train an (N, D) grid or IsoFLOP budgets, locally or on Ray, then fit"),
-    "results": ("jaxformer.sweep.results", "one table of a sweep's runs: N, D, C, losses, status"),
-    "fit": ("jaxformer.scaling.fit_cli", "scaling-law fits (Chinchilla Approaches 1-3) with bootstrap intervals"),
-    "allocate": ("jaxformer.scaling.allocate_cli", "compute-optimal N, D, tokens per parameter and loss at C"),
+    "count": ("jaxformer.commands.count", "exact parameter, FLOP and KV-cache counts of a model"),
+    "generate": ("jaxformer.commands.generate", "sample text from a run, a config or a preset, with a KV cache"),
+    "bench": ("jaxformer.commands.bench", "benchmarks: ratios side by side in one run, tables, JSON and log-log plots"),
+    "train": ("jaxformer.commands.train", "train a decoder on a token budget, with checkpoints and exact resume"),
+    "sweep": ("jaxformer.commands.sweep", "train an (N, D) grid or IsoFLOP budgets, locally or on Ray, then fit"),
+    "results": ("jaxformer.commands.results", "one table of a sweep's runs: N, D, C, losses, status"),
+    "fit": ("jaxformer.commands.fit", "scaling-law fits (Chinchilla Approaches 1-3) with bootstrap intervals"),
+    "allocate": ("jaxformer.commands.allocate", "compute-optimal N, D, tokens per parameter and loss at C"),
 }
 
 
@@ -59,12 +60,29 @@ def build_parser(selected: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+def _one_line_notes() -> None:
+    """Deprecation notes of config keys (`ConfigDeprecation`) print as one ``note:`` line each."""
+    show = warnings.showwarning
+    if getattr(show, "one_line_notes", False):
+        return
+
+    def one_line(message, category, filename, lineno, file=None, line=None):
+        if category.__name__ == "ConfigDeprecation":
+            print(f"note: {message}", file=sys.stderr)
+        else:
+            show(message, category, filename, lineno, file, line)
+
+    one_line.one_line_notes = True
+    warnings.showwarning = one_line
+
+
 def main(argv: list[str] | None = None) -> int:
     """Runs one sub-command; from the command line (``argv`` None) first in the tuned process
     environment of `jaxformer.runtime`."""
     if argv is None:
         argv = sys.argv[1:]
         reexec_tuned(argv)
+    _one_line_notes()
     selected = next((a for a in argv if not a.startswith("-")), None)
     args = build_parser(selected).parse_args(argv)
     try:

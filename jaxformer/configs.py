@@ -3,11 +3,18 @@
 ``from_dict(TrainConfig, yaml_dict, overrides=["model.d_model=256", "train.tokens=2e6"])``
 returns a validated, frozen dataclass tree. Errors are one line naming the dotted
 field and the value (``ValueError``), in the style of Levanter/MaxText configs.
+
+Validation has one style. Each subsystem's config is a frozen dataclass deriving from
+`Section`, with its dotted name in ``SECTION``; a field's range is declared where the field is
+(``lr: float = setting(3e-3, POSITIVE)``) and checked on construction, by the dataclass's own
+``__post_init__``; checks across fields go in the section's ``check()``. The run config only
+composes the sections and checks what spans them.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import types
 import typing
@@ -17,6 +24,78 @@ from typing import Any, Literal, TypeVar, get_args, get_origin, get_type_hints
 import yaml
 
 T = TypeVar("T")
+
+
+@dataclasses.dataclass(frozen=True)
+class Range:
+    """The values a number field may take; ``check`` raises one line naming the field."""
+
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+    integer: bool = False  # "a positive integer": also refuses floats and bools passed from Python
+
+    def check(self, field: str, value: Any) -> None:
+        if value is None:  # optional settings are unset
+            return
+        if self.integer and (not isinstance(value, int) or isinstance(value, bool)):
+            raise ValueError(f"{field} must be a positive integer, got {value!r}")
+        too_low = self.low is not None and (value <= self.low if self.low_open else value < self.low)
+        too_high = self.high is not None and (value >= self.high if self.high_open else value > self.high)
+        if not (too_low or too_high):
+            return
+        if self.integer and too_low:
+            raise ValueError(f"{field} must be a positive integer, got {value!r}")
+        if self.high is None:
+            raise ValueError(f"{field} must be {'positive' if self.low_open else f'>= {self.low}'}, got {value!r}")
+        if self.integer:
+            raise ValueError(f"{field} must be at most {self.high:,}, got {value!r}")
+        brackets = ("(" if self.low_open else "[") + f"{self.low}, {self.high}" + (")" if self.high_open else "]")
+        raise ValueError(f"{field} must be in {brackets}, got {value!r}")
+
+
+MAX_SIZE = 2**31 - 1  # token ids, positions and every array axis are indexed with int32
+SIZE = Range(low=0, low_open=True, high=MAX_SIZE, integer=True)  # a count: layers, heads, widths, lengths
+POSITIVE = Range(low=0, low_open=True)
+NON_NEGATIVE = Range(low=0)
+FRACTION = Range(0.0, 1.0)  # [0, 1]
+
+
+def setting(default: Any = dataclasses.MISSING, allowed: Range | None = None, *, factory: Any = dataclasses.MISSING):
+    """A config field with a default (or ``factory``) and the `Range` its values must lie in."""
+    return dataclasses.field(default=default, default_factory=factory, metadata={"range": allowed})
+
+
+@functools.lru_cache(maxsize=None)
+def _hints(cls: type) -> dict[str, Any]:
+    return get_type_hints(cls)
+
+
+class Section:
+    """Base of every config dataclass: ranges checked on construction, errors naming ``SECTION.field``."""
+
+    SECTION: typing.ClassVar[str] = ""
+
+    def __post_init__(self) -> None:
+        hints = _hints(type(self))
+        for field in dataclasses.fields(self):
+            value, name = getattr(self, field.name), self.name_of(field.name)
+            if get_origin(hints[field.name]) is Literal and value not in get_args(hints[field.name]):
+                raise ValueError(f"{name} must be one of {', '.join(map(str, get_args(hints[field.name])))}, "
+                                 f"got {value!r}")
+            allowed = field.metadata.get("range")
+            if allowed is not None:
+                allowed.check(name, value)
+        self.check()
+
+    def check(self) -> None:
+        """Checks across this section's fields (none by default)."""
+
+    @classmethod
+    def name_of(cls, field: str) -> str:
+        """The dotted name users write: ``optimizer.lr``."""
+        return f"{cls.SECTION}.{field}" if cls.SECTION else field
 
 
 def _parse_number(text: str) -> float | None:

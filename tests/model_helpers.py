@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jaxformer.models.config import ModelConfig
+from jaxformer.architecture import ModelConfig
 
 TINY = dict(vocab_size=32, d_model=16, num_heads=2, num_layers=1, max_seq_len=16, use_bias=False)
 

@@ -12,7 +12,7 @@ from model_helpers import TINY, jit_forward, tiny, tokens
 
 import jaxformer
 from jaxformer.cli import main
-from jaxformer.models import KVCache, build_model
+from jaxformer.models import KVCache, apply, build_model
 
 
 def jit_extend(model):
@@ -34,8 +34,8 @@ def decode_in_steps(extend, x_BT, cache, prefill, *context):
 @pytest.mark.parametrize("overrides", [
     dict(position="rope", num_heads=4, num_kv_heads=2, sliding_window=4, activation="swiglu", norm="rmsnorm"),
     dict(position="learned", norm_position="post", use_bias=True),
-    # capacity_factor = experts / k: no token is ever dropped, so routing does not depend on the batch
-    dict(position="alibi", num_experts=4, experts_per_token=2, capacity_factor=2.0, norm_position="sandwich"),
+    # MoE at the default capacity_factor (1.25): inference never drops, so routing does not depend on the batch
+    dict(position="alibi", num_experts=4, experts_per_token=2, norm_position="sandwich"),
 ])
 def test_cached_decoding_equals_full_recomputation(overrides):
     cfg = tiny(num_layers=2, **overrides)
@@ -45,6 +45,27 @@ def test_cached_decoding_equals_full_recomputation(overrides):
     stepped, cache = decode_in_steps(jit_extend(model), x, KVCache.create(cfg, 2, 12), prefill=6)
     assert int(cache.length) == 10
     np.testing.assert_allclose(stepped, full, atol=1e-5, rtol=0)
+
+
+def test_moe_cached_decoding_and_generation_equal_recomputation_at_the_default_capacity():
+    cfg = tiny(num_layers=2, num_experts=4, experts_per_token=2)
+    assert cfg.capacity_factor == 1.25  # C = ceil(1.25 · 32 · 2 / 4) = 20 of 32 rows per expert
+    model = build_model(cfg, rngs=nnx.Rngs(0))
+    x = tokens(2, 16)
+    forward = jit_forward(model)
+    full, _ = forward(x)
+    stepped, _ = decode_in_steps(jit_extend(model), x, KVCache.create(cfg, 2, 16), prefill=6)
+    np.testing.assert_allclose(stepped, full, atol=1e-5, rtol=0)
+    # the training forward drops assignments at this capacity: it is the one that differs
+    graphdef, state = nnx.split(model)
+    training, _ = jax.jit(lambda state, x: apply(graphdef, state, x, drop_tokens=True))(state, x)
+    assert float(jnp.max(jnp.abs(training - full))) > 1e-3
+    # greedy generation (prefill + one jitted step per token) picks the full forward's argmax at every step
+    prompt = x[:, :6]
+    generated = jaxformer.generate(model, prompt, max_new_tokens=10, temperature=0.0)
+    sequence = jnp.concatenate([prompt, generated], axis=1)
+    logits, _ = forward(sequence[:, :-1])
+    np.testing.assert_array_equal(jnp.argmax(logits[:, 5:], axis=-1), generated)
 
 
 def test_encoder_decoder_cached_decoding_equals_full_recomputation():
@@ -143,7 +164,7 @@ def test_cli_generates_from_a_config_and_from_a_run_directory(tmp_path, capsys):
 
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    (run_dir / "config.yaml").write_text(yaml.safe_dump({"model": model_section, "train": {"tokens": 1000}}))
+    (run_dir / "config.yaml").write_text(yaml.safe_dump({"model": model_section, "train": {"tokens": 1000, "seq_len": 16}}))
     assert main(["generate", str(run_dir), "--prompt", "ab", "--max-new-tokens", "5", "--temperature", "0"]) == 0
     captured = capsys.readouterr()
     assert captured.out == from_config  # same seed, same untrained model
@@ -177,3 +198,31 @@ def test_cli_generates_from_a_trained_run(tmp_path, capsys):
     captured = capsys.readouterr()
     assert "restored" in captured.err
     assert captured.out.strip() == "abcdefghabcdefgh"
+
+
+def test_cli_generates_from_a_bpe_run_with_the_runs_own_tokenizer(tmp_path, capsys):
+    """The prompt is encoded, and the continuation decoded, with the run's saved tokenizer.json, not with bytes."""
+    from jaxformer.commands.generate import load_model
+    from jaxformer.train.tokenizer import BPETokenizer
+
+    corpus = tmp_path / "cycle.txt"
+    corpus.write_text("the cat sat on the mat. " * 3000)
+    config = {"model": {"preset": "tiny", "d_model": 32, "num_layers": 1, "num_heads": 2, "max_seq_len": 64,
+                        "vocab_size": 320},
+              "data": {"corpus": f"files:{corpus}", "tokenizer": "bpe", "bpe_vocab_size": 300, "val_fraction": 0.0001,
+                       "doc_bytes": 2048},
+              "train": {"tokens": 16_384, "batch_size": 16, "seq_len": 32, "eval_tokens": 1024},
+              "optimizer": {"lr": 1e-2}, "checkpoint": {"interval": 1000}, "logging": {"tensorboard": False}}
+    (tmp_path / "train.yaml").write_text(yaml.safe_dump(config))
+    run_dir = tmp_path / "run"
+    assert main(["train", str(tmp_path / "train.yaml"), "logging.progress=none", "--run-dir", str(run_dir)]) == 0
+    capsys.readouterr()
+    model, tokenizer = load_model(str(run_dir), None, 0)
+    saved = BPETokenizer.load(run_dir / "tokenizer.json")
+    prompt = "the cat sat"
+    ids = [int(t) for t in saved.encode(prompt)]
+    assert [int(t) for t in tokenizer.encode(prompt)] == ids and max(ids) >= 256 and len(ids) < len(prompt)
+    expected = prompt + saved.decode(jaxformer.generate(model, ids, max_new_tokens=6, temperature=0.0))
+    assert main(["generate", str(run_dir), "--prompt", prompt, "--max-new-tokens", "6", "--temperature", "0"]) == 0
+    out = capsys.readouterr().out
+    assert out.strip() == expected.strip() and "<" not in out  # no out-of-byte-range ids printed as <id>

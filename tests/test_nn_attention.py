@@ -12,6 +12,7 @@ from flax import nnx
 from model_helpers import tiny
 
 import jaxformer.functional as F
+from jaxformer.functional import KernelConfig
 from jaxformer.models import ModelConfig
 from jaxformer.nn import Attention
 
@@ -64,16 +65,18 @@ def test_cross_attention_weights_are_m_by_n():
 
 @pytest.mark.parametrize("impl", ["blockwise", "xla"])
 def test_attention_impl_selects_an_equal_implementation(impl):
-    naive_cfg = tiny(d_model=32, num_heads=4, num_kv_heads=2, position="alibi", sliding_window=4,
-                     attention_block_size=4)
-    naive = Attention(naive_cfg, causal=True, rngs=nnx.Rngs(0))
-    other = Attention(dataclasses.replace(naive_cfg, attention_impl=impl), causal=True, rngs=nnx.Rngs(0))
-    x = x_BTE(naive_cfg, length=7)
+    cfg = tiny(d_model=32, num_heads=4, num_kv_heads=2, position="alibi", sliding_window=4)
+    naive = Attention(cfg, causal=True, rngs=nnx.Rngs(0), kernel=KernelConfig(attention_block_size=4))
+    other = Attention(cfg, causal=True, rngs=nnx.Rngs(0),
+                      kernel=KernelConfig(attention_impl=impl, attention_block_size=4))
+    x = x_BTE(cfg, length=7)
     np.testing.assert_allclose(other(x)[0], naive(x)[0], atol=1e-5)
 
 
 def test_unknown_attention_impl_is_one_line_error():
-    with pytest.raises(ValueError, match=r"model.attention_impl must be one of naive, blockwise, xla, got 'flash'"):
+    with pytest.raises(ValueError, match=r"kernel.attention_impl must be one of naive, blockwise, xla, got 'flash'"):
+        KernelConfig(attention_impl="flash")
+    with pytest.raises(TypeError):  # not architecture: ModelConfig has no such field
         ModelConfig(attention_impl="flash")
     q = jnp.zeros((1, 2, 1, 4))
     with pytest.raises(ValueError, match=r"attention_impl must be one of naive, blockwise, xla, got 'flash'"):

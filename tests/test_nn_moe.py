@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from model_helpers import tiny
+from model_helpers import tiny, tokens
 
 import jaxformer.functional as F
 from jaxformer.functional import moe as M
+from jaxformer.models import apply, build_model
 from jaxformer.nn import MoE
 
 T, E, X, K = 12, 8, 4, 2
@@ -68,9 +71,11 @@ def reference(x_TE, router_EX, experts):
     return jnp.stack(rows)
 
 
-def test_without_drops_the_mixture_equals_the_per_token_sum():
+@pytest.mark.parametrize("capacity_factor", [X / K, None])  # None, the default: C = T, what inference uses
+def test_without_drops_the_mixture_equals_the_per_token_sum(capacity_factor):
+    assert M.expert_capacity(T, X, K, capacity_factor) == T
     x_TE, router_EX, experts = inputs()
-    y_TE, _ = M.moe_feed_forward(x_TE, router_EX, experts, k=K, capacity_factor=X / K, activation="gelu")
+    y_TE, _ = M.moe_feed_forward(x_TE, router_EX, experts, k=K, capacity_factor=capacity_factor, activation="gelu")
     np.testing.assert_allclose(y_TE, reference(x_TE, router_EX, experts), atol=1e-5)
 
 
@@ -111,3 +116,23 @@ def test_moe_module_adds_shared_experts_and_passes_gradients_to_the_router():
     graphdef, state = nnx.split(moe)
     grads = jax.grad(lambda s: jnp.sum(nnx.merge(graphdef, s)(x_BTE)[0] ** 2))(state)
     assert float(jnp.abs(grads["router"][...]).max()) > 0
+
+
+def test_a_moe_model_drops_assignments_only_when_training_asks():
+    """``model(x)`` serves every assignment; ``model(x, drop_tokens=True)`` drops past ``capacity_factor``."""
+    x = tokens(2, 16)
+    outputs = {}
+    for factor in (0.5, 1.25, 2.0):  # 2.0 = X / K: C = T, nothing to drop
+        cfg = tiny(num_layers=2, num_experts=4, experts_per_token=2, capacity_factor=factor)
+        graphdef, state = nnx.split(build_model(cfg, rngs=nnx.Rngs(0)))  # the same parameters for every factor
+        train = jax.jit(lambda state, x: apply(graphdef, state, x, drop_tokens=True))
+        outputs[factor] = train(state, x), jax.jit(functools.partial(apply, graphdef))(state, x)
+    serving = outputs[1.25][1]
+    for _, inference in outputs.values():  # inference ignores the factor
+        np.testing.assert_allclose(inference[0], serving[0], atol=1e-6, rtol=0)
+        assert float(inference[1]) == pytest.approx(float(serving[1]), rel=1e-6)
+    training_at_x_over_k = outputs[2.0][0]
+    np.testing.assert_allclose(training_at_x_over_k[0], serving[0], atol=1e-6, rtol=0)
+    assert float(training_at_x_over_k[1]) == pytest.approx(float(serving[1]), rel=1e-6)
+    gaps = {factor: float(jnp.max(jnp.abs(outputs[factor][0][0] - serving[0]))) for factor in (0.5, 1.25)}
+    assert gaps[0.5] > gaps[1.25] > 1e-3  # fewer rows per expert, more drops

@@ -32,7 +32,8 @@ from jaxformer.parallel import DEFAULT_RULES, MESH_AXES, Layout, mesh_shape, res
 from jaxformer.parallel.distributed import initialize, launcher_detected
 from jaxformer.parallel.rules import spec_for
 from jaxformer.train.checkpoint import Checkpointer
-from jaxformer.train.config import DistributedConfig, load_config
+from jaxformer.parallel.config import DistributedConfig
+from jaxformer.train.config import load_config
 from jaxformer.train.loader import Loader
 from jaxformer.train.loop import train
 from jaxformer.train.optimizer import make_optimizer

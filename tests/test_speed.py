@@ -39,8 +39,8 @@ def test_fast_attention_path_leaves_a_few_steps_losses_unchanged():
     """Causal query blocks (the default) against the plain single-block pass, 4 AdamW steps."""
     config = load_config(None, ["model.d_model=32", "model.num_layers=2", "model.num_heads=2", "model.max_seq_len=128",
                                 "train.seq_len=128", "train.batch_size=2", "optimizer.lr=1e-2"])
-    assert config.model.attention_query_block_size < config.train.seq_len
-    plain = dataclasses.replace(config, model=dataclasses.replace(config.model, attention_query_block_size=None))
+    assert config.kernel.attention_query_block_size < config.train.seq_len
+    plain = dataclasses.replace(config, kernel=dataclasses.replace(config.kernel, attention_query_block_size=None))
     fast_losses, plain_losses = _losses(config, 4), _losses(plain, 4)
     assert plain_losses[-1] < plain_losses[0] - 0.05  # the steps do train
     np.testing.assert_allclose(fast_losses, plain_losses, rtol=2e-6)

@@ -9,6 +9,7 @@ import yaml
 
 from jaxformer.train.checkpoint import CheckpointError, Checkpointer
 from jaxformer.train.config import (
+    ConfigDeprecation,
     OptimizerConfig,
     config_from_dict,
     config_to_dict,
@@ -41,7 +42,7 @@ def test_yaml_plus_dotted_overrides_resolve_to_a_reloadable_config(tmp_path):
     ("train.seq_len=512", "train.seq_len=512 exceeds the model's context (model.max_seq_len=256)"),
     ("model.family=encoder", "model.family must be decoder"),
     ("train.grad_accum=3", "train.batch_size (32) must be a multiple of train.grad_accum (3)"),
-    ("model.attention_query_block_size=0", "model.attention_query_block_size must be a positive integer, got 0"),
+    ("kernel.attention_query_block_size=0", "kernel.attention_query_block_size must be a positive integer, got 0"),
 ])
 def test_bad_values_raise_one_line_naming_the_field(override, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")) as error:
@@ -50,8 +51,17 @@ def test_bad_values_raise_one_line_naming_the_field(override, message):
 
 
 def test_query_blocks_turn_off_with_null():
-    assert load_config(None, []).model.attention_query_block_size == 64
-    assert load_config(None, ["model.attention_query_block_size=null"]).model.attention_query_block_size is None
+    assert load_config(None, []).kernel.attention_query_block_size == 64
+    assert load_config(None, ["kernel.attention_query_block_size=null"]).kernel.attention_query_block_size is None
+
+
+def test_moved_attention_keys_are_read_as_kernel_keys_with_a_one_line_note():
+    with pytest.warns(ConfigDeprecation, match="model.attention_impl is deprecated: use kernel.attention_impl"):
+        config = load_config(None, ["model.attention_impl=blockwise", "model.attention_query_block_size=null"])
+    assert config.kernel.attention_impl == "blockwise" and config.kernel.attention_query_block_size is None
+    assert "attention_impl" not in config_to_dict(config)["model"]
+    with pytest.warns(ConfigDeprecation, match="model.attention_query_blocks is deprecated: it is no longer used"):
+        assert load_config(None, ["model.attention_query_blocks=2"]).kernel == load_config(None, []).kernel
 
 
 def test_learned_positions_bound_seq_len():
@@ -63,9 +73,10 @@ def test_resume_conflict_names_the_changed_field():
     config = load_config(None, [])
     saved = config_to_dict(config)
     assert resume_conflict(saved, load_config(None, ["logging.interval=3", "checkpoint.keep=9"])) is None
-    attention_path = ["model.attention_impl=blockwise", "model.attention_query_block_size=null"]
+    attention_path = ["kernel.attention_impl=blockwise", "kernel.attention_query_block_size=null"]
     assert resume_conflict(saved, load_config(None, attention_path)) is None
-    saved_by_an_older_version = {**saved, "model": {**saved["model"], "attention_query_blocks": 2}}
+    saved_by_an_older_version = {**saved, "model": {**saved["model"], "attention_query_blocks": 2,
+                                                    "attention_impl": "xla"}}
     assert resume_conflict(saved_by_an_older_version, config) is None
     assert resume_conflict(saved, load_config(None, ["train.tokens=3e6"])).startswith("train.tokens was 2000000")
 

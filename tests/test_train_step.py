@@ -8,7 +8,7 @@ import pytest
 
 from jaxformer.models.pure import init_params
 from jaxformer.train.config import load_config
-from jaxformer.train.step import init_state, make_eval_pass, make_train_step
+from jaxformer.train.step import init_state, make_eval_pass, make_train_step, next_token_loss
 
 LR = np.float32(1e-2)
 
@@ -50,3 +50,36 @@ def test_bf16_compute_keeps_fp32_master_weights_and_a_close_loss(steps):
     assert all(leaf.dtype == jnp.float32 for leaf in jax.tree.leaves(bf16["params"]))
     assert float(bf16["sums"]["loss"]) == pytest.approx(float(full["sums"]["loss"]), rel=1e-2)
     assert float(bf16["sums"]["grad_norm"]) == pytest.approx(float(full["sums"]["grad_norm"]), rel=5e-2)
+
+
+# 0.5: C = 8 of the 32 tokens per expert; 2.0 = X / K: C = T, nothing dropped
+@pytest.mark.parametrize("capacity_factor, drops", [(0.5, True), (2.0, False)])
+def test_the_moe_train_step_drops_past_capacity_and_the_validation_pass_never_does(capacity_factor, drops):
+    config = load_config(None, ["model.d_model=16", "model.num_layers=2", "model.num_heads=2", "model.max_seq_len=8",
+                                "train.seq_len=8", "model.num_experts=4", "model.experts_per_token=2",
+                                f"model.capacity_factor={capacity_factor}"])
+    graphdef, params = init_params(config.model, seed=0)
+    windows = jnp.asarray(np.random.default_rng(0).integers(0, 256, (4, 9)).astype(np.int32))
+    optimizer = optax.sgd(1.0)
+    state = init_state(jax.tree.map(jnp.copy, params), optimizer)  # donated to the step
+    trained = make_train_step(graphdef, optimizer, "float32")(state, windows[None], LR)
+    eval_loss = float(make_eval_pass(graphdef, "float32")(params, windows[None]))
+
+    def objective(drop_tokens):
+        loss_fn = lambda p: next_token_loss(graphdef, p, windows, jnp.float32, drop_tokens=drop_tokens)
+        (_, cross_entropy), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+        return float(cross_entropy), grads
+
+    (train_loss, train_grads), (no_drop_loss, no_drop_grads) = objective(True), objective(False)
+    # the step trains on the objective that drops (its recorded loss and gradient norm), validation serves all
+    assert float(trained["sums"]["loss"]) == pytest.approx(train_loss, rel=1e-6)
+    assert float(trained["sums"]["grad_norm"]) == pytest.approx(float(optax.tree.norm(train_grads)), rel=1e-5)
+    assert eval_loss == pytest.approx(no_drop_loss, rel=1e-6)
+    w_in = lambda grads: grads["decoder"]["blocks"][0]["feed_forward"]["experts"]["w_in_XEF"][...]
+    gap = float(jnp.max(jnp.abs(w_in(train_grads) - w_in(no_drop_grads))) / jnp.max(jnp.abs(w_in(no_drop_grads))))
+    if drops:
+        assert gap > 0.1  # a dropped assignment sends its expert no gradient
+        assert train_loss != pytest.approx(eval_loss, rel=1e-6)
+    else:
+        assert gap < 1e-6
+        assert train_loss == pytest.approx(eval_loss, rel=1e-6)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 
 from jaxformer.accounting.params import count_params
-from jaxformer.models.config import ModelConfig
+from jaxformer.architecture import ModelConfig
 
 
 def _attention_matmul_weights(cfg: ModelConfig) -> int:
@@ -22,7 +22,12 @@ def _attention_matmul_weights(cfg: ModelConfig) -> int:
 
 
 def _ffn_matmul_weights(cfg: ModelConfig) -> int:
-    """Weights one token multiplies in the FFN sublayer (active experts and router only)."""
+    """Weights one token multiplies in the FFN sublayer (active experts and router only).
+
+    MoE: the ``k`` routed experts of every token, as if none were dropped; the expert
+    buffer's empty rows (``X·C`` rows in training, ``X·T`` at inference, which drops
+    nothing; `jaxformer.functional.moe`) are not counted.
+    """
     matrices = 3 if cfg.is_gated else 2
     if not cfg.is_moe:
         return matrices * cfg.d_model * cfg.d_ff

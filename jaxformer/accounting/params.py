@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from jaxformer.models.config import ModelConfig
+from jaxformer.architecture import ModelConfig
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,1 +1,2 @@
-"""Benchmarks behind ``jaxformer bench WHAT``: one module per WHAT, listed in ``jaxformer.bench.BENCHMARKS``."""
+"""Benchmarks behind ``jaxformer bench WHAT``: one module per WHAT, listed in
+``jaxformer.commands.bench.BENCHMARKS``."""

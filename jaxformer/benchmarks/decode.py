@@ -43,7 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _model_config(args):
-    from jaxformer.accounting.cli import resolve_model
+    from jaxformer.models.presets import resolve_model
 
     cfg = resolve_model(args.config, args.preset or (None if args.config else "gpt2"))
     needed = args.prompt_len + args.tokens

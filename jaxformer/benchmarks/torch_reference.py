@@ -12,7 +12,7 @@ import torch
 from torch import nn
 from torch.nn import functional as TF
 
-from jaxformer.models.config import ModelConfig
+from jaxformer.architecture import ModelConfig
 
 
 def _norm(cfg: ModelConfig) -> nn.Module:

@@ -1,4 +1,4 @@
-"""One attention entry point over three implementations, chosen per model by ``attention_impl``.
+"""One attention entry point over three implementations, chosen by ``impl`` (a run's ``kernel.attention_impl``).
 
 - ``naive``: :func:`~jaxformer.functional.dot_product.dot_product_attention` with the full
   ``[B, H, T, S]`` mask and ALiBi bias built from the structured arguments; the reference.

@@ -2,13 +2,20 @@
 
 A token is routed to its ``k`` most probable experts; their gates are renormalised to
 sum to one over the chosen ``k`` (Mixtral, GShard). Dispatch is capacity-based
-(GShard/Switch): expert ``e`` processes at most ``C = min(T, ceil(capacity_factor·T·k/E))``
-rows, so the experts compute ``E·C`` rows in all — about ``capacity_factor·T·k``, not
-``T·E``. Assignments are served in priority order — every token's first choice before
+(GShard/Switch): each expert processes at most ``C = min(T, ceil(capacity_factor·T·k/X))``
+rows, so the experts compute ``X·C`` rows in all — about ``capacity_factor·T·k``, not
+``T·X``. Assignments are served in priority order — every token's first choice before
 any second choice, earlier tokens first — and an assignment finding its expert full is
 *dropped*: it contributes zero, and the residual connection carries the token on.
-``capacity_factor >= E/k`` gives ``C = T``, which never drops (inference uses that, so
-routing does not depend on which other tokens share the batch).
+
+Dropping is a training device, and it makes a token's output depend on which other
+tokens share the batch: a full forward over a sequence may drop an assignment that a
+one-token decode step (where every expert has room) serves. So drops happen only when
+asked for: ``capacity_factor=None`` (the default) gives ``C = T`` — every assignment
+served, through the same dispatch, on ``X·T`` buffer rows — and that is what inference
+uses (``model(tokens)``, ``model.extend``, generation, the validation pass); only the
+training objective passes ``model.capacity_factor`` (``model(tokens, drop_tokens=True)``).
+A ``capacity_factor >= X/k`` also gives ``C = T``, so training with it never drops either.
 
 Letters: T tokens (batch × sequence, flattened), E model width, X experts, C capacity
 per expert, K experts per token (``k``), F expert hidden width.
@@ -57,8 +64,10 @@ def load_balancing_loss(routing: Routing) -> jax.Array:
     return num_experts * jnp.sum(fraction_X * jnp.mean(routing.probs, axis=0))
 
 
-def expert_capacity(num_tokens: int, num_experts: int, k: int, capacity_factor: float) -> int:
-    """Rows per expert: ``min(T, ceil(capacity_factor · T · k / X))`` (at least 1)."""
+def expert_capacity(num_tokens: int, num_experts: int, k: int, capacity_factor: float | None) -> int:
+    """Rows per expert: ``min(T, ceil(capacity_factor · T · k / X))`` (at least 1); ``T`` for None (no drops)."""
+    if capacity_factor is None:
+        return num_tokens
     if capacity_factor <= 0:
         raise ValueError(f"capacity_factor must be positive, got {capacity_factor}")
     return max(1, min(num_tokens, math.ceil(capacity_factor * num_tokens * k / num_experts)))
@@ -116,12 +125,14 @@ def moe_feed_forward(
     experts: dict[str, jax.Array | None],
     *,
     k: int,
-    capacity_factor: float,
     activation: str,
+    capacity_factor: float | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """Routed experts on ``[T, E]`` tokens: returns ``(y [T, E], load-balancing loss)``.
 
-    The experts run on the ``[X, C, E]`` buffer only (see the module docstring).
+    The experts run on the ``[X, C, E]`` buffer only, ``C`` from :func:`expert_capacity`:
+    ``capacity_factor=None`` (inference) serves every assignment, a number (training)
+    drops those past capacity (see the module docstring).
     """
     T = x_TE.shape[0]
     num_experts = w_router_EX.shape[-1]

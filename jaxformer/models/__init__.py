@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import importlib
 
-from jaxformer.models.config import ModelConfig
+from jaxformer.architecture import ModelConfig
 from jaxformer.models.presets import PRESETS, get_preset
 
 _LAZY = {

@@ -7,7 +7,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 import jaxformer.functional as F
-from jaxformer.models.config import ModelConfig
+from jaxformer.architecture import ModelConfig
+from jaxformer.functional.kernel import KernelConfig
 from jaxformer.models.kv_cache import KVCache
 from jaxformer.nn import params
 from jaxformer.nn.block import Stack
@@ -32,25 +33,31 @@ class DecoderLM(nnx.Module):
 
     ``model(tokens_BT) -> (logits_BTV, aux_loss)``; ``model.extend(tokens_BT, cache)``
     is the same computation for new tokens appended to a `KVCache` (prefill and decode).
+    MoE layers drop no token unless ``model(tokens_BT, drop_tokens=True)`` (the training
+    objective) asks, so the two agree at any ``cfg.capacity_factor``.
     """
 
-    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, kernel: KernelConfig = KernelConfig()):
         self.cfg = cfg
         self.embedding = Embedding(cfg, rngs=rngs)
-        self.decoder = Stack(cfg, cfg.num_layers, causal=True, rngs=rngs)
+        self.decoder = Stack(cfg, cfg.num_layers, causal=True, rngs=rngs, kernel=kernel)
         self.head = OutputHead(cfg, rngs=rngs)
 
-    def __call__(self, tokens_BT: jax.Array, *, lengths: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+    def __call__(self, tokens_BT: jax.Array, *, lengths: jax.Array | None = None,
+                 drop_tokens: bool = False) -> tuple[jax.Array, jax.Array]:
         """Logits ``[B, T, V]`` (float32) for next tokens, and the weighted MoE aux loss (0.0 if dense).
 
         ``lengths [B]``: real tokens per sequence when right-padded (keys past them are hidden).
+        ``drop_tokens``: MoE layers drop assignments past ``cfg.capacity_factor`` (training only).
         """
         x_BTE = self.embedding(tokens_BT)
-        x_BTE, aux_loss, _ = self.decoder(x_BTE, key_lengths=lengths)
+        x_BTE, aux_loss, _ = self.decoder(x_BTE, key_lengths=lengths, drop_tokens=drop_tokens)
         return self.head(x_BTE, self.embedding), self.cfg.router_aux_loss_weight * aux_loss
 
     def extend(self, tokens_BT: jax.Array, cache: KVCache) -> tuple[jax.Array, KVCache]:
         """Appends ``tokens_BT`` at positions ``cache.length …``: their logits ``[B, T, V]`` and the new cache.
+
+        MoE layers never drop here (as in ``model(tokens)``), prefill or one-token step.
 
         The caller keeps ``cache.length + T`` within the ``max_len`` the cache was created for
         (`jaxformer.generate` checks it).

@@ -7,7 +7,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 import jaxformer.functional as F
-from jaxformer.models.config import ModelConfig
+from jaxformer.architecture import ModelConfig
+from jaxformer.functional.kernel import KernelConfig
 from jaxformer.models.decoder import OutputHead
 from jaxformer.nn import params
 from jaxformer.nn.block import Stack
@@ -40,13 +41,17 @@ class EncoderMLM(nnx.Module):
     every (unpadded) position; the logits predict the token at each position.
     """
 
-    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, kernel: KernelConfig = KernelConfig()):
         self.cfg = cfg
         self.embedding = Embedding(cfg, rngs=rngs)
-        self.encoder = Stack(cfg, cfg.num_layers, causal=False, rngs=rngs)
+        self.encoder = Stack(cfg, cfg.num_layers, causal=False, rngs=rngs, kernel=kernel)
         self.head = MLMHead(cfg, rngs=rngs)
 
-    def __call__(self, tokens_BT: jax.Array, *, lengths: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
-        """``lengths [B]``: real tokens per right-padded sequence. Logits are float32 ``[B, T, V]``."""
-        x_BTE, aux_loss, _ = self.encoder(self.embedding(tokens_BT), key_lengths=lengths)
+    def __call__(self, tokens_BT: jax.Array, *, lengths: jax.Array | None = None,
+                 drop_tokens: bool = False) -> tuple[jax.Array, jax.Array]:
+        """``lengths [B]``: real tokens per right-padded sequence. Logits are float32 ``[B, T, V]``.
+
+        ``drop_tokens``: MoE layers drop assignments past ``cfg.capacity_factor`` (training only).
+        """
+        x_BTE, aux_loss, _ = self.encoder(self.embedding(tokens_BT), key_lengths=lengths, drop_tokens=drop_tokens)
         return self.head(x_BTE, self.embedding).astype(jnp.float32), self.cfg.router_aux_loss_weight * aux_loss

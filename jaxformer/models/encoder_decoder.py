@@ -5,7 +5,8 @@ from __future__ import annotations
 import jax
 from flax import nnx
 
-from jaxformer.models.config import ModelConfig
+from jaxformer.architecture import ModelConfig
+from jaxformer.functional.kernel import KernelConfig
 from jaxformer.models.decoder import OutputHead
 from jaxformer.models.kv_cache import KVCache
 from jaxformer.nn.block import Stack
@@ -20,16 +21,18 @@ class EncoderDecoder(nnx.Module):
     each target position (teacher forcing: feed the target shifted right).
     """
 
-    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, kernel: KernelConfig = KernelConfig()):
         self.cfg = cfg
         self.embedding = Embedding(cfg, rngs=rngs)
-        self.encoder = Stack(cfg, cfg.num_encoder_layers, causal=False, rngs=rngs)
-        self.decoder = Stack(cfg, cfg.num_layers, causal=True, cross=True, rngs=rngs)
+        self.encoder = Stack(cfg, cfg.num_encoder_layers, causal=False, rngs=rngs, kernel=kernel)
+        self.decoder = Stack(cfg, cfg.num_layers, causal=True, cross=True, rngs=rngs, kernel=kernel)
         self.head = OutputHead(cfg, rngs=rngs)
 
-    def encode(self, source_BS: jax.Array, *, source_lengths: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
-        """Encoder output ``[B, S, E]`` and its unweighted MoE aux loss."""
-        memory_BSE, aux_loss, _ = self.encoder(self.embedding(source_BS), key_lengths=source_lengths)
+    def encode(self, source_BS: jax.Array, *, source_lengths: jax.Array | None = None,
+               drop_tokens: bool = False) -> tuple[jax.Array, jax.Array]:
+        """Encoder output ``[B, S, E]`` and its unweighted MoE aux loss (``drop_tokens`` as in ``__call__``)."""
+        memory_BSE, aux_loss, _ = self.encoder(self.embedding(source_BS), key_lengths=source_lengths,
+                                               drop_tokens=drop_tokens)
         return memory_BSE, aux_loss
 
     def __call__(
@@ -39,12 +42,17 @@ class EncoderDecoder(nnx.Module):
         *,
         source_lengths: jax.Array | None = None,
         target_lengths: jax.Array | None = None,
+        drop_tokens: bool = False,
     ) -> tuple[jax.Array, jax.Array]:
-        """``*_lengths [B]``: real tokens per right-padded sequence. Logits are float32 ``[B, T, V]``."""
-        memory_BSE, encoder_aux = self.encode(source_BS, source_lengths=source_lengths)
+        """``*_lengths [B]``: real tokens per right-padded sequence. Logits are float32 ``[B, T, V]``.
+
+        ``drop_tokens``: MoE layers drop assignments past ``cfg.capacity_factor`` (training
+        only); without it the logits equal those of cached decoding (:meth:`extend`).
+        """
+        memory_BSE, encoder_aux = self.encode(source_BS, source_lengths=source_lengths, drop_tokens=drop_tokens)
         x_BTE, decoder_aux, _ = self.decoder(
             self.embedding(target_BT), key_lengths=target_lengths, context_BSE=memory_BSE,
-            context_lengths=source_lengths,
+            context_lengths=source_lengths, drop_tokens=drop_tokens,
         )
         aux_loss = self.cfg.router_aux_loss_weight * (encoder_aux + decoder_aux)
         return self.head(x_BTE, self.embedding), aux_loss

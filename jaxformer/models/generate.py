@@ -18,7 +18,7 @@ import numpy as np
 from flax import nnx
 
 import jaxformer.functional as F
-from jaxformer.models.config import ModelConfig
+from jaxformer.architecture import ModelConfig
 from jaxformer.models.kv_cache import KVCache
 from jaxformer.nn.embeddings import check_context
 

@@ -16,7 +16,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from jaxformer.models.config import ModelConfig
+from jaxformer.architecture import ModelConfig
 from jaxformer.nn.embeddings import check_context
 from jaxformer.nn.kv import cache_slots
 

@@ -8,7 +8,7 @@ shapes without BERT's token-type embeddings and pooler (not modelled here).
 
 from __future__ import annotations
 
-from jaxformer.models.config import DERIVED_FIELDS, ModelConfig
+from jaxformer.architecture import DERIVED_FIELDS, ModelConfig
 
 _GPT2 = dict(vocab_size=50257, max_seq_len=1024, activation="gelu", norm="layernorm", position="learned",
              use_bias=True, tie_embeddings=True)
@@ -66,3 +66,15 @@ def model_config_from_dict(data: dict) -> ModelConfig:
                 base[derived] = None
         data = {**base, **data}
     return from_dict(ModelConfig, data, prefix="model")
+
+
+def resolve_model(config_path: str | None, preset: str | None) -> ModelConfig:
+    """The model of exactly one of a YAML file (a ``model:`` section or a bare model mapping) or a preset name."""
+    if (config_path is None) == (preset is None):
+        raise ValueError("give exactly one of CONFIG.yaml or --preset NAME")
+    if preset is not None:
+        return get_preset(preset)
+    from jaxformer.configs import load_yaml
+
+    data = load_yaml(config_path)
+    return model_config_from_dict(data["model"] if isinstance(data.get("model"), dict) else data)

@@ -19,19 +19,21 @@ import jax
 from flax import nnx
 
 from jaxformer.models.build import build_model
-from jaxformer.models.config import ModelConfig
+from jaxformer.architecture import ModelConfig
+from jaxformer.functional.kernel import KernelConfig
 
 
-def init_params(cfg: ModelConfig, seed: int) -> tuple[nnx.GraphDef, nnx.State]:
-    """``(graphdef, params)`` of the model ``cfg`` describes, initialised from ``seed``."""
-    return nnx.split(build_model(cfg, rngs=nnx.Rngs(params=seed)))
+def init_params(cfg: ModelConfig, seed: int, kernel: KernelConfig = KernelConfig()) -> tuple[nnx.GraphDef, nnx.State]:
+    """``(graphdef, params)`` of the model ``cfg`` describes, initialised from ``seed``, computing with ``kernel``."""
+    return nnx.split(build_model(cfg, rngs=nnx.Rngs(params=seed), kernel=kernel))
 
 
 def apply(graphdef: nnx.GraphDef, params: nnx.State, *inputs: jax.Array, **kwargs) -> tuple[jax.Array, jax.Array]:
     """``(logits, aux_loss)`` of the model with ``params`` on ``inputs`` (tokens, or source and target).
 
     Pure: usable inside ``jax.jit``/``jax.grad``/``jax.vmap``; ``kwargs`` go to the
-    model's ``__call__`` (e.g. ``lengths``).
+    model's ``__call__`` (e.g. ``lengths``; ``drop_tokens=True`` for the MoE training
+    forward, which drops assignments past ``cfg.capacity_factor`` — inference never does).
     """
     return nnx.merge(graphdef, params)(*inputs, **kwargs)
 

@@ -3,7 +3,7 @@
 The module owns the projections; masks, biases and the softmax come from the
 dispatcher ``jaxformer.functional.attention`` through one call with structured
 arguments (causal flag, query offset, valid key lengths, window, ALiBi slopes), so
-the implementation (``cfg.attention_impl``: naive | blockwise | xla) is chosen there.
+the implementation (``kernel.attention_impl``: naive | blockwise | xla) is chosen there.
 
 Letters: B batch, T query length, S key length, E model width, H query heads,
 K key/value heads, D head dimension.
@@ -17,7 +17,8 @@ import numpy as np
 from flax import nnx
 
 import jaxformer.functional as F
-from jaxformer.models.config import ModelConfig
+from jaxformer.functional.kernel import KernelConfig
+from jaxformer.architecture import ModelConfig
 from jaxformer.nn import kv, params
 from jaxformer.nn.kv import KV
 
@@ -32,9 +33,10 @@ class Attention(nnx.Module):
     come from a context (the encoder output), never causal, with no position signal.
     """
 
-    def __init__(self, cfg: ModelConfig, *, causal: bool = False, cross: bool = False, rngs: nnx.Rngs):
+    def __init__(self, cfg: ModelConfig, *, causal: bool = False, cross: bool = False, rngs: nnx.Rngs,
+                 kernel: KernelConfig = KernelConfig()):
         E, H, K, D = cfg.d_model, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        self.cfg, self.cross, self.causal = cfg, cross, causal and not cross
+        self.cfg, self.kernel, self.cross, self.causal = cfg, kernel, cross, causal and not cross
         self.wq = params.normal(rngs, (E, H, D), ("embed", "heads", "head_dim"))
         self.wk = params.normal(rngs, (E, K, D), ("embed", "kv_heads", "head_dim"))
         self.wv = params.normal(rngs, (E, K, D), ("embed", "kv_heads", "head_dim"))
@@ -106,14 +108,12 @@ class Attention(nnx.Module):
         alibi = cfg.position == "alibi" and not self.cross
         out_BTHD = F.attention(
             q_BTHD, k_BSKD.astype(q_BTHD.dtype), v_BSKD.astype(q_BTHD.dtype),
-            impl=cfg.attention_impl,
             causal=self.causal,
             q_offset=q_offset,
             key_lengths=key_lengths,
             window=cfg.sliding_window if self.causal else None,
             alibi_slopes=F.alibi_slopes(cfg.num_heads) if alibi else None,
-            block_size=cfg.attention_block_size,
-            query_block_size=cfg.attention_query_block_size,
+            **self.kernel.attention_options(),
         )
         if supported is not None:
             out_BTHD = jnp.where(supported, out_BTHD, jnp.nan)

@@ -16,7 +16,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxformer.models.config import ModelConfig
+from jaxformer.architecture import ModelConfig
+from jaxformer.functional.kernel import KernelConfig
 from jaxformer.nn.attention import Attention
 from jaxformer.nn.feedforward import FeedForward
 from jaxformer.nn.kv import KV
@@ -35,11 +36,12 @@ class Block(nnx.Module):
     cross-attention sublayer over a context (the decoder of an encoder–decoder).
     """
 
-    def __init__(self, cfg: ModelConfig, *, causal: bool, cross: bool = False, rngs: nnx.Rngs):
+    def __init__(self, cfg: ModelConfig, *, causal: bool, cross: bool = False, rngs: nnx.Rngs,
+                 kernel: KernelConfig = KernelConfig()):
         self.position = cfg.norm_position
-        self.attention = Attention(cfg, causal=causal, rngs=rngs)
+        self.attention = Attention(cfg, causal=causal, rngs=rngs, kernel=kernel)
         self.attention_norms = _norms(cfg)
-        self.cross_attention = Attention(cfg, cross=True, rngs=rngs) if cross else None
+        self.cross_attention = Attention(cfg, cross=True, rngs=rngs, kernel=kernel) if cross else None
         self.cross_attention_norms = _norms(cfg) if cross else None
         self.feed_forward = MoE(cfg, rngs=rngs) if cfg.is_moe else FeedForward(cfg, rngs=rngs)
         self.feed_forward_norms = _norms(cfg)
@@ -62,11 +64,13 @@ class Block(nnx.Module):
         context_BSE: jax.Array | None = None,
         context_kv: KV | None = None,
         context_lengths: jax.Array | None = None,
+        drop_tokens: bool = False,
     ) -> tuple[jax.Array, jax.Array, KV | None]:
         """Returns ``(x [B, T, E], aux_loss, kv_cache)``; see `Attention` for the arguments.
 
         The cross-attention sublayer reads ``context_BSE`` or, when decoding, its
-        precomputed ``context_kv``.
+        precomputed ``context_kv``. ``drop_tokens``: the MoE sublayer drops assignments past
+        ``cfg.capacity_factor`` (training only; see `MoE`); dense layers ignore it.
         """
         x_BTE, kv_cache = self._residual(
             x_BTE, self.attention_norms,
@@ -79,7 +83,8 @@ class Block(nnx.Module):
                                                kv_cache=context_kv),
             )
         if isinstance(self.feed_forward, MoE):
-            x_BTE, aux_loss = self._residual(x_BTE, self.feed_forward_norms, self.feed_forward)
+            x_BTE, aux_loss = self._residual(x_BTE, self.feed_forward_norms,
+                                             lambda h: self.feed_forward(h, drop_tokens=drop_tokens))
         else:
             x_BTE, _ = self._residual(x_BTE, self.feed_forward_norms, lambda h: (self.feed_forward(h), None))
             aux_loss = jnp.zeros((), jnp.float32)
@@ -92,8 +97,10 @@ class Stack(nnx.Module):
     Returns the summed per-layer MoE aux losses, unweighted (0 for dense layers).
     """
 
-    def __init__(self, cfg: ModelConfig, num_layers: int, *, causal: bool, cross: bool = False, rngs: nnx.Rngs):
-        self.blocks = nnx.List([Block(cfg, causal=causal, cross=cross, rngs=rngs) for _ in range(num_layers)])
+    def __init__(self, cfg: ModelConfig, num_layers: int, *, causal: bool, cross: bool = False, rngs: nnx.Rngs,
+                 kernel: KernelConfig = KernelConfig()):
+        self.blocks = nnx.List([Block(cfg, causal=causal, cross=cross, rngs=rngs, kernel=kernel)
+                                for _ in range(num_layers)])
         self.final_norm = Norm(cfg) if cfg.has_final_norm else None
 
     def __call__(

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxformer.functional import moe as M
-from jaxformer.models.config import ModelConfig
+from jaxformer.architecture import ModelConfig
 from jaxformer.nn import params
 
 
@@ -38,6 +38,10 @@ class MoE(nnx.Module):
     ``[X, F]``/``[X, E]``); ``shared``: ``cfg.num_shared_experts`` FFNs of the same shape
     that every token passes through (DeepSeekMoE), stacked on an unnamed axis.
     ``aux_loss`` is the unweighted Switch load-balancing loss of this layer.
+
+    ``drop_tokens``: drop assignments past ``cfg.capacity_factor`` (training only); by
+    default every assignment is served, so a token's output does not depend on the
+    other tokens in the batch and cached decoding equals the full forward.
     """
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
@@ -47,13 +51,13 @@ class MoE(nnx.Module):
         shared = cfg.num_shared_experts
         self.shared = nnx.Dict(_expert_stack(cfg, shared, None, rngs)) if shared else None
 
-    def __call__(self, x_BTE: jax.Array) -> tuple[jax.Array, jax.Array]:
+    def __call__(self, x_BTE: jax.Array, *, drop_tokens: bool = False) -> tuple[jax.Array, jax.Array]:
         B, T, E = x_BTE.shape
         cfg = self.cfg
         x_TE = x_BTE.reshape(B * T, E)
         y_TE, aux_loss = M.moe_feed_forward(
-            x_TE, self.router[...], _values(self.experts), k=cfg.experts_per_token,
-            capacity_factor=cfg.capacity_factor, activation=cfg.activation,
+            x_TE, self.router[...], _values(self.experts), k=cfg.experts_per_token, activation=cfg.activation,
+            capacity_factor=cfg.capacity_factor if drop_tokens else None,
         )
         if self.shared is not None:
             # every token through every shared expert: the stack is the buffer, tokens broadcast

@@ -6,7 +6,7 @@ import jax
 from flax import nnx
 
 import jaxformer.functional as F
-from jaxformer.models.config import ModelConfig
+from jaxformer.architecture import ModelConfig
 from jaxformer.nn import params
 
 

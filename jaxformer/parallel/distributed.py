@@ -16,7 +16,7 @@ from typing import Mapping
 
 import jax
 
-from jaxformer.train.config import DistributedConfig
+from jaxformer.parallel.config import DistributedConfig
 
 
 def _env_int(environ: Mapping[str, str], name: str) -> int | None:

@@ -4,7 +4,7 @@
 
     layout = Layout.from_config(config.parallel, micro_batch=32)   # mesh over all devices of all processes
     layout.check(config.model, micro_batch=32)          # one-line ValueError before any compilation
-    layout = Layout.for_run(config)                     # both, for a training run
+    layout = Layout.for_run(config.parallel, config.model, micro_batch=32)   # both, for a training run
     graphdef, state = layout.materialize(build)         # created sharded, never whole on one device
     shardings = layout.shardings(state)                 # for jit's in_shardings / out_shardings
     sharding = layout.batch_sharding((A, B, T + 1), batch_dim=1)
@@ -22,10 +22,10 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from jaxformer.models.config import ModelConfig
+from jaxformer.architecture import ModelConfig
+from jaxformer.parallel.config import ParallelConfig
 from jaxformer.parallel.mesh import make_mesh
 from jaxformer.parallel.rules import Rules, batch_spec, param_shardings, resolve_rules, rule_size
-from jaxformer.train.config import ParallelConfig, TrainConfig
 
 
 def _devices_dividing(devices: list[jax.Device], sizes: dict[str, int], micro_batch: int) -> list[jax.Device]:
@@ -66,10 +66,10 @@ class Layout:
         return cls(make_mesh(sizes, devices), rules)
 
     @classmethod
-    def for_run(cls, config: TrainConfig) -> Layout:
-        """The layout a training run of ``config`` uses, checked against its model and micro-batch."""
-        layout = cls.from_config(config.parallel, micro_batch=config.micro_batch)
-        layout.check(config.model, config.micro_batch)
+    def for_run(cls, parallel: ParallelConfig, model: ModelConfig, micro_batch: int) -> Layout:
+        """The layout a training run uses, checked against its model and micro-batch."""
+        layout = cls.from_config(parallel, micro_batch=micro_batch)
+        layout.check(model, micro_batch)
         return layout
 
     @property

@@ -14,7 +14,7 @@ Names are imported on first use, so ``jaxformer allocate`` does not pay for JAX 
 import importlib
 
 _EXPORTS = {
-    "allocation": ("PRESETS", "Allocation", "ParametricLaw", "PowerLawAllocation", "allocate"),
+    "allocation": ("PRESETS", "Allocation", "ParametricLaw", "PowerLawAllocation", "allocate", "load_law"),
     "bootstrap": ("BootstrapResult", "bootstrap_parametric"),
     "envelope": ("EnvelopeFit", "fit_envelope"),
     "isoflop": ("IsoFLOPFit", "fit_isoflop"),

@@ -12,8 +12,11 @@ optimum L_opt = k_L C^γ fitted to the parabolas' minima.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import numpy as np
+
+from jaxformer.files import load_json
 
 
 @dataclass(frozen=True)
@@ -107,6 +110,27 @@ PRESETS: dict[str, ParametricLaw] = {
     "chinchilla": ParametricLaw(E=1.69, A=406.4, B=410.7, alpha=0.34, beta=0.28),
     "epoch": ParametricLaw(E=1.817, A=482.0, B=2085.4, alpha=0.348, beta=0.366),
 }
+
+
+def load_law(path: str | Path, approach: str | None = None) -> tuple[str, Law]:
+    """``(name, law)`` from a JSON file: the output of `jaxformer fit --json` or a bare {E, A, B, alpha, beta}.
+
+    From a fit, ``approach`` ``"3"`` is the parametric law (the default when present), ``"1"``
+    or ``"2"`` their power laws; anything the file does not hold raises ``ValueError``.
+    """
+    data = load_json(Path(path))
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    if approach is None and "approach3" not in data and {"E", "A", "B", "alpha", "beta"} <= set(data):
+        return "law", ParametricLaw.from_dict(data, str(path))
+    available = [k for k in ("3", "2", "1") if f"approach{k}" in data]
+    approach = approach or (available[0] if available else None)
+    if approach not in available:
+        raise ValueError(f"{path}: no approach {approach} fit in it (has: {', '.join(available) or 'none'})")
+    fit = data[f"approach{approach}"]
+    if approach == "3":
+        return "approach 3", ParametricLaw.from_dict(fit["params"], f"{path}: approach3.params")
+    return f"approach {approach}", PowerLawAllocation(**fit["power_laws"])
 
 
 @dataclass(frozen=True)

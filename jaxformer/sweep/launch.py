@@ -1,12 +1,16 @@
-"""Launching a sweep: the dry-run plan, the sweep directory, the executors, the closing fit."""
+"""Launching a sweep: the dry-run plan, the sweep directory, the executors, the closing fit.
+
+Nothing here prints: `plan_table` returns its text, and `launch` hands every line it has for
+the user to the ``report`` callback the command supplies.
+"""
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import os
 from pathlib import Path
+from typing import Callable
 
 import yaml
 
@@ -20,20 +24,53 @@ from jaxformer.sweep.runs import RunPaths
 from jaxformer.sweep.spec import SweepSpec
 
 
-def print_plan(runs: list[PlannedRun], *, workers: int, probe: bool) -> None:
+@dataclasses.dataclass(frozen=True)
+class LaunchOptions:
+    """How `launch` trains the runs (the flags of `jaxformer sweep`).
+
+    ``executor`` is ``"local"`` (worker processes here) or ``"ray"`` (tasks on ``ray_address``,
+    else a local Ray instance, each asking for ``gpus_per_run`` GPUs). ``workers`` parallel runs of
+    ``threads`` CPU threads each (0: no limit); both None: the layout `bench train --layout`
+    measured, else one single-threaded run per core. ``retry_failed`` trains failed runs again.
+    """
+
+    executor: str = "local"
+    workers: int | None = None
+    threads: int | None = None
+    retry_failed: bool = False
+    ray_address: str | None = None
+    gpus_per_run: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.executor not in ("local", "ray"):
+            raise ValueError(f"--executor must be local or ray, got {self.executor!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class LaunchResult:
+    """What a launch left: the results table's ``rows``, the runs that ``failed``, and those still
+    training in another launch (``elsewhere``; then this launch wrote neither results.csv nor the fit)."""
+
+    rows: list[dict]
+    failed: list[str]
+    elsewhere: list[str]
+
+
+def plan_table(runs: list[PlannedRun], *, workers: int, probe: bool) -> str:
     """The table of runs with estimated minutes from a throughput probe of one run per distinct shape."""
     estimates = _estimate_minutes(runs) if probe else {}
-    print(f"{'run':<26}{'N':>10}{'D':>11}{'C':>10}{'D/N':>8}{'steps':>8}{'est. min':>10}")
+    lines = [f"{'run':<26}{'N':>10}{'D':>11}{'C':>10}{'D/N':>8}{'steps':>8}{'est. min':>10}"]
     for run in runs:
         minutes = estimates.get(run.name)
-        print(f"{run.name:<26}{run.N:>10,}{run.D:>11.3g}{run.C:>10.3g}{run.tokens_per_param:>8.1f}{run.steps:>8,}"
-              f"{'' if minutes is None else f'{minutes:.1f}':>10}")
+        lines.append(f"{run.name:<26}{run.N:>10,}{run.D:>11.3g}{run.C:>10.3g}{run.tokens_per_param:>8.1f}"
+                     f"{run.steps:>8,}{'' if minutes is None else f'{minutes:.1f}':>10}")
     total = sum(run.C for run in runs)
     line = f"{len(runs)} runs, total compute {total:.3g} FLOPs"
     if estimates:
         serial = sum(estimates.values())
         line += f", about {serial:.1f} run-minutes: ETA ≈ {serial / workers:.1f} min on {workers} workers"
-    print(line)
+    lines.append(line)
+    return "\n".join(lines)
 
 
 def _estimate_minutes(runs: list[PlannedRun]) -> dict[str, float]:
@@ -82,36 +119,40 @@ def _prepare_directory(spec: SweepSpec, runs: list[PlannedRun], out: Path) -> No
         write_bytes_atomic(RunPaths(out, run.name).config, yaml.safe_dump(run.config, sort_keys=False).encode())
 
 
-def launch(spec: SweepSpec, runs: list[PlannedRun], out: Path, args: argparse.Namespace) -> int:
-    """Trains every run not yet done; returns 1 when a run failed, else 0 (also when another launch holds runs)."""
-    ray = connect_ray(args.ray_address, args.workers) if args.executor == "ray" else None
+def launch(spec: SweepSpec, runs: list[PlannedRun], out: Path, options: LaunchOptions = LaunchOptions(), *,
+           report: Callable[[str], None]) -> LaunchResult:
+    """Trains every run not yet done, then writes results.csv and the fit; each line for the user goes to ``report``.
+
+    Runs train even when some fail (see `LaunchResult.failed`); when another launch still holds
+    runs, the table and the fit are left to it.
+    """
+    ray = connect_ray(options.ray_address, options.workers) if options.executor == "ray" else None
     _prepare_directory(spec, runs, out)
     states = {run.name: RunPaths(out, run.name).state() for run in runs}
-    wanted = {"queued", "partial"} | ({"failed"} if args.retry_failed else set())
+    wanted = {"queued", "partial"} | ({"failed"} if options.retry_failed else set())
     todo = [run.name for run in runs if states[run.name] in wanted]
     initial = {name: ("queued" if state == "partial" else state) for name, state in states.items()}
-    workers, threads, why = choose_layout(args.workers, args.threads)
-    print(f"sweep {spec.name}: {len(runs)} runs, {len(todo)} to train, {args.executor} executor → {out}", flush=True)
-    print(f"layout: {workers if ray is None else 'Ray-scheduled'} processes × {threads or 'all'} threads ({why})",
-          flush=True)
-    progress = SweepProgress(out, [dataclasses.asdict(run) for run in runs], initial)
+    workers, threads, why = choose_layout(options.workers, options.threads)
+    report(f"sweep {spec.name}: {len(runs)} runs, {len(todo)} to train, {options.executor} executor → {out}")
+    report(f"layout: {workers if ray is None else 'Ray-scheduled'} processes × {threads or 'all'} threads ({why})")
+    progress = SweepProgress(out, [dataclasses.asdict(run) for run in runs], initial, write=report)
     with progress:
         if ray is None:
             outcomes = run_local(out, todo, workers, threads, progress.event)
         else:
-            outcomes = run_ray(ray, out, todo, threads, args.gpus_per_run, progress.event)
-    print(progress.summary())
+            outcomes = run_ray(ray, out, todo, threads, options.gpus_per_run, progress.event)
+    report(progress.summary())
     rows = collect(out)
     busy = {outcome.name for outcome in outcomes if outcome.status == "busy"}
     elsewhere = [row["run"] for row in rows if row["run"] in busy and row["status"] != "done"]
     failed = [row["run"] for row in rows if row["status"] == "failed"]
     if elsewhere:  # the launch that finishes last writes the table and the fit, on every run
-        print(f"{len(elsewhere)} runs still training in another launch; results.csv and the fit are left to it "
-              f"(or run `jaxformer results {out}` when it is done)")
-        return 1 if failed else 0
+        report(f"{len(elsewhere)} runs still training in another launch; results.csv and the fit are left to it "
+               f"(or run `jaxformer results {out}` when it is done)")
+        return LaunchResult(rows, failed, elsewhere)
     write_bytes_atomic(out / "results.csv", render(rows, "csv"))
     if spec.fit is not None:
         from jaxformer.sweep.fit import fit_sweep
 
-        fit_sweep(out, rows, spec.fit)
-    return 1 if failed else 0
+        report(fit_sweep(out, rows, spec.fit))
+    return LaunchResult(rows, failed, elsewhere)

@@ -8,7 +8,7 @@ from typing import Any
 
 from jaxformer.accounting import count_params, forward_flops_per_token
 from jaxformer.configs import set_dotted, to_dict
-from jaxformer.models.config import ModelConfig
+from jaxformer.architecture import ModelConfig
 from jaxformer.sweep.sizing import shape_for_params
 from jaxformer.sweep.spec import SweepSpec, evaluate_formula
 from jaxformer.train.config import TrainConfig, config_from_dict

@@ -1,6 +1,7 @@
 """The live view of a sweep: queued / running / done / failed, each run's loss and ETA.
 
-On a terminal the table redraws in place (``rich``); otherwise one plain line per change.
+On a terminal the table redraws in place (``rich``); otherwise one plain line per change,
+handed to the ``write`` callback the command supplies.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Callable
 
 from jaxformer.sweep.executors import Outcome
 from jaxformer.sweep.runs import RunPaths
@@ -35,10 +37,15 @@ def _duration(seconds: float | None) -> str:
 
 
 class SweepProgress:
-    """Tracks every run's state; ``event`` is the executors' callback."""
+    """Tracks every run's state; ``event`` is the executors' callback.
 
-    def __init__(self, sweep_dir: Path, runs: list[dict], initial: dict[str, str], live: bool | None = None) -> None:
-        self.sweep_dir, self.runs = sweep_dir, runs
+    ``live`` (default: stdout is a terminal) redraws a table in place; otherwise each change is
+    one line passed to ``write``.
+    """
+
+    def __init__(self, sweep_dir: Path, runs: list[dict], initial: dict[str, str], write: Callable[[str], None],
+                 live: bool | None = None) -> None:
+        self.sweep_dir, self.runs, self.write = sweep_dir, runs, write
         self.state = dict(initial)
         self.reasons: dict[str, str] = {}
         self.live = sys.stdout.isatty() if live is None else live
@@ -58,7 +65,7 @@ class SweepProgress:
             if not self.live:  # under the lock: lines from two workers never interleave
                 detail = f" ({outcome.reason})" if outcome and outcome.reason else ""
                 wall = f" in {_duration(outcome.wall_s)}" if outcome and outcome.wall_s else ""
-                print(f"[{self._counts()}] {name}: {self.state[name]}{wall}{detail}", flush=True)
+                self.write(f"[{self._counts()}] {name}: {self.state[name]}{wall}{detail}")
 
     def _counts(self) -> str:
         values = list(self.state.values())

@@ -1,15 +1,12 @@
-"""`jaxformer results`: one table of a sweep's runs — N, D, C, final losses, status — that the fits read as is."""
+"""A sweep's table of runs — N, D, C, final losses, status — that the fits read as is (`jaxformer results`)."""
 
 from __future__ import annotations
 
-import argparse
 import csv
 import io
 import json
-import sys
 from pathlib import Path
 
-from jaxformer.files import write_bytes_atomic
 from jaxformer.sweep.runs import RunPaths, read_json
 
 COLUMNS = ("run", "status", "N", "N_non_embedding", "D", "C", "budget", "tokens_per_param", "loss", "train_loss",
@@ -63,19 +60,3 @@ def render(rows: list[dict], fmt: str) -> bytes:
         return buffer.getvalue()
     raise ValueError(f"--format must be csv, parquet or json, got {fmt!r}")
 
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("sweep_dir")
-    parser.add_argument("--format", default="csv", choices=("csv", "parquet", "json"))
-    parser.add_argument("--output", help="write to this file (default: stdout; parquet needs a file)")
-
-
-def run(args: argparse.Namespace) -> int:
-    if args.format == "parquet" and not args.output:
-        raise ValueError("--format parquet needs --output FILE")
-    payload = render(collect(Path(args.sweep_dir)), args.format)
-    if args.output:
-        write_bytes_atomic(Path(args.output), payload)
-    else:
-        sys.stdout.write(payload.decode())
-    return 0

@@ -18,7 +18,7 @@ import math
 from typing import Literal
 
 from jaxformer.accounting import count_params
-from jaxformer.models.config import ModelConfig
+from jaxformer.architecture import ModelConfig
 
 
 @dataclasses.dataclass(frozen=True)

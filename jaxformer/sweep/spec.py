@@ -110,7 +110,7 @@ def load_spec(path: str | Path) -> SweepSpec:
     spec = from_dict(SweepSpec, data)
     config_from_dict(dict(spec.base))  # the base config must itself be valid
     for key, formula in spec.hyperparameters.items():
-        if key.split(".")[0] not in ("model", "data", "optimizer", "train", "checkpoint", "logging", "parallel"):
+        if key.split(".")[0] not in ("model", "data", "optimizer", "train", "checkpoint", "logging", "parallel", "kernel"):
             raise ValueError(f"hyperparameters.{key}: not a training config field")
         evaluate_formula(key, formula, None)  # the grammar, before anything is planned or evaluated
     return spec

@@ -87,7 +87,7 @@ def train(config: TrainConfig, run_dir: Path) -> dict:
     run_dir = Path(run_dir)
     initialize_distributed(config.parallel.distributed)
     _check_host_memory(config)
-    layout = Layout.for_run(config)
+    layout = Layout.for_run(config.parallel, config.model, config.micro_batch)
     resuming = check_resume(config, run_dir)
     dataset = prepare_dataset(config, run_dir / "tokenizer.json" if resuming else None)
     if resuming and (run_dir / "data.json").is_file():
@@ -152,7 +152,8 @@ class _Run:
     def run(self) -> dict:
         config, run_dir = self.config, self.run_dir
         layout = self.layout
-        graphdef, state = layout.materialize(lambda: build_state(config.model, config.train.seed, self.optimizer))
+        graphdef, state = layout.materialize(lambda: build_state(config.model, config.train.seed, self.optimizer,
+                                                                        config.kernel))
         state_sharding = layout.shardings(state)
         checkpointer = Checkpointer(run_dir / "checkpoints", config.checkpoint.keep)
         abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state)

@@ -7,7 +7,6 @@ run may be training in another process. Only `jaxformer train` sets corrupt chec
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import jax
@@ -49,11 +48,11 @@ def restore_params(run_dir: Path, config: TrainConfig | None = None) -> tuple[in
     if not has_checkpoints(run_dir):
         return None
     config = config or load_run_config(run_dir)
-    _, abstract = jax.eval_shape(lambda: build_state(config.model, config.train.seed, make_optimizer(config.optimizer)))
+    _, abstract = jax.eval_shape(lambda: build_state(config.model, config.train.seed, make_optimizer(config.optimizer),
+                                                    config.kernel))
     checkpointer = Checkpointer(run_dir / "checkpoints", config.checkpoint.keep, read_only=True)
     try:
         step, state, _ = checkpointer.restore_latest(abstract)
     finally:
         checkpointer.close()
-    print(f"restored {run_dir} at step {step}", file=sys.stderr)
     return step, state["params"]

@@ -26,7 +26,8 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 from jaxformer.accounting import count_params
-from jaxformer.models.config import ModelConfig
+from jaxformer.architecture import ModelConfig
+from jaxformer.functional.kernel import KernelConfig
 from jaxformer.models.pure import apply, init_params
 
 State = dict[str, Any]
@@ -42,9 +43,11 @@ def init_state(params: nnx.State, optimizer: optax.GradientTransformation) -> St
             "sums": empty_sums(), "first_nonfinite": jnp.full((), -1, jnp.int32)}
 
 
-def build_state(model: ModelConfig, seed: int, optimizer: optax.GradientTransformation) -> tuple[nnx.GraphDef, State]:
-    """``(graphdef, state)`` of a fresh model; its parameter count must equal the accounting's."""
-    graphdef, params = init_params(model, seed)
+def build_state(model: ModelConfig, seed: int, optimizer: optax.GradientTransformation,
+                kernel: KernelConfig = KernelConfig()) -> tuple[nnx.GraphDef, State]:
+    """``(graphdef, state)`` of a fresh model computing with ``kernel``; its parameter count must equal the
+    accounting's."""
+    graphdef, params = init_params(model, seed, kernel)
     held = sum(leaf.size for leaf in jax.tree.leaves(params))
     counted = count_params(model).total
     if held != counted:
@@ -53,14 +56,16 @@ def build_state(model: ModelConfig, seed: int, optimizer: optax.GradientTransfor
 
 
 def next_token_loss(graphdef: nnx.GraphDef, params: nnx.State, window_BT1: jax.Array,
-                    compute_dtype: jnp.dtype) -> tuple[jax.Array, jax.Array]:
+                    compute_dtype: jnp.dtype, *, drop_tokens: bool = True) -> tuple[jax.Array, jax.Array]:
     """``(objective, cross_entropy)`` on windows ``[B, T+1]``: predict ``w[:, 1:]`` from ``w[:, :-1]``.
 
     Parameters are cast to ``compute_dtype`` (bf16 compute from fp32 masters); logits are float32.
+    ``drop_tokens``: MoE layers drop assignments past ``model.capacity_factor`` — the training
+    objective does; the validation pass passes False and measures the model as inference runs it.
     """
     inputs_BT, targets_BT = window_BT1[:, :-1], window_BT1[:, 1:]
     compute_params = jax.tree.map(lambda p: p.astype(compute_dtype), params)
-    logits_BTV, aux_loss = apply(graphdef, compute_params, inputs_BT)
+    logits_BTV, aux_loss = apply(graphdef, compute_params, inputs_BT, drop_tokens=drop_tokens)
     cross_entropy = optax.softmax_cross_entropy_with_integer_labels(logits_BTV.astype(jnp.float32), targets_BT).mean()
     return cross_entropy + aux_loss, cross_entropy
 
@@ -119,12 +124,16 @@ def make_eval_pass(graphdef: nnx.GraphDef, compute_dtype: str, *, params_shardin
                    batch_sharding: NamedSharding | None = None):
     """``eval_pass(params, batches_NBT1) -> mean cross-entropy`` (nats/token) over all N batches.
 
+    MoE layers drop no token (as at inference), so with ``capacity_factor < X/K`` this can
+    differ from the training loss on the same windows.
+
     Shardings as for `make_train_step`; the loss comes back replicated.
     """
     dtype = jnp.dtype(compute_dtype)
 
     def eval_pass(params: nnx.State, batches_NBT1: jax.Array) -> jax.Array:
-        losses = jax.lax.map(lambda window: next_token_loss(graphdef, params, window, dtype)[1], batches_NBT1)
+        losses = jax.lax.map(lambda window: next_token_loss(graphdef, params, window, dtype, drop_tokens=False)[1],
+                             batches_NBT1)
         return losses.mean()  # equal-sized batches: the mean of means is the mean over tokens
 
     if params_sharding is None:

@@ -35,10 +35,10 @@ class TrainStepRunner:
     """
 
     def __init__(self, config: TrainConfig) -> None:
-        layout = Layout.for_run(config)
+        layout = Layout.for_run(config.parallel, config.model, config.micro_batch)
         self.devices = layout.mesh.devices.size
         optimizer = make_optimizer(config.optimizer)
-        graphdef, self.state = layout.materialize(lambda: build_state(config.model, config.train.seed, optimizer))
+        graphdef, self.state = layout.materialize(lambda: build_state(config.model, config.train.seed, optimizer, config.kernel))
         windows = random_windows(config)
         batch_sharding = layout.batch_sharding(windows.shape, batch_dim=1)
         self.windows = jax.device_put(windows, batch_sharding)

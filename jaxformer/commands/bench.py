@@ -1,7 +1,9 @@
 """`jaxformer bench WHAT`: benchmarks print ratios side by side from one run and save JSON and plots.
 
-Each benchmark module exposes ``add_arguments(parser)`` and ``run(args) -> int``, like the
-sub-commands of ``jaxformer.cli``. Performance is measured here, never by timed tests.
+Each benchmark module (`jaxformer.benchmarks`, and `jaxformer.scaling.bench`) exposes
+``add_arguments(parser)`` and ``run(args) -> int``, like the sub-commands of
+`jaxformer.commands`; this dispatcher imports only the chosen one. Performance is measured
+here, never by timed tests.
 """
 
 from __future__ import annotations

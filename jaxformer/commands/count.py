@@ -13,9 +13,8 @@ from jaxformer.accounting.compute import (
     training_flops,
 )
 from jaxformer.accounting.params import count_params
-from jaxformer.configs import load_yaml
-from jaxformer.models.config import ModelConfig
-from jaxformer.models.presets import get_preset, model_config_from_dict
+from jaxformer.architecture import ModelConfig
+from jaxformer.models.presets import resolve_model
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -25,15 +24,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tokens", type=float, help="training tokens D for the training-FLOP estimate")
     parser.add_argument("--bytes-per-value", type=int, default=2, help="KV-cache bytes per value (2 = fp16/bf16)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
-
-
-def resolve_model(config_path: str | None, preset: str | None) -> ModelConfig:
-    if (config_path is None) == (preset is None):
-        raise ValueError("give exactly one of CONFIG.yaml or --preset NAME")
-    if preset is not None:
-        return get_preset(preset)
-    data = load_yaml(config_path)
-    return model_config_from_dict(data["model"] if isinstance(data.get("model"), dict) else data)
 
 
 def report(cfg: ModelConfig, seq_len: int, tokens: float | None, bytes_per_value: int) -> dict:

@@ -20,8 +20,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-probe", action="store_true", help="dry run without the throughput probe")
 
 
+def _say(line: str) -> None:
+    """The launch's reporter: each line at once, so a log of the sweep follows it live."""
+    print(line, flush=True)
+
+
 def run(args: argparse.Namespace) -> int:
-    from jaxformer.sweep.launch import launch, print_plan
+    from jaxformer.sweep.launch import LaunchOptions, launch, plan_table
     from jaxformer.sweep.plan import plan_runs
     from jaxformer.sweep.spec import load_spec
 
@@ -32,7 +37,11 @@ def run(args: argparse.Namespace) -> int:
     spec = load_spec(args.spec)
     runs = plan_runs(spec)
     if args.dry_run:
-        print_plan(runs, workers=args.workers or os.cpu_count() or 1, probe=not args.no_probe)
+        print(plan_table(runs, workers=args.workers or os.cpu_count() or 1, probe=not args.no_probe))
         return 0
     out = Path(args.out) if args.out else Path("runs") / spec.name
-    return launch(spec, runs, out, args)
+    options = LaunchOptions(executor=args.executor, workers=args.workers, threads=args.threads,
+                            retry_failed=args.retry_failed, ray_address=args.ray_address,
+                            gpus_per_run=args.gpus_per_run)
+    result = launch(spec, runs, out, options, report=_say)
+    return 1 if result.failed else 0

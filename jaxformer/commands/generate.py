@@ -15,7 +15,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from jaxformer.accounting.cli import resolve_model
+from jaxformer.models.presets import resolve_model
 
 
 def encode_text(text: str) -> list[int]:
@@ -67,7 +67,7 @@ def load_model(source: str | None, preset: str | None, seed: int):
     from jaxformer.train.restore import load_run_config, restore_params, run_tokenizer
 
     config = load_run_config(path)
-    model = build_model(config.model, rngs=nnx.Rngs(params=seed))
+    model = build_model(config.model, rngs=nnx.Rngs(params=seed), kernel=config.kernel)
     try:
         restored = restore_params(path, config)
     except CheckpointError as error:  # unreadable checkpoints of a run: a bad source, reported in one line
@@ -75,6 +75,7 @@ def load_model(source: str | None, preset: str | None, seed: int):
     if restored is None:
         print(f"note: {path} has no checkpoint yet; sampling from the untrained model", file=sys.stderr)
     else:
+        print(f"restored {path} at step {restored[0]}", file=sys.stderr)
         graphdef, _ = nnx.split(model)
         model = nnx.merge(graphdef, restored[1])
     return model, run_tokenizer(path, config)

@@ -12,28 +12,19 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
+from jaxformer.configs import NON_NEGATIVE, POSITIVE, SIZE, Section, setting
+
 Family = Literal["decoder", "encoder", "encoder_decoder"]
 Activation = Literal["relu", "gelu", "swiglu"]
 Norm = Literal["layernorm", "rmsnorm"]
 NormPosition = Literal["pre", "post", "sandwich"]
 Position = Literal["learned", "sinusoidal", "rope", "alibi", "none"]
-AttentionImpl = Literal["naive", "blockwise", "xla"]
 
 # sizes resolved from others when unset (``__post_init__``)
 DERIVED_FIELDS = ("num_kv_heads", "head_dim", "d_ff", "expert_d_ff")
 
-_CHOICES = {
-    "family": Family,
-    "activation": Activation,
-    "norm": Norm,
-    "norm_position": NormPosition,
-    "position": Position,
-    "attention_impl": AttentionImpl,
-}
-
-
 @dataclasses.dataclass(frozen=True)
-class ModelConfig:
+class ModelConfig(Section):
     """Architecture of a transformer. Sizes are counts (not bytes); lengths are tokens.
 
     family: ``decoder`` (GPT/Llama: causal LM), ``encoder`` (BERT: bidirectional +
@@ -44,22 +35,23 @@ class ModelConfig:
       ``num_experts`` experts of width ``expert_d_ff`` (default ``d_ff``), each token
       routed to ``experts_per_token``, plus ``num_shared_experts`` that see every token.
     sliding_window: if set, self-attention sees only the last ``sliding_window`` tokens.
-    attention_impl, attention_block_size: the attention path (`jaxformer.functional.attention`)
-      and its key tile. attention_query_block_size: causal self-attention over a whole sequence
-      is computed in blocks of this many queries, skipping the fully masked score tiles
-      (``None``: one block).
+
+    How attention is computed (its implementation and tiles) is not architecture: it is the
+    `jaxformer.functional.KernelConfig` a model is built with.
     """
 
+    SECTION = "model"
+
     family: Family = "decoder"
-    vocab_size: int = 256
-    d_model: int = 64
-    num_layers: int = 2
-    num_heads: int = 4
-    num_kv_heads: int | None = None
-    head_dim: int | None = None
-    d_ff: int | None = None
-    max_seq_len: int = 256
-    num_encoder_layers: int = 0
+    vocab_size: int = setting(256, SIZE)
+    d_model: int = setting(64, SIZE)
+    num_layers: int = setting(2, SIZE)
+    num_heads: int = setting(4, SIZE)
+    num_kv_heads: int | None = setting(None, SIZE)
+    head_dim: int | None = setting(None, SIZE)
+    d_ff: int | None = setting(None, SIZE)
+    max_seq_len: int = setting(256, SIZE)
+    num_encoder_layers: int = setting(0, NON_NEGATIVE)
     activation: Activation = "gelu"
     norm: Norm = "layernorm"
     norm_position: NormPosition = "pre"
@@ -69,30 +61,15 @@ class ModelConfig:
     rope_scale: float = 1.0
     use_bias: bool = True
     tie_embeddings: bool = True
-    num_experts: int = 0
+    num_experts: int = setting(0, NON_NEGATIVE)
     experts_per_token: int = 2
-    num_shared_experts: int = 0
-    expert_d_ff: int | None = None
-    capacity_factor: float = 1.25
+    num_shared_experts: int = setting(0, NON_NEGATIVE)
+    expert_d_ff: int | None = setting(None, SIZE)
+    capacity_factor: float = setting(1.25, POSITIVE)
     router_aux_loss_weight: float = 0.01
-    sliding_window: int | None = None
-    attention_impl: AttentionImpl = "naive"
-    attention_block_size: int = 128
-    attention_query_block_size: int | None = 64
+    sliding_window: int | None = setting(None, SIZE)
 
-    def __post_init__(self) -> None:
-        for name, choices in _CHOICES.items():
-            allowed = choices.__args__
-            if getattr(self, name) not in allowed:
-                raise ValueError(f"model.{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
-        for name in ("vocab_size", "d_model", "num_layers", "num_heads", "max_seq_len", "attention_block_size"):
-            _require_positive(name, getattr(self, name))
-        for name in ("num_kv_heads", "head_dim", "d_ff", "expert_d_ff", "sliding_window", "attention_query_block_size"):
-            if getattr(self, name) is not None:
-                _require_positive(name, getattr(self, name))
-        for name in ("num_encoder_layers", "num_experts", "num_shared_experts"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"model.{name} must be >= 0, got {getattr(self, name)}")
+    def check(self) -> None:
         if self.head_dim is None and self.d_model % self.num_heads:
             raise ValueError(
                 f"model.d_model ({self.d_model}) must be divisible by model.num_heads ({self.num_heads}) "
@@ -115,8 +92,6 @@ class ModelConfig:
             raise ValueError(
                 f"model.experts_per_token must be in [1, num_experts={self.num_experts}], got {self.experts_per_token}"
             )
-        if self.capacity_factor <= 0:
-            raise ValueError(f"model.capacity_factor must be positive, got {self.capacity_factor}")
         if (self.family == "encoder_decoder") != (self.num_encoder_layers > 0):
             raise ValueError(
                 f"model.num_encoder_layers must be > 0 exactly when family is encoder_decoder "
@@ -143,13 +118,3 @@ class ModelConfig:
     @property
     def is_causal(self) -> bool:
         return self.family != "encoder"
-
-
-MAX_SIZE = 2**31 - 1  # token ids, positions and every axis are indexed with int32
-
-
-def _require_positive(name: str, value: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise ValueError(f"model.{name} must be a positive integer, got {value!r}")
-    if value > MAX_SIZE:
-        raise ValueError(f"model.{name} must be at most {MAX_SIZE:,}, got {value!r}")

@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
-from jaxformer.files import load_json
-from jaxformer.scaling.allocation import PRESETS, Law, ParametricLaw, PowerLawAllocation, allocate
+from jaxformer.scaling.allocation import PRESETS, allocate, load_law
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -23,22 +21,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     source.add_argument("--preset", choices=sorted(PRESETS), help="a published law (default: chinchilla)")
     parser.add_argument("--approach", choices=("1", "2", "3"), help="which fit in FIT.json (default: 3 if present)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
-
-
-def load_law(path: str, approach: str | None) -> tuple[str, Law]:
-    data = load_json(Path(path))
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: expected a JSON object, got {type(data).__name__}")
-    if approach is None and "approach3" not in data and {"E", "A", "B", "alpha", "beta"} <= set(data):
-        return "law", ParametricLaw.from_dict(data, path)
-    available = [k for k in ("3", "2", "1") if f"approach{k}" in data]
-    approach = approach or (available[0] if available else None)
-    if approach not in available:
-        raise ValueError(f"{path}: no approach {approach} fit in it (has: {', '.join(available) or 'none'})")
-    fit = data[f"approach{approach}"]
-    if approach == "3":
-        return "approach 3", ParametricLaw.from_dict(fit["params"], f"{path}: approach3.params")
-    return f"approach {approach}", PowerLawAllocation(**fit["power_laws"])
 
 
 def run(args: argparse.Namespace) -> int:

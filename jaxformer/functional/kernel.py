@@ -1,0 +1,37 @@
+"""`KernelConfig`: how attention is computed — never what it computes.
+
+The implementation and its tiles change only the order of floating-point sums, never the
+parameters or the function: so they are not part of `jaxformer.architecture.ModelConfig`
+(parameter counts, presets and resume checks never see them), and a run may change them on
+resume. A model is built with one (`jaxformer.models.build_model(cfg, kernel=…)`); a
+training run reads it from its ``kernel`` section.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal
+
+from jaxformer.configs import SIZE, Section, setting
+from jaxformer.functional.dispatch import IMPLEMENTATIONS
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelConfig(Section):
+    """attention_impl: naive | blockwise | xla (`jaxformer.functional.attention`).
+
+    attention_block_size: the key tile of ``blockwise``. attention_query_block_size: causal
+    self-attention over a whole sequence is computed in blocks of this many queries, skipping
+    the fully masked score tiles (``None``: one block).
+    """
+
+    SECTION = "kernel"
+
+    attention_impl: Literal[IMPLEMENTATIONS] = "naive"
+    attention_block_size: int = setting(128, SIZE)
+    attention_query_block_size: int | None = setting(64, SIZE)
+
+    def attention_options(self) -> dict:
+        """The keyword arguments of `jaxformer.functional.attention` this config sets."""
+        return {"impl": self.attention_impl, "block_size": self.attention_block_size,
+                "query_block_size": self.attention_query_block_size}
