@@ -34,6 +34,8 @@ class ModelConfig(Section):
     num_experts: 0 for a dense FFN; otherwise every layer's FFN is a mixture of
       ``num_experts`` experts of width ``expert_d_ff`` (default ``d_ff``), each token
       routed to ``experts_per_token``, plus ``num_shared_experts`` that see every token.
+    router_aux_loss_weight: weight of the MoE load-balancing loss in the training objective
+      (`jaxformer.train.step.next_token_loss`); the models return that loss unweighted.
     sliding_window: if set, self-attention sees only the last ``sliding_window`` tokens.
 
     How attention is computed (its implementation and tiles) is not architecture: it is the
@@ -118,3 +120,15 @@ class ModelConfig(Section):
     @property
     def is_causal(self) -> bool:
         return self.family != "encoder"
+
+
+def check_context(cfg: ModelConfig, length: int, *, what: str = "sequence length") -> None:
+    """Raises ``ValueError`` naming ``what`` when ``length`` positions do not fit the model's context.
+
+    Every model is limited to ``cfg.max_seq_len`` positions (a learned table has no rows
+    beyond it; the other schemes were never trained there). The one check of that limit:
+    the embedding's forward pass, KV caches, generation and the training config call it.
+    """
+    if length > cfg.max_seq_len:
+        table = "the learned position table" if cfg.position == "learned" else "the context"
+        raise ValueError(f"{what} {length} is past {table} (model.max_seq_len={cfg.max_seq_len})")

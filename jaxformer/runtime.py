@@ -2,21 +2,21 @@
 
 XLA:CPU allocates an executable's scratch memory afresh on every call. glibc's ``malloc``
 serves blocks over 32 MiB with fresh ``mmap`` mappings, so every train step touches
-hundreds of MB of new 4 KiB pages: 80,000 minor page faults per step for a d = 128, 4-layer
-model at batch 32 × 128 (measured), a quarter of the step. The glibc tunable
+new 4 KiB pages and pays a minor page fault for each. The glibc tunable
 ``glibc.malloc.hugetlb=1`` (glibc ≥ 2.35; older ones ignore it) makes ``malloc`` ask for
-transparent huge pages on those mappings: 2 MiB pages, about 460 faults per step.
+transparent huge pages on those mappings: 2 MiB pages, each fault covering 512 times
+the memory of a 4 KiB one.
 
 XLA's YNNPACK fusions (matmuls fused with their neighbours) are switched off with
-``--xla_cpu_experimental_ynn_fusion_type=``: measured side by side against PyTorch, the
-train step ran 11–16 % faster without them at the sweeps' sizes (d = 32–64, batch 16 × 64)
-and 0–4 % faster at d = 128–256.
+``--xla_cpu_experimental_ynn_fusion_type=``: they speed up a bare matmul but not the
+train step, which runs faster without them, most at the sweeps' small sizes.
 
 XLA:CPU runs each fused kernel on one thread (only large matmuls use the others), so one
 device leaves a second core mostly idle on a small model. ``--xla_force_host_platform_device_count``
 makes each usable core a JAX device, and the default mesh (``parallel.mesh.data=-1``) trains
-data-parallel over them, each device on its share of the batch: ×1.25–1.29 per train step
-at d = 16–64 and ×1.06–1.13 at d = 128–256 (batch 32 × 128–256, measured side by side).
+data-parallel over them, each device on its share of the batch.
+
+The measurements behind each setting are in docs/cpu-speed.md (changes 1, 2 and 5).
 
 Tunables are read when a process starts and XLA flags when JAX starts, so the `jaxformer`
 command re-executes itself once with both set (:func:`reexec_tuned`), and the sweep's
@@ -29,10 +29,13 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Mapping
+from pathlib import Path
 
 HUGE_PAGES = "glibc.malloc.hugetlb=1"
 NO_YNN_FUSION = "--xla_cpu_experimental_ynn_fusion_type="
 HOST_DEVICES = "--xla_force_host_platform_device_count"
+# the sweep layout (processes × threads) `jaxformer bench train --layout` measured fastest on this machine
+LAYOUT_FILE = Path("~/.cache/jaxformer/layout.json").expanduser()
 
 
 def usable_cores() -> int:

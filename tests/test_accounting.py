@@ -13,6 +13,7 @@ from jaxformer.accounting import (
     forward_flops_per_token,
     kv_cache_bytes,
     training_flops,
+    training_flops_per_token,
 )
 from jaxformer.cli import main
 from jaxformer.models import PRESETS, ModelConfig, get_preset
@@ -108,6 +109,19 @@ def test_training_flops_exact_versus_6nd():
     train = training_flops(cfg, 1e12, 2048)
     assert train["6ND"] == 6 * count_params(cfg).total * 1e12
     assert train["exact"] / train["6ND"] == pytest.approx(1.0, abs=0.1)  # attention adds, embeddings subtract
+
+
+def test_training_flops_per_token_is_the_one_rule_and_counts_active_moe_parameters():
+    moe = get_preset("moe-8x-top2")
+    params = count_params(moe)
+    assert training_flops_per_token(moe, 2048, "6ND") == 6 * params.active < 6 * params.total
+    assert training_flops_per_token(moe, 2048, "6ND_non_embedding") == 6 * params.active_non_embedding
+    assert training_flops_per_token(moe, 2048) == 3 * forward_flops_per_token(moe, 2048).total  # "exact"
+    train = training_flops(moe, 1e12, 2048)
+    rules = ("6ND", "6ND_non_embedding", "exact")
+    assert train == {rule: training_flops_per_token(moe, 2048, rule) * 1e12 for rule in rules}
+    with pytest.raises(ValueError, match="rule must be one of"):
+        training_flops_per_token(moe, 2048, "6N")
 
 
 def test_every_preset_counts_and_family_extras():

@@ -138,7 +138,7 @@ def test_encoder_decoder_generates_from_a_start_token():
     (dict(temperature=-1.0), r"temperature must be >= 0, got -1.0"),
     (dict(max_new_tokens=0), r"max_new_tokens must be a positive integer, got 0"),
     (dict(prompt=list(range(17))), r"prompt length 17 is past the learned position table \(model.max_seq_len=16\)"),
-    (dict(prompt=[1] * 10, max_new_tokens=8), r"prompt \(10 tokens\) \+ max_new_tokens \(8\) needs 17 positions"),
+    (dict(prompt=[1] * 10, max_new_tokens=8), r"prompt \(10 tokens\) \+ max_new_tokens \(8\): cache length 17 is past"),
     (dict(prompt=[40]), r"prompt token ids must be in \[0, 32\), got 40..40"),
 ])
 def test_bad_generation_requests_are_one_line_errors(options, message):
@@ -198,6 +198,16 @@ def test_cli_generates_from_a_trained_run(tmp_path, capsys):
     captured = capsys.readouterr()
     assert "restored" in captured.err
     assert captured.out.strip() == "abcdefghabcdefgh"
+
+    # a run saved by an older version (attention keys in the model section) loads through the same path
+    saved = yaml.safe_load((run_dir / "config.yaml").read_text())
+    kernel = saved.pop("kernel")
+    saved["model"].update(attention_impl=kernel["attention_impl"], attention_query_blocks=2)
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(saved))
+    assert main(["generate", str(run_dir), "--prompt", "abcdefgh", "--max-new-tokens", "8", "--temperature", "0"]) == 0
+    older = capsys.readouterr()
+    assert older.out == captured.out
+    assert "note: model.attention_query_blocks is deprecated: it is no longer used (ignored)" in older.err
 
 
 def test_cli_generates_from_a_bpe_run_with_the_runs_own_tokenizer(tmp_path, capsys):

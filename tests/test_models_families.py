@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import typing
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -9,7 +11,9 @@ import pytest
 from flax import nnx
 from model_helpers import jit_forward, tiny, tokens
 
+from jaxformer.architecture import Family
 from jaxformer.models import apply, build_model, init_params
+from jaxformer.models.build import FAMILIES
 
 
 def perturbed(tokens_BT, position):
@@ -18,6 +22,10 @@ def perturbed(tokens_BT, position):
 
 def changed_positions(before, after):
     return [bool(changed) for changed in np.abs(np.asarray(after - before)).max(axis=(0, 2)) > 1e-6]
+
+
+def test_every_family_has_a_module():
+    assert list(FAMILIES) == list(typing.get_args(Family))
 
 
 def test_a_decoder_position_does_not_see_later_tokens():
@@ -82,7 +90,7 @@ def test_each_family_runs_forward_and_backward_under_jit(family):
             logits, aux_loss = apply(graphdef, params, *inputs)
             targets = jnp.roll(x, -1, axis=1)
             nll = -jnp.take_along_axis(jax.nn.log_softmax(logits), targets[..., None], axis=-1)
-            return jnp.mean(nll) + aux_loss, (logits, aux_loss)
+            return jnp.mean(nll) + cfg.router_aux_loss_weight * aux_loss, (logits, aux_loss)  # as training weights it
 
         return jax.value_and_grad(loss, has_aux=True)(params)
 

@@ -101,7 +101,7 @@ def test_every_parameter_names_its_axes():
     axes = logical_axes(params)
     pairs = zip(jax.tree.leaves(axes, is_leaf=lambda x: isinstance(x, tuple)), jax.tree.leaves(params))
     for names, value in pairs:
-        assert len(names) == value.ndim and set(names) - {None} <= AXIS_NAMES
+        assert len(names) == value.ndim and set(names) - {None} <= set(AXIS_NAMES)
     assert axes["embedding"]["tokens"] == ("vocab", "embed")
     assert axes["decoder"]["blocks"][0]["attention"]["wk"] == ("embed", "kv_heads", "head_dim")
     assert axes["decoder"]["blocks"][0]["feed_forward"]["experts"]["w_in_XEF"] == ("experts", "embed", "mlp")

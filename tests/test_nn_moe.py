@@ -16,24 +16,24 @@ from jaxformer.functional import moe as M
 from jaxformer.models import apply, build_model
 from jaxformer.nn import MoE
 
-T, E, X, K = 12, 8, 4, 2
+N, E, X, R = 12, 8, 4, 2
 
 
 def inputs(seed=0):
     key_x, key_r, key_e = jax.random.split(jax.random.key(seed), 3)
-    x_TE = jax.random.normal(key_x, (T, E))
+    x_NE = jax.random.normal(key_x, (N, E))
     router_EX = jax.random.normal(key_r, (E, X))
     keys = jax.random.split(key_e, 2)
     experts = {"w_in_XEF": 0.3 * jax.random.normal(keys[0], (X, E, 16)),
                "w_out_XFE": 0.3 * jax.random.normal(keys[1], (X, 16, E))}
-    return x_TE, router_EX, experts
+    return x_NE, router_EX, experts
 
 
 def test_routing_picks_the_top_k_and_gates_sum_to_one():
-    x_TE, router_EX, _ = inputs()
-    routing = M.route(x_TE, router_EX, K)
+    x_NE, router_EX, _ = inputs()
+    routing = M.route(x_NE, router_EX, R)
     probs = np.asarray(routing.probs)
-    expected = np.argsort(-probs, axis=-1)[:, :K]
+    expected = np.argsort(-probs, axis=-1)[:, :R]
     np.testing.assert_array_equal(routing.experts, expected)
     np.testing.assert_allclose(routing.gates.sum(-1), 1.0, rtol=1e-6)
     chosen = np.take_along_axis(probs, expected, axis=-1)
@@ -41,64 +41,64 @@ def test_routing_picks_the_top_k_and_gates_sum_to_one():
 
 
 def test_experts_run_on_capacity_rows_not_on_every_token():
-    x_TE, router_EX, _ = inputs()
-    routing = M.route(x_TE, router_EX, K)
-    capacity = M.expert_capacity(T, X, K, capacity_factor=1.25)
+    x_NE, router_EX, _ = inputs()
+    routing = M.route(x_NE, router_EX, R)
+    capacity = M.expert_capacity(N, X, R, capacity_factor=1.25)
     assert capacity == 8  # ceil(1.25 · 12 · 2 / 4)
-    buffer_XCE = M.dispatch(x_TE, M.dispatch_slots(routing.experts, X, capacity), X, capacity)
+    buffer_XCE = M.dispatch(x_NE, M.dispatch_slots(routing.experts, X, capacity), X, capacity)
     assert buffer_XCE.shape == (X, capacity, E)
-    assert X * capacity == 32 < T * X == 48  # rows the experts compute vs every expert on every token
+    assert X * capacity == 32 < N * X == 48  # rows the experts compute vs every expert on every token
 
 
 def test_dispatch_serves_first_choices_first_and_drops_past_capacity():
-    experts_TK = jnp.array([[0, 1], [0, 2], [1, 0], [0, 3]])
-    slots = np.asarray(M.dispatch_slots(experts_TK, num_experts=4, capacity=2))
+    experts_NR = jnp.array([[0, 1], [0, 2], [1, 0], [0, 3]])
+    slots = np.asarray(M.dispatch_slots(experts_NR, num_experts=4, capacity=2))
     drop = 4 * 2
     # expert 0 is filled by the first choices of tokens 0 and 1, so token 3's first choice and token 2's
     # second choice are dropped; at expert 1, token 2's first choice goes before token 0's second choice
     np.testing.assert_array_equal(slots, [[0, 3], [1, 4], [2, drop], [drop, 6]])
 
 
-def reference(x_TE, router_EX, experts):
+def reference(x_NE, router_EX, experts):
     """Each token alone: Σ_k gate_k · FFN_{expert_k}(x) with the plain feed_forward."""
-    routing = M.route(x_TE, router_EX, K)
+    routing = M.route(x_NE, router_EX, R)
     rows = []
-    for t in range(T):
-        y = sum(routing.gates[t, j] * F.feed_forward(x_TE[t], experts["w_in_XEF"][e], experts["w_out_XFE"][e],
+    for t in range(N):
+        y = sum(routing.gates[t, j] * F.feed_forward(x_NE[t], experts["w_in_XEF"][e], experts["w_out_XFE"][e],
                                                      activation="gelu")
                 for j, e in enumerate(np.asarray(routing.experts[t])))
         rows.append(y)
     return jnp.stack(rows)
 
 
-@pytest.mark.parametrize("capacity_factor", [X / K, None])  # None, the default: C = T, what inference uses
+@pytest.mark.parametrize("capacity_factor", [X / R, None])  # None, the default: C = N, what inference uses
 def test_without_drops_the_mixture_equals_the_per_token_sum(capacity_factor):
-    assert M.expert_capacity(T, X, K, capacity_factor) == T
-    x_TE, router_EX, experts = inputs()
-    y_TE, _ = M.moe_feed_forward(x_TE, router_EX, experts, k=K, capacity_factor=capacity_factor, activation="gelu")
-    np.testing.assert_allclose(y_TE, reference(x_TE, router_EX, experts), atol=1e-5)
+    assert M.expert_capacity(N, X, R, capacity_factor) == N
+    x_NE, router_EX, experts = inputs()
+    y_NE, _ = M.moe_feed_forward(x_NE, router_EX, experts, k=R, capacity_factor=capacity_factor, activation="gelu")
+    np.testing.assert_allclose(y_NE, reference(x_NE, router_EX, experts), atol=1e-5)
 
 
 def test_dropped_assignments_contribute_nothing():
-    x_TE, router_EX, experts = inputs()
-    routing = M.route(x_TE, router_EX, K)
+    x_NE, router_EX, experts = inputs()
+    routing = M.route(x_NE, router_EX, R)
     slots = M.dispatch_slots(routing.experts, X, 1)
-    y_TE, _ = M.moe_feed_forward(x_TE, router_EX, experts, k=K, capacity_factor=1e-3, activation="gelu")
+    y_NE, _ = M.moe_feed_forward(x_NE, router_EX, experts, k=R, capacity_factor=1e-3, activation="gelu")
     kept = np.asarray(slots) < X
     assert 0 < kept.sum() <= X
-    full = reference(x_TE, router_EX, experts)
-    np.testing.assert_allclose(y_TE[~kept.any(-1)], 0.0)  # tokens with every assignment dropped
-    assert not np.allclose(y_TE, full)
+    full = reference(x_NE, router_EX, experts)
+    np.testing.assert_allclose(y_NE[~kept.any(-1)], 0.0)  # tokens with every assignment dropped
+    assert not np.allclose(y_NE, full)
 
 
 def test_balancing_loss_is_one_when_uniform_and_grows_when_concentrated():
-    x_TE, _, _ = inputs()
-    uniform = M.route(x_TE, jnp.zeros((E, X)), K)
+    x_NE, _, _ = inputs()
+    uniform = M.route(x_NE, jnp.zeros((E, X)), R)
     assert float(M.load_balancing_loss(uniform)) == pytest.approx(1.0)
     biased_EX = jnp.zeros((E, X)).at[:, 0].set(50.0)
-    concentrated = M.route(jnp.abs(x_TE), biased_EX, K)  # positive inputs: expert 0 takes every token
-    # f_0 = 1/K, P_0 ≈ 1: loss ≈ X / K
-    assert float(M.load_balancing_loss(concentrated)) == pytest.approx(X / K, rel=1e-3)
+    concentrated = M.route(jnp.abs(x_NE), biased_EX, R)  # positive inputs: expert 0 takes every token
+    # f_0 = 1/R, P_0 ≈ 1: loss ≈ X / R
+    assert float(M.load_balancing_loss(concentrated)) == pytest.approx(X / R, rel=1e-3)
 
 
 def test_moe_module_adds_shared_experts_and_passes_gradients_to_the_router():
@@ -122,7 +122,7 @@ def test_a_moe_model_drops_assignments_only_when_training_asks():
     """``model(x)`` serves every assignment; ``model(x, drop_tokens=True)`` drops past ``capacity_factor``."""
     x = tokens(2, 16)
     outputs = {}
-    for factor in (0.5, 1.25, 2.0):  # 2.0 = X / K: C = T, nothing to drop
+    for factor in (0.5, 1.25, 2.0):  # 2.0 = X / R: C = N, nothing to drop
         cfg = tiny(num_layers=2, num_experts=4, experts_per_token=2, capacity_factor=factor)
         graphdef, state = nnx.split(build_model(cfg, rngs=nnx.Rngs(0)))  # the same parameters for every factor
         train = jax.jit(lambda state, x: apply(graphdef, state, x, drop_tokens=True))

@@ -28,6 +28,7 @@ import pytest
 from jax.sharding import AbstractMesh, PartitionSpec
 
 from jaxformer.cli import main
+from jaxformer.nn.params import AXIS_NAMES
 from jaxformer.parallel import DEFAULT_RULES, MESH_AXES, Layout, mesh_shape, resolve_rules
 from jaxformer.parallel.distributed import initialize, launcher_detected
 from jaxformer.parallel.rules import spec_for
@@ -153,6 +154,7 @@ def test_mesh_sizes_fill_the_remaining_devices_or_name_both_numbers():
 
 
 def test_rules_map_logical_axes_replicate_what_does_not_divide_and_never_reuse_a_mesh_axis():
+    assert list(DEFAULT_RULES) == ["batch", *AXIS_NAMES]  # a rule for every name a parameter carries, no other
     mesh = AbstractMesh((2, 2, 4, 1), MESH_AXES)
     assert spec_for(("embed", "heads", "head_dim"), (32, 8, 16), mesh, DEFAULT_RULES) == PartitionSpec(
         "fsdp", "tensor", None)

@@ -9,7 +9,8 @@ import pytest
 
 from jaxformer.cli import main
 from jaxformer.scaling.allocation import PRESETS
-from jaxformer.scaling.synthetic import isoflop_sweep, write_sweep
+from jaxformer.scaling.synthetic import isoflop_sweep
+from jaxformer.sweep.table import write_sweep
 
 CHINCHILLA = Path(__file__).resolve().parents[2] / "shared" / "data" / "chinchilla_svg_extracted.csv"
 

@@ -10,7 +10,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from jaxformer.scaling.allocation import PRESETS
-from jaxformer.scaling.synthetic import isoflop_sweep, write_sweep
+from jaxformer.scaling.synthetic import isoflop_sweep
+from jaxformer.sweep.table import sweep_table, write_sweep
 from jaxformer.scaling.table import RunTable, load_table
 
 CHINCHILLA = Path(__file__).resolve().parents[2] / "shared" / "data" / "chinchilla_svg_extracted.csv"
@@ -60,7 +61,7 @@ def test_explicit_column_names(tmp_path):
 
 def test_sweep_directory_with_budgets_and_curves(tmp_path):
     source = isoflop_sweep(PRESETS["chinchilla"], [1e18, 1e19], sizes=5, curve_points=6)
-    t = load_table(write_sweep(source, tmp_path / "sweep"))
+    t = sweep_table(write_sweep(source, tmp_path / "sweep"))
     assert len(t) == 10
     np.testing.assert_allclose(np.sort(t.N), np.sort(source.N))
     assert sorted(set(t.budget)) == [1e18, 1e19]

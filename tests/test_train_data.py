@@ -6,7 +6,9 @@ import math
 import numpy as np
 import pytest
 
-from jaxformer.train.config import DataConfig, MarkovConfig, load_config
+from jaxformer.train.config import load_config
+from jaxformer.train.corpora import DataConfig
+from jaxformer.train.markov import MarkovConfig
 from jaxformer.train.corpora import load_corpus, split_text, stdlib_files
 from jaxformer.train.dataset import prepare_dataset, validation_mask
 from jaxformer.train.loader import Loader, eval_batches

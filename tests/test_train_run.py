@@ -143,7 +143,7 @@ def test_a_diverging_run_stops_with_one_line_and_keeps_the_last_good_checkpoint(
 @pytest.mark.parametrize(("arguments", "message"), [
     (["data.corpus=files:no/such/dir/*.txt"], "data.corpus 'files:no/such/dir/*.txt': no file matches"),
     (["data.corpus=files:{tmp}/small*.txt"], "fewer than one batch needs"),
-    (["model.position=learned", "model.max_seq_len=32"], "train.seq_len=64 exceeds the learned position table"),
+    (["model.position=learned", "model.max_seq_len=32"], "train.seq_len 64 is past the learned position table"),
     (["train.epochs=3"], "unknown config key 'train.epochs'"),
     (["train.batch_size=[16]"], "train.batch_size must be an integer, got [16]"),
     (["train.tokens=0"], "train.tokens must be positive, got 0"),

@@ -10,13 +10,12 @@ import yaml
 from jaxformer.train.checkpoint import CheckpointError, Checkpointer
 from jaxformer.train.config import (
     ConfigDeprecation,
-    OptimizerConfig,
     config_from_dict,
     config_to_dict,
     load_config,
     resume_conflict,
 )
-from jaxformer.train.optimizer import learning_rate_schedule, learning_rates, make_optimizer, warmup_steps
+from jaxformer.train.optimizer import OptimizerConfig, learning_rate_schedule, learning_rates, make_optimizer, warmup_steps
 
 
 def test_yaml_plus_dotted_overrides_resolve_to_a_reloadable_config(tmp_path):
@@ -39,7 +38,7 @@ def test_yaml_plus_dotted_overrides_resolve_to_a_reloadable_config(tmp_path):
     ("model.d_modle=32", "unknown config key 'model.d_modle'"),
     ("optimizer.lr=-1", "optimizer.lr must be positive"),
     ("data.corpus=wikipedia", "data.corpus must be stdlib, files:GLOB"),
-    ("train.seq_len=512", "train.seq_len=512 exceeds the model's context (model.max_seq_len=256)"),
+    ("train.seq_len=512", "train.seq_len 512 is past the context (model.max_seq_len=256)"),
     ("model.family=encoder", "model.family must be decoder"),
     ("train.grad_accum=3", "train.batch_size (32) must be a multiple of train.grad_accum (3)"),
     ("kernel.attention_query_block_size=0", "kernel.attention_query_block_size must be a positive integer, got 0"),
@@ -65,7 +64,7 @@ def test_moved_attention_keys_are_read_as_kernel_keys_with_a_one_line_note():
 
 
 def test_learned_positions_bound_seq_len():
-    with pytest.raises(ValueError, match=r"train.seq_len=300 exceeds the learned position table \(model.max_seq_len=256\)"):
+    with pytest.raises(ValueError, match=r"train.seq_len 300 is past the learned position table \(model.max_seq_len=256\)"):
         load_config(None, ["model.position=learned", "train.seq_len=300"])
 
 

@@ -6,7 +6,7 @@ import numpy as np
 import optax
 import pytest
 
-from jaxformer.models.pure import init_params
+from jaxformer.models.pure import apply, init_params
 from jaxformer.train.config import load_config
 from jaxformer.train.step import init_state, make_eval_pass, make_train_step, next_token_loss
 
@@ -50,6 +50,23 @@ def test_bf16_compute_keeps_fp32_master_weights_and_a_close_loss(steps):
     assert all(leaf.dtype == jnp.float32 for leaf in jax.tree.leaves(bf16["params"]))
     assert float(bf16["sums"]["loss"]) == pytest.approx(float(full["sums"]["loss"]), rel=1e-2)
     assert float(bf16["sums"]["grad_norm"]) == pytest.approx(float(full["sums"]["grad_norm"]), rel=5e-2)
+
+
+def test_the_objective_weights_the_models_unweighted_aux_loss_once():
+    overrides = ["model.d_model=16", "model.num_layers=2", "model.num_heads=2", "model.max_seq_len=8",
+                 "train.seq_len=8", "model.num_experts=4", "model.experts_per_token=2"]
+    windows = jnp.asarray(np.random.default_rng(0).integers(0, 256, (4, 9)).astype(np.int32))
+    results = {}
+    for weight in (0.01, 0.5):
+        graphdef, params = init_params(load_config(None, [*overrides, f"model.router_aux_loss_weight={weight}"]).model,
+                                       seed=0)
+        _, aux_loss = apply(graphdef, params, windows[:, :-1], drop_tokens=True)
+        objective, cross_entropy = next_token_loss(graphdef, params, windows, jnp.float32)
+        results[weight] = float(aux_loss), float(objective), float(cross_entropy)
+    (aux, objective, cross_entropy), (aux_half, objective_half, _) = results[0.01], results[0.5]
+    assert aux > 0 and aux_half == aux  # the model's loss does not depend on the weight
+    assert objective == pytest.approx(cross_entropy + 0.01 * aux, rel=1e-6)
+    assert objective_half == pytest.approx(cross_entropy + 0.5 * aux, rel=1e-6)
 
 
 # 0.5: C = 8 of the 32 tokens per expert; 2.0 = X / K: C = T, nothing dropped

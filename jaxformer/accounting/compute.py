@@ -11,9 +11,12 @@ as Kaplan et al. (2020) count it. Backward costs twice the forward, so training 
 from __future__ import annotations
 
 import dataclasses
+import typing
+from typing import Literal
 
 from jaxformer.accounting.params import count_params
 from jaxformer.architecture import ModelConfig
+from jaxformer.checks import require_positive
 
 
 def _attention_matmul_weights(cfg: ModelConfig) -> int:
@@ -60,7 +63,7 @@ class ForwardFlops:
 
 def forward_flops_per_token(cfg: ModelConfig, seq_len: int) -> ForwardFlops:
     """Exact forward FLOPs per token (decoder tokens; encoder stacks at the same length)."""
-    _positive_length(seq_len)
+    require_positive("seq_len/tokens", seq_len)
     self_attention_layers = cfg.num_layers + cfg.num_encoder_layers
     matmul = self_attention_layers * layer_matmul_weights(cfg)
     attention = self_attention_layers * attention_flops_per_token(cfg, seq_len)
@@ -73,14 +76,26 @@ def forward_flops_per_token(cfg: ModelConfig, seq_len: int) -> ForwardFlops:
     return ForwardFlops(matmul=2 * matmul, attention=attention)
 
 
-def training_flops(cfg: ModelConfig, tokens: float, seq_len: int) -> dict[str, float]:
-    """Training compute for ``tokens`` tokens: ``6·N·D`` (N = active params) and the exact count."""
+FlopsRule = Literal["6ND", "6ND_non_embedding", "exact"]
+"""How training FLOPs per token are counted: ``6·N`` with N the active parameters (all of
+them, or those outside the embeddings), or ``3 ×`` the exact forward count."""
+
+
+def training_flops_per_token(cfg: ModelConfig, seq_len: int, rule: FlopsRule = "exact") -> float:
+    """Training FLOPs per token under ``rule`` — the one count the loop, the planner and the benchmark use."""
+    if rule == "exact":
+        return 3.0 * forward_flops_per_token(cfg, seq_len).total
     params = count_params(cfg)
-    return {
-        "6ND": 6.0 * params.active * tokens,
-        "6ND_non_embedding": 6.0 * params.active_non_embedding * tokens,
-        "exact": 3.0 * forward_flops_per_token(cfg, seq_len).total * tokens,
-    }
+    if rule == "6ND":
+        return 6.0 * params.active
+    if rule == "6ND_non_embedding":
+        return 6.0 * params.active_non_embedding
+    raise ValueError(f"rule must be one of {typing.get_args(FlopsRule)}, got {rule!r}")
+
+
+def training_flops(cfg: ModelConfig, tokens: float, seq_len: int) -> dict[str, float]:
+    """Training compute for ``tokens`` tokens under every `FlopsRule` (``6·N·D``, N = active params, and exact)."""
+    return {rule: training_flops_per_token(cfg, seq_len, rule) * tokens for rule in typing.get_args(FlopsRule)}
 
 
 def kv_cache_bytes(cfg: ModelConfig, tokens: int, *, batch: int = 1, bytes_per_value: int = 2) -> int:
@@ -88,7 +103,7 @@ def kv_cache_bytes(cfg: ModelConfig, tokens: int, *, batch: int = 1, bytes_per_v
 
     A sliding window bounds the cached tokens at the window.
     """
-    _positive_length(tokens)
+    require_positive("seq_len/tokens", tokens)
     cached = min(tokens, cfg.sliding_window) if cfg.sliding_window else tokens
     return 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * cached * bytes_per_value * batch
 
@@ -104,12 +119,8 @@ def attention_crossover_length(cfg: ModelConfig) -> float:
     return 2 * layer_matmul_weights(cfg) / (4 * cfg.num_heads * cfg.head_dim)
 
 
-def _positive_length(n: int) -> None:
-    if n <= 0:
-        raise ValueError(f"seq_len/tokens must be positive, got {n}")
-
-
 __all__ = [
+    "FlopsRule",
     "ForwardFlops",
     "attention_crossover_length",
     "attention_flop_share",
@@ -117,4 +128,5 @@ __all__ = [
     "kv_cache_bytes",
     "layer_matmul_weights",
     "training_flops",
+    "training_flops_per_token",
 ]

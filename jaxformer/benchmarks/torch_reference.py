@@ -24,8 +24,8 @@ def _norm(cfg: ModelConfig) -> nn.Module:
 def _rope(x_BHTD: torch.Tensor, base: float, scale: float) -> torch.Tensor:
     T, D = x_BHTD.shape[-2], x_BHTD.shape[-1]
     frequencies = base ** (-torch.arange(0, D, 2, dtype=torch.float32) / D)
-    angles_TF = (torch.arange(T, dtype=torch.float32) * scale)[:, None] * frequencies[None]
-    cos, sin = angles_TF.cos(), angles_TF.sin()
+    angles_TJ = (torch.arange(T, dtype=torch.float32) * scale)[:, None] * frequencies[None]
+    cos, sin = angles_TJ.cos(), angles_TJ.sin()
     even, odd = x_BHTD[..., 0::2], x_BHTD[..., 1::2]
     return torch.stack([even * cos - odd * sin, even * sin + odd * cos], dim=-1).flatten(-2)
 
@@ -88,14 +88,14 @@ class TorchDecoder(nn.Module):
 
 def make_torch_step(cfg: ModelConfig, *, lr: float, betas: tuple[float, float], weight_decay: float, eps: float,
                     grad_clip: float):
-    """``step(windows_BT1) -> loss``: one AdamW update of a fresh `TorchDecoder`, in eager mode."""
+    """``step(windows_BW) -> loss``: one AdamW update of a fresh `TorchDecoder`, in eager mode."""
     torch.manual_seed(0)
     model = TorchDecoder(cfg)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=betas, weight_decay=weight_decay, eps=eps)
 
-    def step(windows_BT1: torch.Tensor) -> float:
-        logits = model(windows_BT1[:, :-1])
-        loss = TF.cross_entropy(logits.reshape(-1, cfg.vocab_size), windows_BT1[:, 1:].reshape(-1))
+    def step(windows_BW: torch.Tensor) -> float:
+        logits = model(windows_BW[:, :-1])
+        loss = TF.cross_entropy(logits.reshape(-1, cfg.vocab_size), windows_BW[:, 1:].reshape(-1))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if grad_clip > 0:

@@ -25,9 +25,9 @@ from pathlib import Path
 import numpy as np
 
 from jaxformer.files import write_json_atomic
+from jaxformer.runtime import LAYOUT_FILE
 
 LADDER = ((16, 1, 128), (32, 2, 128), (64, 2, 128), (128, 4, 128), (256, 4, 256), (512, 8, 256))
-LAYOUT_FILE = Path("~/.cache/jaxformer/layout.json").expanduser()
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

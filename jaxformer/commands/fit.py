@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 import sys
 
 from jaxformer.scaling.bootstrap import REFERENCE_BUDGET
@@ -39,8 +40,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    table = load_table(args.results, n_col=args.n_col, d_col=args.d_col, c_col=args.c_col, loss_col=args.loss_col,
-                       budget_col=args.budget_col, run_col=args.run_col)
+    if Path(args.results).is_dir():  # a sweep hands its runs over as a table
+        from jaxformer.sweep.table import sweep_table
+
+        table = sweep_table(args.results, loss_col=args.loss_col)
+    else:
+        table = load_table(args.results, n_col=args.n_col, d_col=args.d_col, c_col=args.c_col,
+                           loss_col=args.loss_col, budget_col=args.budget_col, run_col=args.run_col)
     table = table.exclude_highest_loss(args.exclude_highest_loss)
     report = fit_table(table, args.approach, resamples=args.bootstrap, seed=args.seed, level=args.level,
                        budgets=args.budgets, budget_tol=args.budget_tol, bootstrap_starts=args.bootstrap_starts)

@@ -1,4 +1,39 @@
-"""Pure functions over JAX arrays: no state, no Flax. Per-head tensors are ``[batch, seq, heads, head_dim]``."""
+"""Pure functions over JAX arrays: no state, no Flax. Per-head tensors are ``[batch, seq, heads, head_dim]``.
+
+Shape letters. An array's name ends in one capital letter per axis (``q_BTHD`` is
+``[batch, query, heads, head_dim]``), and bracketed shapes in docstrings use the same
+letters. This is the one legend for the package's arrays (``functional``, ``nn``,
+``models``, ``train``, ``benchmarks``); a module's docstring may add notes but never a
+second meaning, and a new letter is added here first.
+
+- ``A`` stacked batches: gradient-accumulation micro-batches, validation batches
+- ``B`` batch (sequences)
+- ``C`` expert capacity: rows of the buffer each expert computes (MoE)
+- ``D`` head dimension
+- ``E`` model width (``d_model``)
+- ``F`` FFN hidden width (``d_ff``; ``expert_d_ff`` inside experts)
+- ``G`` query heads per key/value head, ``H // K``
+- ``H`` query heads
+- ``I``, ``O`` input and output features of :func:`dense` (its flattened contraction and result axes)
+- ``J`` rotary frequencies, ``D // 2`` (one per coordinate pair)
+- ``K`` key/value heads
+- ``L`` keys per tile of blockwise attention (``block_size``)
+- ``M`` key tiles of blockwise attention, ``ceil(S / L)``
+- ``N`` flattened tokens: ``B·T`` (or all leading axes) merged into one axis
+- ``P`` rows of a position table (``max_seq_len``)
+- ``R`` routed experts per token, the router's top-``k`` (``experts_per_token``)
+- ``S`` key/value length: keys attended to, the encoder's source or context length
+- ``T`` query/sequence length: the tokens being processed (or generated)
+- ``V`` vocabulary
+- ``W`` training window length, ``T + 1`` (inputs plus the next-token targets)
+- ``X`` experts: any stack of expert FFNs (routed or shared)
+- ``1`` an axis of size 1, kept for broadcasting (``mask_B1TS``)
+
+A letter says what an axis indexes, not its size: ``prompt_BT`` and ``first_BT`` may
+differ in ``T``. Lower-case letters in ``einsum`` strings follow the same legend. The
+scaling-law notation of ``jaxformer.accounting`` and ``jaxformer.scaling`` (``N``
+parameters, ``D`` training tokens, ``C`` compute, ``L`` loss) names scalars, not axes.
+"""
 
 from jaxformer.functional.dense import dense
 from jaxformer.functional.dot_product import dot_product_attention

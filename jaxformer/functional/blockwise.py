@@ -2,7 +2,7 @@
 
 Keys and values are cut into tiles of ``block_size``; a ``lax.scan`` walks them with a
 running row maximum and normaliser (the online softmax), so the largest score array ever
-held is ``[B, H, T, block_size]``, never ``[B, H, T, S]``. The backward pass is a
+held is ``[B, H, T, L]`` (``L = block_size``), never ``[B, H, T, S]``. The backward pass is a
 ``jax.custom_vjp`` that saves only the output and the row log-sum-exp and recomputes each
 tile's scores, as FlashAttention does; autodiff through the scan would instead keep every
 tile's probabilities, i.e. the whole ``T × S`` matrix.
@@ -10,8 +10,8 @@ tile's probabilities, i.e. the whole ``T × S`` matrix.
 Masks and ALiBi biases come from structured arguments and are built per tile with the same
 functions the plain path uses (:func:`~jaxformer.functional.masks.attention_mask`,
 :func:`~jaxformer.functional.positions.alibi_bias_from_slopes`), shifted by the tile's
-first key position. Letters: B batch, T queries, S keys, H query heads, K key/value heads,
-G = H // K, D head dim, N tiles, C keys per tile.
+first key position. Shape letters as in the legend of :mod:`jaxformer.functional`; here
+``L`` is the keys per tile (``block_size``) and ``M`` the number of tiles.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from jaxformer.checks import require_positive
 from jaxformer.functional.dot_product import group_heads, validate_qkv
 from jaxformer.functional.masks import attention_mask
 from jaxformer.functional.positions import alibi_bias_from_slopes
@@ -41,54 +42,54 @@ def check_structured_args(q_BTHD: jax.Array, key_lengths, window, alibi_slopes) 
     B, _, H, _ = q_BTHD.shape
     if key_lengths is not None and jnp.shape(key_lengths) != (B,):
         raise ValueError(f"key_lengths must have shape [batch] = ({B},), got {jnp.shape(key_lengths)}")
-    if window is not None and int(window) <= 0:
-        raise ValueError(f"window must be positive, got {window}")
+    if window is not None:
+        require_positive("window", window)
     if alibi_slopes is not None and jnp.shape(alibi_slopes) != (H,):
         raise ValueError(f"alibi_slopes must have shape [heads] = ({H},), got {jnp.shape(alibi_slopes)}")
 
 
-def _tile_logits(static: _Static, q_BTKGD, k_BCKD, slopes_H, j0, q_offset, lengths_B) -> jax.Array:
-    """``[B, K, G, T, C]`` scaled, biased scores of every query against keys ``j0 .. j0+C-1``; -inf where masked."""
+def _tile_logits(static: _Static, q_BTKGD, k_BLKD, slopes_H, j0, q_offset, lengths_B) -> jax.Array:
+    """``[B, K, G, T, L]`` scaled, biased scores of every query against keys ``j0 .. j0+L-1``; -inf where masked."""
     B, T, K, G, _ = q_BTKGD.shape
-    C = k_BCKD.shape[1]
+    L = k_BLKD.shape[1]
     compute_dtype = jnp.promote_types(q_BTKGD.dtype, jnp.float32)
-    logits_BKGTC = jnp.einsum("btkgd,bckd->bkgtc", q_BTKGD, k_BCKD, preferred_element_type=compute_dtype)
-    logits_BKGTC = logits_BKGTC * static.scale
-    offset = q_offset - j0  # query i sits at i + q_offset; tile key c at j0 + c
+    logits_BKGTL = jnp.einsum("btkgd,blkd->bkgtl", q_BTKGD, k_BLKD, preferred_element_type=compute_dtype)
+    logits_BKGTL = logits_BKGTL * static.scale
+    offset = q_offset - j0  # query i sits at i + q_offset; tile key l at j0 + l
     if slopes_H is not None:
-        bias_HTC = alibi_bias_from_slopes(slopes_H, T, C, offset=offset)
-        logits_BKGTC = logits_BKGTC + bias_HTC.reshape(K, G, T, C).astype(compute_dtype)
+        bias_HTL = alibi_bias_from_slopes(slopes_H, T, L, offset=offset)
+        logits_BKGTL = logits_BKGTL + bias_HTL.reshape(K, G, T, L).astype(compute_dtype)
     tile_lengths_B = None if lengths_B is None else lengths_B - j0
-    mask_B11TC = attention_mask(T, C, causal=static.causal, window=static.window, key_lengths=tile_lengths_B, offset=offset)
-    if mask_B11TC is not None:
-        logits_BKGTC = jnp.where(mask_B11TC[:, :, None], logits_BKGTC, -jnp.inf)
-    return logits_BKGTC
+    mask_B11TL = attention_mask(T, L, causal=static.causal, window=static.window, key_lengths=tile_lengths_B, offset=offset)
+    if mask_B11TL is not None:
+        logits_BKGTL = jnp.where(mask_B11TL[:, :, None], logits_BKGTL, -jnp.inf)
+    return logits_BKGTL
 
 
-def _tile_starts(k_NBCKD: jax.Array) -> jax.Array:
-    """``[N]`` absolute position of each tile's first key."""
-    N, _, C = k_NBCKD.shape[:3]
-    return jnp.arange(N) * C
+def _tile_starts(k_MBLKD: jax.Array) -> jax.Array:
+    """``[M]`` absolute position of each tile's first key."""
+    M, _, L = k_MBLKD.shape[:3]
+    return jnp.arange(M) * L
 
 
-def _forward(static, q_BTKGD, k_NBCKD, v_NBCKD, slopes_H, q_offset, lengths_B):
+def _forward(static, q_BTKGD, k_MBLKD, v_MBLKD, slopes_H, q_offset, lengths_B):
     """Online softmax over key tiles: returns ``out [B, T, K, G, D]`` and ``logsumexp [B, K, G, T]``."""
     B, T, K, G, _ = q_BTKGD.shape
-    D_v = v_NBCKD.shape[-1]
+    D_v = v_MBLKD.shape[-1]
     compute_dtype = jnp.promote_types(q_BTKGD.dtype, jnp.float32)
 
     def step(carry, tile):
         acc_BKGTD, max_BKGT, total_BKGT = carry
-        k_BCKD, v_BCKD, j0 = tile
-        logits_BKGTC = _tile_logits(static, q_BTKGD, k_BCKD, slopes_H, j0, q_offset, lengths_B)
-        new_max_BKGT = jnp.maximum(max_BKGT, jnp.max(logits_BKGTC, axis=-1))
+        k_BLKD, v_BLKD, j0 = tile
+        logits_BKGTL = _tile_logits(static, q_BTKGD, k_BLKD, slopes_H, j0, q_offset, lengths_B)
+        new_max_BKGT = jnp.maximum(max_BKGT, jnp.max(logits_BKGTL, axis=-1))
         # a row that has seen no visible key yet keeps max -inf; shift by 0 so exp gives 0, not NaN
         shift_BKGT = jnp.where(jnp.isfinite(new_max_BKGT), new_max_BKGT, 0.0)
-        probs_BKGTC = jnp.exp(logits_BKGTC - shift_BKGT[..., None])
+        probs_BKGTL = jnp.exp(logits_BKGTL - shift_BKGT[..., None])
         rescale_BKGT = jnp.exp(max_BKGT - shift_BKGT)
-        total_BKGT = total_BKGT * rescale_BKGT + jnp.sum(probs_BKGTC, axis=-1)
+        total_BKGT = total_BKGT * rescale_BKGT + jnp.sum(probs_BKGTL, axis=-1)
         tile_out_BKGTD = jnp.einsum(
-            "bkgtc,bckd->bkgtd", probs_BKGTC.astype(v_BCKD.dtype), v_BCKD, preferred_element_type=compute_dtype
+            "bkgtl,blkd->bkgtd", probs_BKGTL.astype(v_BLKD.dtype), v_BLKD, preferred_element_type=compute_dtype
         )
         acc_BKGTD = acc_BKGTD * rescale_BKGT[..., None] + tile_out_BKGTD
         return (acc_BKGTD, new_max_BKGT, total_BKGT), None
@@ -98,7 +99,7 @@ def _forward(static, q_BTKGD, k_NBCKD, v_NBCKD, slopes_H, q_offset, lengths_B):
         jnp.full((B, K, G, T), -jnp.inf, compute_dtype),
         jnp.zeros((B, K, G, T), compute_dtype),
     )
-    (acc_BKGTD, max_BKGT, total_BKGT), _ = jax.lax.scan(step, init, (k_NBCKD, v_NBCKD, _tile_starts(k_NBCKD)))
+    (acc_BKGTD, max_BKGT, total_BKGT), _ = jax.lax.scan(step, init, (k_MBLKD, v_MBLKD, _tile_starts(k_MBLKD)))
     seen_BKGT = total_BKGT > 0  # False: every key masked; the plain path returns zeros there too
     out_BKGTD = acc_BKGTD / jnp.where(seen_BKGT, total_BKGT, 1.0)[..., None]
     # 0 for empty rows: their scores are all -inf, so the backward's exp(score - lse) is 0 anyway
@@ -107,18 +108,18 @@ def _forward(static, q_BTKGD, k_NBCKD, v_NBCKD, slopes_H, q_offset, lengths_B):
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _blockwise(static, q_BTKGD, k_NBCKD, v_NBCKD, slopes_H, q_offset, lengths_B):
-    return _forward(static, q_BTKGD, k_NBCKD, v_NBCKD, slopes_H, q_offset, lengths_B)[0]
+def _blockwise(static, q_BTKGD, k_MBLKD, v_MBLKD, slopes_H, q_offset, lengths_B):
+    return _forward(static, q_BTKGD, k_MBLKD, v_MBLKD, slopes_H, q_offset, lengths_B)[0]
 
 
-def _blockwise_fwd(static, q_BTKGD, k_NBCKD, v_NBCKD, slopes_H, q_offset, lengths_B):
-    out_BTKGD, logsumexp_BKGT = _forward(static, q_BTKGD, k_NBCKD, v_NBCKD, slopes_H, q_offset, lengths_B)
-    return out_BTKGD, (q_BTKGD, k_NBCKD, v_NBCKD, slopes_H, q_offset, lengths_B, out_BTKGD, logsumexp_BKGT)
+def _blockwise_fwd(static, q_BTKGD, k_MBLKD, v_MBLKD, slopes_H, q_offset, lengths_B):
+    out_BTKGD, logsumexp_BKGT = _forward(static, q_BTKGD, k_MBLKD, v_MBLKD, slopes_H, q_offset, lengths_B)
+    return out_BTKGD, (q_BTKGD, k_MBLKD, v_MBLKD, slopes_H, q_offset, lengths_B, out_BTKGD, logsumexp_BKGT)
 
 
 def _blockwise_bwd(static, residuals, d_out_BTKGD):
     """FlashAttention-2's backward: per tile, recompute ``P = exp(S - lse)`` and accumulate dQ; emit dK, dV."""
-    q_BTKGD, k_NBCKD, v_NBCKD, slopes_H, q_offset, lengths_B, out_BTKGD, logsumexp_BKGT = residuals
+    q_BTKGD, k_MBLKD, v_MBLKD, slopes_H, q_offset, lengths_B, out_BTKGD, logsumexp_BKGT = residuals
     compute_dtype = jnp.promote_types(q_BTKGD.dtype, jnp.float32)
     d_out_BKGTD = jnp.moveaxis(d_out_BTKGD, 1, 3).astype(compute_dtype)
     # Δ_i = Σ_d dO_id·O_id = Σ_j P_ij·dP_ij, the softmax Jacobian's correction term
@@ -126,25 +127,25 @@ def _blockwise_bwd(static, residuals, d_out_BTKGD):
 
     def step(carry, tile):
         d_q_BTKGD, d_slopes_H = carry
-        k_BCKD, v_BCKD, j0 = tile
-        logits_BKGTC, logits_vjp = jax.vjp(
-            lambda q, k, slopes: _tile_logits(static, q, k, slopes, j0, q_offset, lengths_B), q_BTKGD, k_BCKD, slopes_H
+        k_BLKD, v_BLKD, j0 = tile
+        logits_BKGTL, logits_vjp = jax.vjp(
+            lambda q, k, slopes: _tile_logits(static, q, k, slopes, j0, q_offset, lengths_B), q_BTKGD, k_BLKD, slopes_H
         )
-        probs_BKGTC = jnp.exp(logits_BKGTC - logsumexp_BKGT[..., None])
-        d_v_BCKD = jnp.einsum("bkgtc,bkgtd->bckd", probs_BKGTC, d_out_BKGTD)
-        d_probs_BKGTC = jnp.einsum("bkgtd,bckd->bkgtc", d_out_BKGTD, v_BCKD.astype(compute_dtype))
-        d_logits_BKGTC = probs_BKGTC * (d_probs_BKGTC - delta_BKGT[..., None])
-        d_q_tile, d_k_BCKD, d_slopes_tile = logits_vjp(d_logits_BKGTC)
+        probs_BKGTL = jnp.exp(logits_BKGTL - logsumexp_BKGT[..., None])
+        d_v_BLKD = jnp.einsum("bkgtl,bkgtd->blkd", probs_BKGTL, d_out_BKGTD)
+        d_probs_BKGTL = jnp.einsum("bkgtd,blkd->bkgtl", d_out_BKGTD, v_BLKD.astype(compute_dtype))
+        d_logits_BKGTL = probs_BKGTL * (d_probs_BKGTL - delta_BKGT[..., None])
+        d_q_tile, d_k_BLKD, d_slopes_tile = logits_vjp(d_logits_BKGTL)
         if d_slopes_H is not None:
             d_slopes_H = d_slopes_H + d_slopes_tile
-        return (d_q_BTKGD + d_q_tile.astype(compute_dtype), d_slopes_H), (d_k_BCKD, d_v_BCKD.astype(v_BCKD.dtype))
+        return (d_q_BTKGD + d_q_tile.astype(compute_dtype), d_slopes_H), (d_k_BLKD, d_v_BLKD.astype(v_BLKD.dtype))
 
     init = (jnp.zeros(q_BTKGD.shape, compute_dtype), None if slopes_H is None else jnp.zeros_like(slopes_H))
-    (d_q_BTKGD, d_slopes_H), (d_k_NBCKD, d_v_NBCKD) = jax.lax.scan(
-        step, init, (k_NBCKD, v_NBCKD, _tile_starts(k_NBCKD))
+    (d_q_BTKGD, d_slopes_H), (d_k_MBLKD, d_v_MBLKD) = jax.lax.scan(
+        step, init, (k_MBLKD, v_MBLKD, _tile_starts(k_MBLKD))
     )
     # integer inputs (offset, lengths) have no cotangent
-    return d_q_BTKGD.astype(q_BTKGD.dtype), d_k_NBCKD, d_v_NBCKD, d_slopes_H, None, None
+    return d_q_BTKGD.astype(q_BTKGD.dtype), d_k_MBLKD, d_v_MBLKD, d_slopes_H, None, None
 
 
 _blockwise.defvjp(_blockwise_fwd, _blockwise_bwd)
@@ -180,22 +181,21 @@ def blockwise_attention(
     """
     q, k, v, unbatched = validate_qkv(q, k, v)
     check_structured_args(q, key_lengths, window, alibi_slopes)
-    if int(block_size) <= 0:
-        raise ValueError(f"block_size must be positive, got {block_size}")
+    require_positive("block_size", block_size)
     B, T, H, D = q.shape
     S, K = k.shape[1], k.shape[2]
-    C = min(int(block_size), S)
-    N = -(-S // C)
+    L = min(int(block_size), S)
+    M = -(-S // L)
     static = _Static(causal=bool(causal), window=None if window is None else int(window),
                      scale=1.0 / math.sqrt(D) if scale is None else float(scale))
     lengths_B = None if key_lengths is None else jnp.minimum(jnp.asarray(key_lengths, jnp.int32), S)
-    if N * C != S and lengths_B is None:
+    if M * L != S and lengths_B is None:
         lengths_B = jnp.full((B,), S, jnp.int32)  # hides the padding keys of the last tile
 
     def tiles(x_BSKD: jax.Array) -> jax.Array:
-        """``[B, S, K, D] -> [N, B, C, K, D]``, zero-padded to N·C keys."""
-        x_BSKD = jnp.pad(x_BSKD, ((0, 0), (0, N * C - S), (0, 0), (0, 0)))
-        return jnp.moveaxis(x_BSKD.reshape(B, N, C, K, x_BSKD.shape[-1]), 1, 0)
+        """``[B, S, K, D] -> [M, B, L, K, D]``, zero-padded to M·L keys."""
+        x_BSKD = jnp.pad(x_BSKD, ((0, 0), (0, M * L - S), (0, 0), (0, 0)))
+        return jnp.moveaxis(x_BSKD.reshape(B, M, L, K, x_BSKD.shape[-1]), 1, 0)
 
     out_BTKGD = _blockwise(
         static,

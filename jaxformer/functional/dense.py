@@ -5,8 +5,8 @@ goes through it. Flattening ``[B, T, ...]`` to ``[B·T, ...]`` is what makes the
 pass fast on XLA:CPU: the weight gradient ``xᵀ·dy`` then contracts one axis of 2-D
 operands, which the dot kernel takes as it is, whereas contracting the two axes ``(B, T)``
 of 3-D operands made XLA write transposed copies of both (with the producing elementwise
-work recomputed in transposed order): ×1.18–1.79 per train step at d = 16–256
-(docs/cpu-speed.md). Sharding is unaffected: the merged ``B·T`` axis keeps ``B``'s.
+work recomputed in transposed order); the measured effect is in docs/cpu-speed.md
+(change 4). Sharding is unaffected: the merged ``B·T`` axis keeps ``B``'s.
 """
 
 from __future__ import annotations

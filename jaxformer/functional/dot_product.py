@@ -1,9 +1,8 @@
 """Scaled dot-product attention, the one implementation every other path is tested against.
 
 Shapes follow ``jax.nn.dot_product_attention``: per-head tensors are
-``[batch, seq, heads, head_dim]`` (the batch axis may be omitted). Letters in names:
-B batch, T query length, S key length, H query heads, K key/value heads, G = H // K
-query heads per key/value head, D head dimension.
+``[batch, seq, heads, head_dim]`` (the batch axis may be omitted). Shape letters in names
+(``q_BTHD``, ``k_BSKD``, ``q_BTKGD``) follow the legend of :mod:`jaxformer.functional`.
 """
 
 from __future__ import annotations

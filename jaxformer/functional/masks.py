@@ -9,10 +9,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-
-def _positive(name: str, value: int) -> None:
-    if int(value) <= 0:
-        raise ValueError(f"{name} must be positive, got {value}")
+from jaxformer.checks import require_positive
 
 
 def _query_key_distance(q_len: int, k_len: int, offset: int) -> jax.Array:
@@ -24,14 +21,14 @@ def _query_key_distance(q_len: int, k_len: int, offset: int) -> jax.Array:
 def causal_mask(q_len: int, k_len: int | None = None, *, offset: int = 0) -> jax.Array:
     """``[q_len, k_len]``: query ``i`` sees keys ``j <= i + offset``."""
     k_len = q_len if k_len is None else k_len
-    _positive("q_len", q_len)
-    _positive("k_len", k_len)
+    require_positive("q_len", q_len)
+    require_positive("k_len", k_len)
     return _query_key_distance(q_len, k_len, offset) >= 0
 
 
 def sliding_window_mask(q_len: int, k_len: int, window: int, *, offset: int = 0) -> jax.Array:
     """``[q_len, k_len]``: causal, and only the last ``window`` keys (itself included)."""
-    _positive("window", window)
+    require_positive("window", window)
     distance = _query_key_distance(q_len, k_len, offset)
     return (distance >= 0) & (distance < window)
 
@@ -41,7 +38,7 @@ def padding_mask(lengths: jax.Array, max_len: int) -> jax.Array:
 
     Broadcasts against ``[B, H, T, S]`` attention scores.
     """
-    _positive("max_len", max_len)
+    require_positive("max_len", max_len)
     lengths = jnp.asarray(lengths)
     if lengths.ndim != 1:
         raise ValueError(f"lengths must be a 1-D array of sequence lengths, got shape {lengths.shape}")

@@ -5,10 +5,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-
-def _even_positive(name: str, value: int) -> None:
-    if value <= 0 or value % 2:
-        raise ValueError(f"{name} must be a positive even number, got {value}")
+from jaxformer.checks import require_positive
 
 
 def _inverse_frequencies(dim: int, base: float, dtype=jnp.float32) -> jax.Array:
@@ -21,12 +18,11 @@ def sinusoidal_positions(num_positions: int, dim: int, *, base: float = 10000.0,
 
     ``ω_i = base^(-2i/dim)`` (Vaswani et al. 2017). ``PE_p · PE_{p+k}`` depends only on k.
     """
-    if num_positions <= 0:
-        raise ValueError(f"num_positions must be positive, got {num_positions}")
-    _even_positive("dim", dim)
+    require_positive("num_positions", num_positions)
+    require_positive("dim", dim, even=True)
     with jax.ensure_compile_time_eval():  # a constant of the compiled program, as RoPE's tables (apply_rope)
-        angles_PF = jnp.arange(num_positions, dtype=dtype)[:, None] * _inverse_frequencies(dim, base, dtype)[None]
-        return jnp.stack([jnp.sin(angles_PF), jnp.cos(angles_PF)], axis=-1).reshape(num_positions, dim)
+        angles_PJ = jnp.arange(num_positions, dtype=dtype)[:, None] * _inverse_frequencies(dim, base, dtype)[None]
+        return jnp.stack([jnp.sin(angles_PJ), jnp.cos(angles_PJ)], axis=-1).reshape(num_positions, dim)
 
 
 def apply_rope(x: jax.Array, positions: jax.Array, *, base: float = 10000.0, scale: float = 1.0) -> jax.Array:
@@ -44,21 +40,21 @@ def apply_rope(x: jax.Array, positions: jax.Array, *, base: float = 10000.0, sca
     if x.ndim < 3:
         raise ValueError(f"x must have shape [..., seq, heads, head_dim], got {x.shape}")
     head_dim = x.shape[-1]
-    _even_positive("head_dim", head_dim)
+    require_positive("head_dim", head_dim, even=True)
     compute_dtype = jnp.promote_types(x.dtype, jnp.float32)  # at least fp32 angles, fp64 when enabled
     if jnp.shape(positions)[-1] != x.shape[-3]:
         raise ValueError(f"positions length {jnp.shape(positions)[-1]} does not match sequence length {x.shape[-3]}")
     # Concrete positions (training, prefill) make the cos/sin tables constants of the compiled
     # program. Computed inside it, XLA:CPU fuses them into every consumer and evaluates scalar
-    # sin/cos per element of [B, T, H, D/2], forward and backward: 3× the time of the rotation
-    # (measured at d = 256, T = 256). Traced positions (decoding offsets) are computed in the program.
+    # sin/cos per element of [B, T, H, J] (J = D/2), forward and backward, instead of once per
+    # [T, J] (docs/cpu-speed.md, change 7). Traced positions (decoding offsets) are computed in the program.
     with jax.ensure_compile_time_eval():
         scaled_T = jnp.asarray(positions, dtype=compute_dtype) * scale
-        angles_TF = scaled_T[..., :, None] * _inverse_frequencies(head_dim, base, compute_dtype)
-        cos_T1F, sin_T1F = jnp.cos(angles_TF)[..., None, :], jnp.sin(angles_TF)[..., None, :]
+        angles_TJ = scaled_T[..., :, None] * _inverse_frequencies(head_dim, base, compute_dtype)
+        cos_T1J, sin_T1J = jnp.cos(angles_TJ)[..., None, :], jnp.sin(angles_TJ)[..., None, :]
     pairs = x.astype(compute_dtype).reshape(*x.shape[:-1], head_dim // 2, 2)
     even, odd = pairs[..., 0], pairs[..., 1]
-    rotated = jnp.stack([even * cos_T1F - odd * sin_T1F, even * sin_T1F + odd * cos_T1F], axis=-1)
+    rotated = jnp.stack([even * cos_T1J - odd * sin_T1J, even * sin_T1J + odd * cos_T1J], axis=-1)
     return rotated.reshape(x.shape).astype(x.dtype)
 
 
@@ -68,8 +64,7 @@ def alibi_slopes(num_heads: int) -> jax.Array:
     For a head count that is not a power of two, the slopes of the next power down are
     followed by every other slope of the power up, as in the reference implementation.
     """
-    if num_heads <= 0:
-        raise ValueError(f"num_heads must be positive, got {num_heads}")
+    require_positive("num_heads", num_heads)
 
     def power_of_two_slopes(n: int) -> list[float]:
         return [2.0 ** (-8.0 * (i + 1) / n) for i in range(n)]

@@ -45,14 +45,17 @@ class DecoderLM(nnx.Module):
 
     def __call__(self, tokens_BT: jax.Array, *, lengths: jax.Array | None = None,
                  drop_tokens: bool = False) -> tuple[jax.Array, jax.Array]:
-        """Logits ``[B, T, V]`` (float32) for next tokens, and the weighted MoE aux loss (0.0 if dense).
+        """Logits ``[B, T, V]`` (float32) for next tokens, and the MoE aux loss (0.0 if dense).
+
+        The aux loss is the load-balancing loss summed over layers, *unweighted*: the training
+        objective (`jaxformer.train.step.next_token_loss`) applies ``cfg.router_aux_loss_weight``.
 
         ``lengths [B]``: real tokens per sequence when right-padded (keys past them are hidden).
         ``drop_tokens``: MoE layers drop assignments past ``cfg.capacity_factor`` (training only).
         """
         x_BTE = self.embedding(tokens_BT)
         x_BTE, aux_loss, _ = self.decoder(x_BTE, key_lengths=lengths, drop_tokens=drop_tokens)
-        return self.head(x_BTE, self.embedding), self.cfg.router_aux_loss_weight * aux_loss
+        return self.head(x_BTE, self.embedding), aux_loss
 
     def extend(self, tokens_BT: jax.Array, cache: KVCache) -> tuple[jax.Array, KVCache]:
         """Appends ``tokens_BT`` at positions ``cache.length …``: their logits ``[B, T, V]`` and the new cache.

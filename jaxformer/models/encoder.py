@@ -51,7 +51,9 @@ class EncoderMLM(nnx.Module):
                  drop_tokens: bool = False) -> tuple[jax.Array, jax.Array]:
         """``lengths [B]``: real tokens per right-padded sequence. Logits are float32 ``[B, T, V]``.
 
+        The aux loss is the MoE load-balancing loss summed over layers (0.0 if dense),
+        *unweighted*: a training objective applies ``cfg.router_aux_loss_weight``.
         ``drop_tokens``: MoE layers drop assignments past ``cfg.capacity_factor`` (training only).
         """
         x_BTE, aux_loss, _ = self.encoder(self.embedding(tokens_BT), key_lengths=lengths, drop_tokens=drop_tokens)
-        return self.head(x_BTE, self.embedding).astype(jnp.float32), self.cfg.router_aux_loss_weight * aux_loss
+        return self.head(x_BTE, self.embedding).astype(jnp.float32), aux_loss

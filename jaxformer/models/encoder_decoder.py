@@ -46,6 +46,8 @@ class EncoderDecoder(nnx.Module):
     ) -> tuple[jax.Array, jax.Array]:
         """``*_lengths [B]``: real tokens per right-padded sequence. Logits are float32 ``[B, T, V]``.
 
+        The aux loss is the MoE load-balancing loss summed over encoder and decoder layers
+        (0.0 if dense), *unweighted*: a training objective applies ``cfg.router_aux_loss_weight``.
         ``drop_tokens``: MoE layers drop assignments past ``cfg.capacity_factor`` (training
         only); without it the logits equal those of cached decoding (:meth:`extend`).
         """
@@ -54,8 +56,7 @@ class EncoderDecoder(nnx.Module):
             self.embedding(target_BT), key_lengths=target_lengths, context_BSE=memory_BSE,
             context_lengths=source_lengths, drop_tokens=drop_tokens,
         )
-        aux_loss = self.cfg.router_aux_loss_weight * (encoder_aux + decoder_aux)
-        return self.head(x_BTE, self.embedding), aux_loss
+        return self.head(x_BTE, self.embedding), encoder_aux + decoder_aux
 
     def context_kvs(self, source_BS: jax.Array, *, source_lengths: jax.Array | None = None) -> tuple:
         """Encodes the source once and returns each decoder layer's cross-attention ``(k, v)``, ``[B, S, K, D]``."""

@@ -18,9 +18,8 @@ import numpy as np
 from flax import nnx
 
 import jaxformer.functional as F
-from jaxformer.architecture import ModelConfig
+from jaxformer.architecture import ModelConfig, check_context
 from jaxformer.models.kv_cache import KVCache
-from jaxformer.nn.embeddings import check_context
 
 
 def check_sampling(temperature: float, top_k: int | None, top_p: float | None, vocab_size: int) -> None:
@@ -83,7 +82,9 @@ def generate(
     start_token: int = 0,
     cache_dtype=jnp.float32,
 ) -> jax.Array:
-    """Samples ``max_new_tokens`` tokens after ``prompt``; returns them, ``[N]`` (or ``[B, N]`` for a batch).
+    """Samples ``max_new_tokens`` tokens after ``prompt`` and returns them.
+
+    Returns ``[max_new_tokens]`` token ids (``[B, max_new_tokens]`` for a batched prompt).
 
     model: a decoder LM (continues the prompt) or an encoder–decoder (the prompt is the
       source; the target starts with ``start_token``).
@@ -99,7 +100,7 @@ def generate(
         raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
     check_sampling(temperature, top_k, top_p, cfg.vocab_size)
     prompt_BT = _prompt_batch(prompt, cfg)
-    check_context(cfg, prompt_BT.shape[1], what="prompt")
+    check_context(cfg, prompt_BT.shape[1], what="prompt length")
     graphdef, state = nnx.split(model)
     context_kvs = None
     if cfg.family == "encoder_decoder":
@@ -109,9 +110,8 @@ def generate(
         first_BT = prompt_BT
     # the last sampled token is returned, not fed back: the cache holds one position fewer
     length = first_BT.shape[1] + max_new_tokens - 1
-    if length > cfg.max_seq_len:
-        raise ValueError(f"prompt ({first_BT.shape[1]} tokens) + max_new_tokens ({max_new_tokens}) needs {length} "
-                         f"positions, past the context (model.max_seq_len={cfg.max_seq_len})")
+    check_context(cfg, length,
+                  what=f"prompt ({first_BT.shape[1]} tokens) + max_new_tokens ({max_new_tokens}): cache length")
     cache = KVCache.create(cfg, prompt_BT.shape[0], length, dtype=cache_dtype)
     advance = decode_step(graphdef, temperature, top_k, top_p)
     base_key = jax.random.key(seed)
@@ -119,5 +119,5 @@ def generate(
     for i in range(max_new_tokens):
         fed_BT, cache = advance(state, fed_BT, cache, base_key, i, context_kvs)
         tokens.append(fed_BT)
-    out_BN = jnp.concatenate(tokens, axis=1)
-    return out_BN[0] if np.ndim(prompt) == 1 else out_BN
+    out_BT = jnp.concatenate(tokens, axis=1)
+    return out_BT[0] if np.ndim(prompt) == 1 else out_BT

@@ -16,8 +16,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from jaxformer.architecture import ModelConfig
-from jaxformer.nn.embeddings import check_context
+from jaxformer.architecture import ModelConfig, check_context
 from jaxformer.nn.kv import cache_slots
 
 
@@ -33,7 +32,7 @@ class KVCache:
     @classmethod
     def create(cls, cfg: ModelConfig, batch: int, max_len: int, dtype=jnp.float32) -> "KVCache":
         """An empty cache for ``batch`` sequences of up to ``max_len`` (≤ ``cfg.max_seq_len``) tokens."""
-        check_context(cfg, max_len, what="cache")
+        check_context(cfg, max_len, what="cache length")
         if batch <= 0 or max_len <= 0:
             raise ValueError(f"cache batch and max_len must be positive, got {batch} and {max_len}")
         shape = (batch, cache_slots(max_len, cfg.sliding_window), cfg.num_kv_heads, cfg.head_dim)

@@ -5,8 +5,7 @@ dispatcher ``jaxformer.functional.attention`` through one call with structured
 arguments (causal flag, query offset, valid key lengths, window, ALiBi slopes), so
 the implementation (``kernel.attention_impl``: naive | blockwise | xla) is chosen there.
 
-Letters: B batch, T query length, S key length, E model width, H query heads,
-K key/value heads, D head dimension.
+Shape letters (``x_BTE``, ``q_BTHD``, ``k_BSKD``) follow the legend of :mod:`jaxformer.functional`.
 """
 
 from __future__ import annotations

@@ -11,19 +11,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 import jaxformer.functional as F
-from jaxformer.architecture import ModelConfig
+from jaxformer.architecture import ModelConfig, check_context
 from jaxformer.nn import params
-
-
-def check_context(cfg: ModelConfig, length: int, *, what: str = "sequence") -> None:
-    """Raises ``ValueError`` when ``length`` positions do not fit the model's context.
-
-    Every model is limited to ``cfg.max_seq_len`` positions (a learned table has no
-    rows beyond it; the other schemes were never trained there).
-    """
-    if length > cfg.max_seq_len:
-        table = "the learned position table" if cfg.position == "learned" else "the context"
-        raise ValueError(f"{what} length {length} is past {table} (model.max_seq_len={cfg.max_seq_len})")
 
 
 class Embedding(nnx.Module):

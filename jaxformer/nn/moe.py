@@ -54,13 +54,14 @@ class MoE(nnx.Module):
     def __call__(self, x_BTE: jax.Array, *, drop_tokens: bool = False) -> tuple[jax.Array, jax.Array]:
         B, T, E = x_BTE.shape
         cfg = self.cfg
-        x_TE = x_BTE.reshape(B * T, E)
-        y_TE, aux_loss = M.moe_feed_forward(
-            x_TE, self.router[...], _values(self.experts), k=cfg.experts_per_token, activation=cfg.activation,
+        x_NE = x_BTE.reshape(B * T, E)
+        y_NE, aux_loss = M.moe_feed_forward(
+            x_NE, self.router[...], _values(self.experts), k=cfg.experts_per_token, activation=cfg.activation,
             capacity_factor=cfg.capacity_factor if drop_tokens else None,
         )
         if self.shared is not None:
-            # every token through every shared expert: the stack is the buffer, tokens broadcast
-            x_STE = jnp.broadcast_to(x_TE, (cfg.num_shared_experts, B * T, E))
-            y_TE = y_TE + jnp.sum(M.experts_feed_forward(x_STE, _values(self.shared), cfg.activation), axis=0)
-        return y_TE.reshape(B, T, E), aux_loss
+            # every token through every shared expert: the shared stack (its X = num_shared_experts)
+            # is the buffer, tokens broadcast
+            x_XNE = jnp.broadcast_to(x_NE, (cfg.num_shared_experts, B * T, E))
+            y_NE = y_NE + jnp.sum(M.experts_feed_forward(x_XNE, _values(self.shared), cfg.activation), axis=0)
+        return y_NE.reshape(B, T, E), aux_loss

@@ -1,9 +1,9 @@
 """Creating parameters: one helper, so every parameter carries its logical axis names.
 
 Every weight is an ``nnx.Param`` whose ``out_sharding`` metadata holds one logical
-axis name per dimension ("vocab", "embed", "heads", "kv_heads", "head_dim", "mlp",
-"experts", "norm", "position", or None). The names say what a dimension *is*; which
-mesh axis it lands on is decided elsewhere (the sharding rules table), so this code
+axis name per dimension (one of `AXIS_NAMES`, or None). The names say what a dimension
+*is*; which mesh axis it lands on is decided elsewhere (the sharding rules table,
+`jaxformer.parallel.rules`, which has a rule for each of these names), so this code
 never sees a mesh. ``eager_sharding=False`` keeps construction free of any mesh
 context: placement happens when the caller shards the state (e.g. ``jax.jit`` with
 ``out_shardings`` built from :func:`jaxformer.models.pure.logical_axes`).
@@ -21,13 +21,13 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-AXIS_NAMES = frozenset({"vocab", "embed", "heads", "kv_heads", "head_dim", "mlp", "experts", "norm", "position"})
+AXIS_NAMES = ("vocab", "embed", "heads", "kv_heads", "head_dim", "mlp", "experts", "norm", "position")
 INIT_STD = 0.02
 
 
 def _param(value: jax.Array, axes: Sequence[str | None]) -> nnx.Param:
     axes = tuple(axes)
-    if len(axes) != value.ndim or not set(axes) - {None} <= AXIS_NAMES:
+    if len(axes) != value.ndim or not set(axes) - {None} <= set(AXIS_NAMES):
         raise ValueError(f"logical axes {axes} do not name the {value.ndim} dimensions of a {value.shape} parameter")
     return nnx.Param(value, out_sharding=axes, eager_sharding=False)
 

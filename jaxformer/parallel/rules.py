@@ -28,21 +28,21 @@ import jax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from jaxformer.nn.params import AXIS_NAMES
 from jaxformer.parallel.mesh import MESH_AXES
 
 Rules = Mapping[str, tuple[str, ...]]
 
+# the batch, then every parameter axis (`AXIS_NAMES`): replicated unless split below
 DEFAULT_RULES: dict[str, tuple[str, ...]] = {
     "batch": ("data", "fsdp", "expert"),
+    **dict.fromkeys(AXIS_NAMES, ()),
     "vocab": ("tensor",),
     "embed": ("fsdp",),
     "heads": ("tensor",),
     "kv_heads": ("tensor",),
-    "head_dim": (),
     "mlp": ("tensor",),
     "experts": ("expert",),
-    "norm": (),
-    "position": (),
 }
 
 

@@ -3,14 +3,11 @@
 ``isoflop_sweep(law, budgets)`` places sizes log-uniformly around the law's N_opt at each
 budget (D = C / 6N) and gives each run an idealised training curve: the law's loss at every
 prefix of its tokens, as if each prefix were a run of its own length (what the envelope of
-Approach 1 assumes), with multiplicative log-normal noise. ``write_sweep`` lays such a
-table out as a sweep directory (``runs/NAME/final.json``, ``metrics.jsonl``, ``plan.json``).
+Approach 1 assumes), with multiplicative log-normal noise. (`jaxformer.sweep.table.write_sweep`
+lays such a table out as a sweep directory.)
 """
 
 from __future__ import annotations
-
-import json
-from pathlib import Path
 
 import numpy as np
 
@@ -36,24 +33,3 @@ def isoflop_sweep(law: ParametricLaw, budgets, *, sizes: int = 9, span: float = 
     final = curve_loss.reshape(len(N), curve_points)[:, -1]
     table = RunTable.from_arrays(N, final, D=D, C=C, budget=np.array(B, dtype=np.float64), source="synthetic")
     return table.with_curves(curve_run, curve_tokens, curve_loss)
-
-
-def write_sweep(table: RunTable, directory: str | Path) -> Path:
-    """Writes the table as a sweep directory that ``load_table`` reads back."""
-    directory = Path(directory)
-    plan = []
-    for r in range(len(table)):
-        name = f"run{r:03d}"
-        run_dir = directory / "runs" / name
-        run_dir.mkdir(parents=True, exist_ok=True)
-        record = {"params": float(table.N[r]), "tokens": float(table.D[r]), "flops_6nd": float(table.C[r]),
-                  "val_loss": float(table.loss[r])}
-        (run_dir / "final.json").write_text(json.dumps(record))
-        if table.has_curves:
-            mine = np.flatnonzero(table.curve_run == r)
-            rows = [{"step": i + 1, "tokens": float(table.curve_tokens[k]), "val_loss": float(table.curve_loss[k])}
-                    for i, k in enumerate(mine)]
-            (run_dir / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
-        plan.append({"name": name, "budget": None if table.budget is None else float(table.budget[r])})
-    (directory / "plan.json").write_text(json.dumps({"runs": plan}))
-    return directory

@@ -1,4 +1,4 @@
-"""Tables of training runs → arrays: CSV, Parquet, JSONL, or a sweep directory.
+"""Tables of training runs → arrays: CSV, Parquet, JSONL, or columns in memory.
 
 A run has a parameter count N, training tokens D, training FLOPs C (either of D and C may be
 missing: D = C / 6N, C = 6ND) and a final loss; optionally an IsoFLOP budget label and a
@@ -10,11 +10,8 @@ A table in *long* form (a run column whose values repeat, one row per evaluation
 curves: each run's final point is its row with the most tokens. Rows whose ``status``
 column (as in ``jaxformer results``) is not ``done`` are left out.
 
-A directory holds one sub-directory per run (directly or under ``runs/``, as ``jaxformer
-sweep`` writes it) with ``final.json`` (``params``/``N``, ``tokens``/``D``, ``flops``/``C``,
-``val_loss``/``loss``) and optionally ``metrics.jsonl``, whose rows with a validation loss
-(``tokens``, ``val_loss``) are the run's curve. A ``plan.json`` next to ``runs/`` gives each
-run's IsoFLOP budget.
+This module knows no training layout: a sweep hands its runs over as a table
+(`jaxformer.sweep.table.sweep_table`).
 """
 
 from __future__ import annotations
@@ -26,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from jaxformer.files import load_json, load_jsonl
+from jaxformer.files import load_jsonl
 
 # role -> accepted names, compared after lower-casing and mapping spaces/dashes to "_"
 CANDIDATES: dict[str, tuple[str, ...]] = {
@@ -37,7 +34,6 @@ CANDIDATES: dict[str, tuple[str, ...]] = {
     "budget": ("budget", "flops_budget", "isoflop", "isoflop_budget"),
     "run": ("run", "run_id", "run_name"),
 }
-CURVE_FILE = "metrics.jsonl"
 
 
 @dataclass(frozen=True)
@@ -142,15 +138,16 @@ def _read_columns(path: Path) -> dict[str, list]:
             rows = list(csv.DictReader(fh))
         return {k: [r[k] for r in rows] for k in (rows[0].keys() if rows else [])}
     if suffix in (".jsonl", ".ndjson"):
-        return _records_to_columns(load_jsonl(path), path)
+        return records_to_columns(load_jsonl(path), path)
     if suffix == ".parquet":
         import pyarrow.parquet as pq  # imported here: only Parquet users pay for it
 
         return pq.read_table(path).to_pydict()
-    raise ValueError(f"{path}: unknown table format {suffix!r} (use .csv, .parquet, .jsonl or a sweep directory)")
+    raise ValueError(f"{path}: unknown table format {suffix!r} (use .csv, .parquet or .jsonl)")
 
 
-def _records_to_columns(records: list[dict], source) -> dict[str, list]:
+def records_to_columns(records: list[dict], source) -> dict[str, list]:
+    """Columns of a list of JSON records (a key missing from a record is NaN there)."""
     names: list[str] = []
     for r in records:
         if not isinstance(r, dict):
@@ -159,7 +156,9 @@ def _records_to_columns(records: list[dict], source) -> dict[str, list]:
     return {k: [r.get(k, math.nan) for r in records] for k in names}
 
 
-def _from_columns(cols: dict[str, list], source: str, names: dict[str, str | None]) -> RunTable:
+def columns_table(cols: dict[str, list], source: str, **names: str | None) -> RunTable:
+    """A ``RunTable`` from named columns; ``names`` (``N=``, ``D=``, ``C=``, ``loss=``, ``budget=``,
+    ``run=``) pick columns explicitly, the others are found by name (`CANDIDATES`)."""
     columns = list(cols)
     if "status" in cols:  # a `jaxformer results` table: only finished runs have losses
         done = [i for i, v in enumerate(cols["status"]) if v == "done"]
@@ -195,42 +194,17 @@ def _long_form(run_ids: list[str], num: dict[str, np.ndarray], source: str) -> R
     return table.with_curves(index, tokens, num["loss"])
 
 
-def _load_sweep(path: Path, names: dict[str, str | None]) -> RunTable:
-    root = path / "runs" if (path / "runs").is_dir() else path
-    run_dirs = sorted(p.parent for p in root.glob("*/final.json"))
-    if not run_dirs:
-        raise ValueError(f"{path}: no run sub-directories with final.json")
-    records = [load_json(d / "final.json") for d in run_dirs]
-    if (path / "plan.json").is_file():  # `jaxformer sweep` layout: budgets live in the plan
-        budgets = {r["name"]: r.get("budget") for r in load_json(path / "plan.json")["runs"]}
-        if all(budgets.get(d.name) is not None for d in run_dirs):
-            for record, d in zip(records, run_dirs):
-                record.setdefault("budget", budgets[d.name])
-    table = _from_columns(_records_to_columns(records, path), str(path), {**names, "run": None})
-    run, tokens, loss = [], [], []
-    for i, d in enumerate(run_dirs):
-        file = d / CURVE_FILE
-        if not file.is_file():
-            continue
-        cols = _read_columns(file)
-        t_col = find_column(list(cols), "D", None, str(file))
-        l_col = find_column(list(cols), "loss", names.get("loss"), str(file))
-        keep = [j for j, v in enumerate(cols[l_col]) if v is not None and v == v]  # rows with a loss
-        run += [i] * len(keep)
-        tokens += [cols[t_col][j] for j in keep]
-        loss += [cols[l_col][j] for j in keep]
-    if not run:
-        return table
-    return table.with_curves(np.array(run), _numbers("tokens", tokens, str(path)), _numbers("loss", loss, str(path)))
-
-
 def load_table(path: str | Path, *, n_col: str | None = None, d_col: str | None = None, c_col: str | None = None,
                loss_col: str | None = None, budget_col: str | None = None, run_col: str | None = None) -> RunTable:
-    """Reads a table file or a sweep directory into a validated ``RunTable``."""
+    """Reads a table file (CSV, Parquet, JSONL) into a validated ``RunTable``.
+
+    A sweep directory is read by the sweep itself (`jaxformer.sweep.table.sweep_table`).
+    """
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"{path}: no such file or directory")
-    names = {"N": n_col, "D": d_col, "C": c_col, "loss": loss_col, "budget": budget_col, "run": run_col}
     if path.is_dir():
-        return _load_sweep(path, names)
-    return _from_columns(_read_columns(path), str(path), names)
+        raise ValueError(f"{path} is a directory: give a table file, or read a sweep directory with "
+                         "jaxformer.sweep.table.sweep_table (the `jaxformer fit` command does both)")
+    return columns_table(_read_columns(path), str(path), N=n_col, D=d_col, C=c_col, loss=loss_col,
+                         budget=budget_col, run=run_col)

@@ -19,11 +19,11 @@ def fit_sweep(out: Path, rows: list[dict], spec: FitSpec) -> str:
     """
     from jaxformer.scaling.allocation import allocate
     from jaxformer.scaling.report import fit_table, jsonable
-    from jaxformer.scaling.table import load_table
+    from jaxformer.sweep.table import sweep_table
 
     done = [row for row in rows if row["status"] == "done"]
     try:
-        table = load_table(out)
+        table = sweep_table(out)
         approaches = sorted({str(a) for a in spec.approaches}, reverse=True)
         report = fit_table(table, approaches[0], resamples=spec.bootstrap)
         for approach in approaches[1:]:

@@ -92,7 +92,7 @@ def _estimate_minutes(runs: list[PlannedRun]) -> dict[str, float]:
 
 def choose_layout(workers: int | None, threads: int | None) -> tuple[int, int, str]:
     """``(processes, threads per process, why)``: given flags, else what `bench train --layout` measured here."""
-    from jaxformer.benchmarks.train import LAYOUT_FILE
+    from jaxformer.runtime import LAYOUT_FILE
 
     cores = os.cpu_count() or 1
     if workers is not None or threads is not None:

@@ -6,7 +6,7 @@ import copy
 import dataclasses
 from typing import Any
 
-from jaxformer.accounting import count_params, forward_flops_per_token
+from jaxformer.accounting import count_params, training_flops_per_token
 from jaxformer.configs import set_dotted, to_dict
 from jaxformer.architecture import ModelConfig
 from jaxformer.sweep.sizing import shape_for_params
@@ -22,7 +22,9 @@ class PlannedRun:
 
     N: exact total parameters of the shaped model (embeddings and head included).
     D: tokens it trains on (whole optimizer steps of batch_size × seq_len).
-    C: training FLOPs of those tokens, ``6·N·D`` or exact (the spec's ``flops``).
+    C: training FLOPs of those tokens under the spec's ``flops`` rule
+       (`jaxformer.accounting.training_flops_per_token`: ``6·N_active·D`` or exact), the
+       run's recorded ``flops_6nd`` / ``flops_exact``.
     budget: the IsoFLOP budget it belongs to (None for a grid).
     """
 
@@ -40,11 +42,6 @@ class PlannedRun:
     @property
     def tokens_per_param(self) -> float:
         return self.D / self.N
-
-
-def _flops_per_token(model: ModelConfig, seq_len: int, rule: str) -> float:
-    """Training FLOPs per token: ``6·N`` or the exact ``3 ×`` forward count."""
-    return 6.0 * count_params(model).total if rule == "6ND" else 3.0 * forward_flops_per_token(model, seq_len).total
 
 
 def _short(value: float) -> str:
@@ -78,7 +75,7 @@ def plan_runs(spec: SweepSpec) -> list[PlannedRun]:
         for target, model in shapes.items():
             params = count_params(model)
             for seed in spec.seeds:
-                per_token = _flops_per_token(model, base.train.seq_len, rule)
+                per_token = training_flops_per_token(model, base.train.seq_len, rule)
                 wanted = budget_or_tokens / per_token if spec.isoflop else budget_or_tokens
                 variables = {"N": params.total, "D": wanted, "C": wanted * per_token, "d_model": model.d_model,
                              "num_layers": model.num_layers, "seed": seed}
@@ -97,7 +94,7 @@ def plan_runs(spec: SweepSpec) -> list[PlannedRun]:
                         else f"N{params.total}-D{_short(tokens)}") + f"-s{seed}"
                 runs.append(PlannedRun(
                     name=name, N=params.total, N_non_embedding=params.non_embedding, D=tokens,
-                    C=tokens * _flops_per_token(model, config.train.seq_len, rule), budget=budget,
+                    C=tokens * training_flops_per_token(model, config.train.seq_len, rule), budget=budget,
                     target_params=target, steps=config.total_steps, seed=seed, config=to_dict(config),
                 ))
     names = [run.name for run in runs]

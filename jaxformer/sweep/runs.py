@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Iterator
 
 from jaxformer.files import write_json_atomic
+from jaxformer.train.checkpoint import has_checkpoints
 
 
 class RunPaths:
@@ -47,8 +48,7 @@ class RunPaths:
             return "done"
         if self.status.is_file() and read_json(self.status).get("status") == "failed":
             return "failed"
-        checkpoints = self.run_dir / "checkpoints"
-        if checkpoints.is_dir() and any(child.name.isdigit() for child in checkpoints.iterdir()):
+        if has_checkpoints(self.run_dir):
             return "partial"
         return "queued"
 

@@ -13,7 +13,9 @@ fit: {approaches: [2, 3]}
 ```
 
 IsoFLOP runs take ``D = C / (6·N)`` (``flops: 6ND``) or ``D = C / (3·F)`` with F the exact
-forward FLOPs per token (``flops: exact``), N being the exact count of the shaped model.
+forward FLOPs per token (``flops: exact``), N being the exact count of the shaped model's
+active parameters (all of them unless it is a mixture of experts), as
+`jaxformer.accounting.training_flops_per_token` counts them for the run's ``flops_6nd``.
 """
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ computed on the devices and does not depend on the sharding, so it checks such r
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import shutil
 import sys
@@ -30,6 +31,22 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
+
+from jaxformer.configs import POSITIVE, Section, setting
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointConfig(Section):
+    """Orbax checkpoints every ``interval`` steps (and at the end), the last ``keep`` kept.
+
+    resume: continue from the run directory's latest readable checkpoint when there is one.
+    """
+
+    SECTION = "checkpoint"
+
+    interval: int = setting(100, POSITIVE)
+    keep: int = setting(3, POSITIVE)
+    resume: bool = True
 
 
 class CheckpointError(RuntimeError):

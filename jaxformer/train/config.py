@@ -18,97 +18,18 @@ import warnings
 from pathlib import Path
 from typing import Any, Literal
 
-from jaxformer.configs import (FRACTION, NON_NEGATIVE, POSITIVE, Range, Section, apply_overrides, from_dict, load_yaml,
-                               setting, to_dict)
+from jaxformer.configs import NON_NEGATIVE, POSITIVE, Section, apply_overrides, from_dict, load_yaml, setting, to_dict
+from jaxformer.architecture import DERIVED_FIELDS, ModelConfig, check_context
 from jaxformer.functional.kernel import KernelConfig
 from jaxformer.parallel.config import ParallelConfig
-from jaxformer.architecture import DERIVED_FIELDS, ModelConfig
 from jaxformer.models.presets import model_config_from_dict
+from jaxformer.train.checkpoint import CheckpointConfig
+from jaxformer.train.corpora import DataConfig
+from jaxformer.train.metrics import LoggingConfig
+from jaxformer.train.optimizer import OptimizerConfig
 
 DEFAULT_PRESET = "tiny"
 MAX_STEPS = 2**31 - 1  # the step counter is int32
-
-
-@dataclasses.dataclass(frozen=True)
-class MarkovConfig(Section):
-    """The ``synthetic-markov`` source: an order-``order`` chain over ``alphabet`` byte values.
-
-    Every context has ``branching`` possible successors with Dirichlet(``concentration``)
-    probabilities; ``bytes`` bytes are generated, in independent stationary documents.
-    """
-
-    SECTION = "data.markov"
-
-    order: int = setting(1, POSITIVE)
-    alphabet: int = setting(32, Range(2, 256))
-    branching: int = 4
-    concentration: float = setting(1.0, POSITIVE)
-    bytes: int = setting(2_000_000, POSITIVE)
-    seed: int = 0
-
-    def check(self) -> None:
-        Range(1, self.alphabet).check("data.markov.branching", self.branching)
-        if self.alphabet**self.order > 1 << 22:
-            raise ValueError(f"data.markov.order={self.order} with alphabet {self.alphabet} has "
-                             f"{self.alphabet**self.order:,} contexts; at most {1 << 22:,} are supported")
-
-
-@dataclasses.dataclass(frozen=True)
-class DataConfig(Section):
-    """Where the tokens come from.
-
-    corpus: ``stdlib`` (this Python's standard-library sources), ``files:GLOB[,GLOB…]``,
-      ``tokens:PATH`` (a nanoGPT ``.bin`` file, or a directory holding ``train.bin`` and
-      ``val.bin``) or ``synthetic-markov`` (parameters in ``data.markov``).
-    tokenizer: ``byte`` (vocabulary 256) or ``bpe`` (trained on the training split, saved with the run).
-    doc_bytes: text documents longer than this are cut (at a newline) into documents of at most this size.
-    val_fraction: share of documents held out for validation, chosen by a hash of their names.
-    """
-
-    SECTION = "data"
-
-    corpus: str = "stdlib"
-    tokenizer: Literal["byte", "bpe"] = "byte"
-    bpe_vocab_size: int = 1024
-    bpe_train_bytes: int = setting(4_000_000, POSITIVE)
-    token_dtype: Literal["uint16", "uint32"] = "uint16"
-    val_fraction: float = setting(0.05, Range(0.0, 1.0, low_open=True, high_open=True))
-    split_seed: int = 0
-    doc_bytes: int = setting(65_536, POSITIVE)
-    markov: MarkovConfig = dataclasses.field(default_factory=MarkovConfig)
-
-    def check(self) -> None:
-        kind, sep, rest = self.corpus.partition(":")
-        if kind in ("files", "tokens") and not (sep and rest.strip()):
-            raise ValueError(f"data.corpus {self.corpus!r} needs a path after '{kind}:'")
-        if kind == "tokens" and self.tokenizer != "byte":
-            raise ValueError(f"data.tokenizer must be byte (unused) for a pre-tokenised corpus, got {self.tokenizer!r}")
-        if not (self.corpus in ("stdlib", "synthetic-markov") or kind in ("files", "tokens")):
-            raise ValueError(
-                f"data.corpus must be stdlib, files:GLOB, tokens:PATH or synthetic-markov, got {self.corpus!r}")
-        if self.tokenizer == "bpe" and not 256 < self.bpe_vocab_size <= 65_536:
-            raise ValueError(f"data.bpe_vocab_size must be in (256, 65536], got {self.bpe_vocab_size}")
-
-
-@dataclasses.dataclass(frozen=True)
-class OptimizerConfig(Section):
-    """AdamW with global-norm clipping; linear warmup then cosine decay ending at the run's last step.
-
-    lr: peak learning rate. warmup_fraction: share of the run's steps spent warming up from 0.
-    final_lr_fraction: the learning rate at the last step, as a fraction of ``lr``.
-    grad_clip: maximum global gradient norm (0 turns clipping off). Weight decay skips vectors.
-    """
-
-    SECTION = "optimizer"
-
-    lr: float = setting(3e-3, POSITIVE)
-    warmup_fraction: float = setting(0.05, Range(0.0, 1.0, high_open=True))
-    final_lr_fraction: float = setting(0.1, FRACTION)
-    weight_decay: float = setting(0.1, NON_NEGATIVE)
-    beta1: float = setting(0.9, Range(0.0, 1.0, high_open=True))
-    beta2: float = setting(0.95, Range(0.0, 1.0, high_open=True))
-    eps: float = setting(1e-8, POSITIVE)
-    grad_clip: float = setting(1.0, NON_NEGATIVE)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,31 +69,6 @@ class LoopConfig(Section):
 
 
 @dataclasses.dataclass(frozen=True)
-class CheckpointConfig(Section):
-    """Orbax checkpoints every ``interval`` steps (and at the end), the last ``keep`` kept.
-
-    resume: continue from the run directory's latest readable checkpoint when there is one.
-    """
-
-    SECTION = "checkpoint"
-
-    interval: int = setting(100, POSITIVE)
-    keep: int = setting(3, POSITIVE)
-    resume: bool = True
-
-
-@dataclasses.dataclass(frozen=True)
-class LoggingConfig(Section):
-    """Metrics every ``interval`` steps; ``progress``: ``auto`` (a bar on a terminal, else plain lines)."""
-
-    SECTION = "logging"
-
-    interval: int = setting(10, POSITIVE)
-    progress: Literal["auto", "bar", "plain", "none"] = "auto"
-    tensorboard: bool = True
-
-
-@dataclasses.dataclass(frozen=True)
 class TrainConfig(Section):
     """The whole run, composed of its subsystems' sections (Levanter's pattern); ``check`` spans them.
 
@@ -193,9 +89,7 @@ class TrainConfig(Section):
         model, data, train = self.model, self.data, self.train
         if model.family != "decoder":
             raise ValueError(f"model.family must be decoder for next-token training, got {model.family!r}")
-        if train.seq_len > model.max_seq_len:  # every model is limited to its max_seq_len positions
-            table = "the learned position table" if model.position == "learned" else "the model's context"
-            raise ValueError(f"train.seq_len={train.seq_len} exceeds {table} (model.max_seq_len={model.max_seq_len})")
+        check_context(model, train.seq_len, what="train.seq_len")
         if data.tokenizer == "bpe" and model.vocab_size < data.bpe_vocab_size:
             raise ValueError(
                 f"model.vocab_size={model.vocab_size} is smaller than data.bpe_vocab_size={data.bpe_vocab_size}")

@@ -20,15 +20,53 @@ import hashlib
 import os
 import sysconfig
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 
-from jaxformer.train.config import DataConfig
-from jaxformer.train.markov import make_markov_source
+from jaxformer.configs import POSITIVE, Range, Section, setting
+from jaxformer.train.markov import MarkovConfig, make_markov_source
 
 MARKOV_DOC_BYTES = 4096  # length of each independent stationary Markov document
 TOKEN_BLOCK = 65_536  # tokens per "document" when one .bin file is split
 _STDLIB_EXCLUDED_DIRS = {"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__"}
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig(Section):
+    """Where the tokens come from.
+
+    corpus: ``stdlib`` (this Python's standard-library sources), ``files:GLOB[,GLOB…]``,
+      ``tokens:PATH`` (a nanoGPT ``.bin`` file, or a directory holding ``train.bin`` and
+      ``val.bin``) or ``synthetic-markov`` (parameters in ``data.markov``).
+    tokenizer: ``byte`` (vocabulary 256) or ``bpe`` (trained on the training split, saved with the run).
+    doc_bytes: text documents longer than this are cut (at a newline) into documents of at most this size.
+    val_fraction: share of documents held out for validation, chosen by a hash of their names.
+    """
+
+    SECTION = "data"
+
+    corpus: str = "stdlib"
+    tokenizer: Literal["byte", "bpe"] = "byte"
+    bpe_vocab_size: int = 1024
+    bpe_train_bytes: int = setting(4_000_000, POSITIVE)
+    token_dtype: Literal["uint16", "uint32"] = "uint16"
+    val_fraction: float = setting(0.05, Range(0.0, 1.0, low_open=True, high_open=True))
+    split_seed: int = 0
+    doc_bytes: int = setting(65_536, POSITIVE)
+    markov: MarkovConfig = dataclasses.field(default_factory=MarkovConfig)
+
+    def check(self) -> None:
+        kind, sep, rest = self.corpus.partition(":")
+        if kind in ("files", "tokens") and not (sep and rest.strip()):
+            raise ValueError(f"data.corpus {self.corpus!r} needs a path after '{kind}:'")
+        if kind == "tokens" and self.tokenizer != "byte":
+            raise ValueError(f"data.tokenizer must be byte (unused) for a pre-tokenised corpus, got {self.tokenizer!r}")
+        if not (self.corpus in ("stdlib", "synthetic-markov") or kind in ("files", "tokens")):
+            raise ValueError(
+                f"data.corpus must be stdlib, files:GLOB, tokens:PATH or synthetic-markov, got {self.corpus!r}")
+        if self.tokenizer == "bpe" and not 256 < self.bpe_vocab_size <= 65_536:
+            raise ValueError(f"data.bpe_vocab_size must be in (256, 65536], got {self.bpe_vocab_size}")
 
 
 @dataclasses.dataclass(frozen=True)

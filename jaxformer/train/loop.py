@@ -30,7 +30,7 @@ import jax
 import numpy as np
 import yaml
 
-from jaxformer.accounting import count_params, training_flops
+from jaxformer.accounting import count_params, training_flops, training_flops_per_token
 from jaxformer.parallel import Layout
 from jaxformer.parallel import initialize as initialize_distributed
 from jaxformer.files import write_json_atomic, write_text_atomic
@@ -136,7 +136,7 @@ class _Run:
         self.tokens_per_step = config.tokens_per_step
         self.learning_rates = learning_rates(config.optimizer, self.total_steps)
         self.optimizer = make_optimizer(config.optimizer)
-        self.flops_per_token = training_flops(config.model, 1, train.seq_len)["exact"]
+        self.flops_per_token = training_flops_per_token(config.model, train.seq_len, "exact")
         self.loader = Loader(dataset.train, train.seq_len, train.batch_size, train.seed)
         self.micro_batch = config.micro_batch
         # this process feeds the rows its devices hold, of every micro-batch

@@ -18,6 +18,32 @@ import dataclasses
 
 import numpy as np
 
+from jaxformer.configs import POSITIVE, Range, Section, setting
+
+
+@dataclasses.dataclass(frozen=True)
+class MarkovConfig(Section):
+    """The ``synthetic-markov`` source: an order-``order`` chain over ``alphabet`` byte values.
+
+    Every context has ``branching`` possible successors with Dirichlet(``concentration``)
+    probabilities; ``bytes`` bytes are generated, in independent stationary documents.
+    """
+
+    SECTION = "data.markov"
+
+    order: int = setting(1, POSITIVE)
+    alphabet: int = setting(32, Range(2, 256))
+    branching: int = 4
+    concentration: float = setting(1.0, POSITIVE)
+    bytes: int = setting(2_000_000, POSITIVE)
+    seed: int = 0
+
+    def check(self) -> None:
+        Range(1, self.alphabet).check("data.markov.branching", self.branching)
+        if self.alphabet**self.order > 1 << 22:
+            raise ValueError(f"data.markov.order={self.order} with alphabet {self.alphabet} has "
+                             f"{self.alphabet**self.order:,} contexts; at most {1 << 22:,} are supported")
+
 
 @dataclasses.dataclass(frozen=True)
 class MarkovSource:

@@ -10,16 +10,30 @@ the same as an uninterrupted run's.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import sys
 import time
 from pathlib import Path
+from typing import Literal
 
 import jax
 import jax.numpy as jnp
 
+from jaxformer.configs import POSITIVE, Section, setting
 from jaxformer.files import write_text_atomic
+
+
+@dataclasses.dataclass(frozen=True)
+class LoggingConfig(Section):
+    """Metrics every ``interval`` steps; ``progress``: ``auto`` (a bar on a terminal, else plain lines)."""
+
+    SECTION = "logging"
+
+    interval: int = setting(10, POSITIVE)
+    progress: Literal["auto", "bar", "plain", "none"] = "auto"
+    tensorboard: bool = True
 
 
 def truncate_rows(path: Path, last_step: int) -> None:

@@ -17,12 +17,35 @@ so JAX's persistent compilation cache serves every run of a sweep with the same 
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 
-from jaxformer.train.config import OptimizerConfig
+from jaxformer.configs import FRACTION, NON_NEGATIVE, POSITIVE, Range, Section, setting
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerConfig(Section):
+    """AdamW with global-norm clipping; linear warmup then cosine decay ending at the run's last step.
+
+    lr: peak learning rate. warmup_fraction: share of the run's steps spent warming up from 0.
+    final_lr_fraction: the learning rate at the last step, as a fraction of ``lr``.
+    grad_clip: maximum global gradient norm (0 turns clipping off). Weight decay skips vectors.
+    """
+
+    SECTION = "optimizer"
+
+    lr: float = setting(3e-3, POSITIVE)
+    warmup_fraction: float = setting(0.05, Range(0.0, 1.0, high_open=True))
+    final_lr_fraction: float = setting(0.1, FRACTION)
+    weight_decay: float = setting(0.1, NON_NEGATIVE)
+    beta1: float = setting(0.9, Range(0.0, 1.0, high_open=True))
+    beta2: float = setting(0.95, Range(0.0, 1.0, high_open=True))
+    eps: float = setting(1e-8, POSITIVE)
+    grad_clip: float = setting(1.0, NON_NEGATIVE)
 
 
 def warmup_steps(config: OptimizerConfig, total_steps: int) -> int:

@@ -28,7 +28,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from jaxformer.accounting import count_params
 from jaxformer.architecture import ModelConfig
 from jaxformer.functional.kernel import KernelConfig
-from jaxformer.models.pure import apply, init_params
+from jaxformer.models.pure import init_params
 
 State = dict[str, Any]
 
@@ -55,24 +55,27 @@ def build_state(model: ModelConfig, seed: int, optimizer: optax.GradientTransfor
     return graphdef, init_state(params, optimizer)
 
 
-def next_token_loss(graphdef: nnx.GraphDef, params: nnx.State, window_BT1: jax.Array,
+def next_token_loss(graphdef: nnx.GraphDef, params: nnx.State, window_BW: jax.Array,
                     compute_dtype: jnp.dtype, *, drop_tokens: bool = True) -> tuple[jax.Array, jax.Array]:
     """``(objective, cross_entropy)`` on windows ``[B, T+1]``: predict ``w[:, 1:]`` from ``w[:, :-1]``.
 
+    ``objective = cross_entropy + model.router_aux_loss_weight × aux_loss``, the model's
+    unweighted MoE load-balancing loss (0 for a dense model): the one place the weight is applied.
     Parameters are cast to ``compute_dtype`` (bf16 compute from fp32 masters); logits are float32.
     ``drop_tokens``: MoE layers drop assignments past ``model.capacity_factor`` — the training
     objective does; the validation pass passes False and measures the model as inference runs it.
     """
-    inputs_BT, targets_BT = window_BT1[:, :-1], window_BT1[:, 1:]
+    inputs_BT, targets_BT = window_BW[:, :-1], window_BW[:, 1:]
     compute_params = jax.tree.map(lambda p: p.astype(compute_dtype), params)
-    logits_BTV, aux_loss = apply(graphdef, compute_params, inputs_BT, drop_tokens=drop_tokens)
+    model = nnx.merge(graphdef, compute_params)  # `apply`, keeping the model for its config
+    logits_BTV, aux_loss = model(inputs_BT, drop_tokens=drop_tokens)
     cross_entropy = optax.softmax_cross_entropy_with_integer_labels(logits_BTV.astype(jnp.float32), targets_BT).mean()
-    return cross_entropy + aux_loss, cross_entropy
+    return cross_entropy + model.cfg.router_aux_loss_weight * aux_loss, cross_entropy
 
 
 def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformation, compute_dtype: str, *,
                     state_sharding: Any = None, batch_sharding: NamedSharding | None = None):
-    """``train_step(state, windows_ABT1, lr) -> state``: one update from ``A`` accumulated micro-batches.
+    """``train_step(state, windows_ABW, lr) -> state``: one update from ``A`` accumulated micro-batches.
 
     ``optimizer`` works at unit learning rate (`jaxformer.train.optimizer`); ``lr`` (a float32
     scalar) scales its update, so the compiled step is independent of the schedule.
@@ -83,17 +86,17 @@ def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformat
     dtype = jnp.dtype(compute_dtype)
     grad_fn = jax.value_and_grad(lambda p, w: next_token_loss(graphdef, p, w, dtype), has_aux=True)
 
-    def train_step(state: State, windows_ABT1: jax.Array, lr: jax.Array) -> State:
+    def train_step(state: State, windows_ABW: jax.Array, lr: jax.Array) -> State:
         params = state["params"]
 
-        def micro_step(carry, window_BT1):
+        def micro_step(carry, window_BW):
             grads_sum, loss_sum = carry
-            (_, loss), grads = grad_fn(params, window_BT1)
+            (_, loss), grads = grad_fn(params, window_BW)
             return (jax.tree.map(jnp.add, grads_sum, grads), loss_sum + loss), None
 
         zeros = jax.tree.map(jnp.zeros_like, params)
-        (grads, loss), _ = jax.lax.scan(micro_step, (zeros, jnp.zeros((), jnp.float32)), windows_ABT1)
-        micro_batches = windows_ABT1.shape[0]
+        (grads, loss), _ = jax.lax.scan(micro_step, (zeros, jnp.zeros((), jnp.float32)), windows_ABW)
+        micro_batches = windows_ABW.shape[0]
         grads = jax.tree.map(lambda g: g / micro_batches, grads)
         loss = loss / micro_batches
         grad_norm = optax.tree.norm(grads)
@@ -122,18 +125,18 @@ def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformat
 
 def make_eval_pass(graphdef: nnx.GraphDef, compute_dtype: str, *, params_sharding: Any = None,
                    batch_sharding: NamedSharding | None = None):
-    """``eval_pass(params, batches_NBT1) -> mean cross-entropy`` (nats/token) over all N batches.
+    """``eval_pass(params, batches_ABW) -> mean cross-entropy`` (nats/token) over all A batches.
 
-    MoE layers drop no token (as at inference), so with ``capacity_factor < X/K`` this can
+    MoE layers drop no token (as at inference), so with ``capacity_factor < X/R`` this can
     differ from the training loss on the same windows.
 
     Shardings as for `make_train_step`; the loss comes back replicated.
     """
     dtype = jnp.dtype(compute_dtype)
 
-    def eval_pass(params: nnx.State, batches_NBT1: jax.Array) -> jax.Array:
+    def eval_pass(params: nnx.State, batches_ABW: jax.Array) -> jax.Array:
         losses = jax.lax.map(lambda window: next_token_loss(graphdef, params, window, dtype, drop_tokens=False)[1],
-                             batches_NBT1)
+                             batches_ABW)
         return losses.mean()  # equal-sized batches: the mean of means is the mean over tokens
 
     if params_sharding is None:

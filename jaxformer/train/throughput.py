@@ -13,7 +13,7 @@ import time
 import jax
 import numpy as np
 
-from jaxformer.accounting import forward_flops_per_token
+from jaxformer.accounting import training_flops_per_token
 from jaxformer.parallel import Layout
 from jaxformer.train.config import TrainConfig
 from jaxformer.train.optimizer import make_optimizer
@@ -46,7 +46,7 @@ class TrainStepRunner:
         self.step = make_train_step(graphdef, optimizer, config.train.compute_dtype,
                                     state_sharding=layout.shardings(self.state), batch_sharding=batch_sharding)
         self.tokens_per_step = config.tokens_per_step
-        self.flops_per_step = 3.0 * forward_flops_per_token(config.model, config.train.seq_len).total * self.tokens_per_step
+        self.flops_per_step = training_flops_per_token(config.model, config.train.seq_len, "exact") * self.tokens_per_step
         started = time.perf_counter()
         self.state = jax.block_until_ready(self.step(self.state, self.windows, self.lr))
         self.compile_s = time.perf_counter() - started

@@ -1,0 +1,75 @@
+"""A sweep directory as a scaling table: what `jaxformer.scaling` fits, handed over by the sweep.
+
+`jaxformer.scaling` works on any table and knows nothing of how a sweep lays out its files;
+this module does. ``sweep_table(DIR)`` reads one sub-directory per run (under ``runs/``, as
+``jaxformer sweep`` writes it, or directly in ``DIR``) with ``final.json`` (``params``,
+``tokens``, ``val_loss``…), the run's curve from its ``metrics.jsonl`` rows with a validation
+loss, and each run's IsoFLOP budget from ``plan.json``. ``write_sweep`` lays a table out the
+same way (synthetic sweeps for tests and notebooks).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from jaxformer.files import load_json, load_jsonl
+from jaxformer.scaling.table import RunTable, columns_table, find_column, records_to_columns
+
+CURVE_FILE = "metrics.jsonl"
+
+
+def sweep_table(path: str | Path, *, loss_col: str | None = None) -> RunTable:
+    """The finished runs of the sweep at ``path``, with budgets and curves where recorded."""
+    path = Path(path)
+    if not path.is_dir():
+        raise FileNotFoundError(f"{path}: no such sweep directory")
+    root = path / "runs" if (path / "runs").is_dir() else path
+    run_dirs = sorted(p.parent for p in root.glob("*/final.json"))
+    if not run_dirs:
+        raise ValueError(f"{path}: no run sub-directories with final.json")
+    records = [load_json(d / "final.json") for d in run_dirs]
+    if (path / "plan.json").is_file():  # budgets live in the plan
+        budgets = {r["name"]: r.get("budget") for r in load_json(path / "plan.json")["runs"]}
+        if all(budgets.get(d.name) is not None for d in run_dirs):
+            for record, d in zip(records, run_dirs):
+                record.setdefault("budget", budgets[d.name])
+    table = columns_table(records_to_columns(records, path), str(path), loss=loss_col)
+    run, tokens, loss = [], [], []
+    for i, d in enumerate(run_dirs):
+        if not (d / CURVE_FILE).is_file():
+            continue
+        rows = load_jsonl(d / CURVE_FILE)
+        cols = records_to_columns(rows, d / CURVE_FILE)
+        t_col = find_column(list(cols), "D", None, str(d / CURVE_FILE))
+        l_col = find_column(list(cols), "loss", loss_col, str(d / CURVE_FILE))
+        keep = [j for j, v in enumerate(cols[l_col]) if v is not None and v == v]  # rows with a loss
+        run += [i] * len(keep)
+        tokens += [float(cols[t_col][j]) for j in keep]
+        loss += [float(cols[l_col][j]) for j in keep]
+    if not run:
+        return table
+    return table.with_curves(np.array(run), np.array(tokens), np.array(loss))
+
+
+def write_sweep(table: RunTable, directory: str | Path) -> Path:
+    """Writes ``table`` as a sweep directory that `sweep_table` reads back; returns ``directory``."""
+    directory = Path(directory)
+    plan = []
+    for r in range(len(table)):
+        name = f"run{r:03d}"
+        run_dir = directory / "runs" / name
+        run_dir.mkdir(parents=True, exist_ok=True)
+        record = {"params": float(table.N[r]), "tokens": float(table.D[r]), "flops_6nd": float(table.C[r]),
+                  "val_loss": float(table.loss[r])}
+        (run_dir / "final.json").write_text(json.dumps(record))
+        if table.has_curves:
+            mine = np.flatnonzero(table.curve_run == r)
+            rows = [{"step": i + 1, "tokens": float(table.curve_tokens[k]), "val_loss": float(table.curve_loss[k])}
+                    for i, k in enumerate(mine)]
+            (run_dir / CURVE_FILE).write_text("".join(json.dumps(row) + "\n" for row in rows))
+        plan.append({"name": name, "budget": None if table.budget is None else float(table.budget[r])})
+    (directory / "plan.json").write_text(json.dumps({"runs": plan}))
+    return directory
