@@ -15,10 +15,12 @@ from typing import Literal
 from jaxformer.configs import NON_NEGATIVE, POSITIVE, SIZE, Section, setting
 
 Family = Literal["decoder", "encoder", "encoder_decoder"]
-Activation = Literal["relu", "gelu", "swiglu"]
+Activation = Literal["relu", "gelu", "gelu_tanh", "silu", "swiglu"]
 Norm = Literal["layernorm", "rmsnorm"]
 NormPosition = Literal["pre", "post", "sandwich"]
 Position = Literal["learned", "sinusoidal", "rope", "alibi", "none"]
+RopeScaling = Literal["none", "llama3"]
+SinusoidalLayout = Literal["interleaved", "split"]
 
 # sizes resolved from others when unset (``__post_init__``)
 DERIVED_FIELDS = ("num_kv_heads", "head_dim", "d_ff", "expert_d_ff")
@@ -37,6 +39,27 @@ class ModelConfig(Section):
     router_aux_loss_weight: weight of the MoE load-balancing loss in the training objective
       (`jaxformer.train.step.next_token_loss`); the models return that loss unweighted.
     sliding_window: if set, self-attention sees only the last ``sliding_window`` tokens.
+    activation: ``gelu`` is the exact (erf) GELU, ``gelu_tanh`` its tanh approximation
+      (GPT-2's ``gelu_new``), ``silu`` the ungated SiLU (Marian's ``swish``), ``swiglu`` gated.
+    qkv_bias: biases on the query/key/value projections; ``None`` follows ``use_bias``
+      (Qwen2: ``use_bias=False, qkv_bias=True``, so no output-projection or FFN biases).
+    rope_scaling: ``llama3`` rescales RoPE's frequencies as Llama 3.1 does (``rope_scaling_factor``,
+      ``rope_low_freq_factor``, ``rope_high_freq_factor``, ``rope_original_max_seq_len``);
+      ``rope_scale`` is the separate linear position interpolation.
+    sinusoidal_layout: ``interleaved`` (sin, cos pairs; Vaswani et al.) or ``split`` (all sines,
+      then all cosines; Marian/fairseq).
+    embedding_norm: a norm (``norm``) over the summed embeddings (BERT's embedding LayerNorm).
+    num_token_types: rows of a token-type (segment) embedding table added to the embeddings (BERT: 2).
+    scale_embeddings: token embeddings are multiplied by √d_model before positions are added (Marian).
+    logit_bias: a ``[V]`` bias on the output logits (decoder, encoder–decoder; Marian's
+      ``final_logits_bias``); the masked-LM head has its own with ``use_bias``.
+    mlm_head: ``encoder`` only: the masked-LM head; without it the model's output is the
+      encoder's final hidden states (a bare BERT, a sentence encoder).
+    pooler: ``encoder`` only: BERT's pooler, a dense ``[E, E]`` layer with tanh on the first
+      token's hidden state (`jaxformer.models.embed` with ``pooling="pooler"``).
+    init_from: not architecture: a checkpoint (a Hugging Face directory, a ``.gguf`` file or an
+      ``import-hf`` directory, read by `jaxformer.hf`) whose parameters a training run starts
+      from; its architecture fills the other model fields (`jaxformer.train.config`).
 
     How attention is computed (its implementation and tiles) is not architecture: it is the
     `jaxformer.functional.KernelConfig` a model is built with.
@@ -70,6 +93,20 @@ class ModelConfig(Section):
     capacity_factor: float = setting(1.25, POSITIVE)
     router_aux_loss_weight: float = 0.01
     sliding_window: int | None = setting(None, SIZE)
+    qkv_bias: bool | None = None
+    rope_scaling: RopeScaling = "none"
+    rope_scaling_factor: float = setting(8.0, POSITIVE)
+    rope_low_freq_factor: float = setting(1.0, POSITIVE)
+    rope_high_freq_factor: float = setting(4.0, POSITIVE)
+    rope_original_max_seq_len: int = setting(8192, SIZE)
+    sinusoidal_layout: SinusoidalLayout = "interleaved"
+    embedding_norm: bool = False
+    num_token_types: int = setting(0, NON_NEGATIVE)
+    scale_embeddings: bool = False
+    logit_bias: bool = False
+    mlm_head: bool = True
+    pooler: bool = False
+    init_from: str | None = None
 
     def check(self) -> None:
         if self.head_dim is None and self.d_model % self.num_heads:
@@ -94,6 +131,18 @@ class ModelConfig(Section):
             raise ValueError(
                 f"model.experts_per_token must be in [1, num_experts={self.num_experts}], got {self.experts_per_token}"
             )
+        if self.rope_scaling == "llama3" and self.rope_high_freq_factor <= self.rope_low_freq_factor:
+            raise ValueError(
+                f"model.rope_high_freq_factor ({self.rope_high_freq_factor}) must be above "
+                f"model.rope_low_freq_factor ({self.rope_low_freq_factor})"
+            )
+        if self.family == "encoder" and self.logit_bias:
+            raise ValueError("model.logit_bias is for decoder and encoder_decoder heads; an encoder's masked-LM "
+                             "head has its bias with model.use_bias")
+        if self.pooler and self.family != "encoder":
+            raise ValueError(f"model.pooler needs family encoder, got family={self.family!r}")
+        if not self.mlm_head and self.family != "encoder":
+            raise ValueError(f"model.mlm_head=false needs family encoder, got family={self.family!r}")
         if (self.family == "encoder_decoder") != (self.num_encoder_layers > 0):
             raise ValueError(
                 f"model.num_encoder_layers must be > 0 exactly when family is encoder_decoder "
@@ -111,6 +160,10 @@ class ModelConfig(Section):
     @property
     def is_gated(self) -> bool:
         return self.activation == "swiglu"
+
+    @property
+    def has_qkv_bias(self) -> bool:
+        return self.use_bias if self.qkv_bias is None else self.qkv_bias
 
     @property
     def has_final_norm(self) -> bool:

@@ -29,6 +29,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "results": ("jaxformer.commands.results", "one table of a sweep's runs: N, D, C, losses, status"),
     "fit": ("jaxformer.commands.fit", "scaling-law fits (Chinchilla Approaches 1-3) with bootstrap intervals"),
     "allocate": ("jaxformer.commands.allocate", "compute-optimal N, D, tokens per parameter and loss at C"),
+    "import-hf": ("jaxformer.commands.import_hf", "a local Hugging Face checkpoint or GGUF file as a jaxformer model"),
+    "export-hf": ("jaxformer.commands.export_hf", "a trained or imported model as a directory transformers loads"),
 }
 
 

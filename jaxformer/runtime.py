@@ -76,3 +76,46 @@ def reexec_tuned(argv: list[str]) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os.execve(sys.executable, [sys.executable, "-m", "jaxformer.cli", *argv], tuned)
+
+
+_started_runs = 0
+
+
+def process_startup_s() -> float:
+    """Seconds from this process's start to now the first time it is asked (its first run), 0 after."""
+    global _started_runs
+    _started_runs += 1
+    if _started_runs > 1:
+        return 0.0
+    try:
+        start_ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        uptime_s = float(Path("/proc/uptime").read_text().split()[0])
+        return max(0.0, uptime_s - start_ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+# JAX's persistent compilation cache: compiled programs kept on disk for later processes.
+COMPILATION_CACHE = "~/.cache/jaxformer/xla"  # the default of train.compilation_cache too
+CACHE_DIR_ENV = "JAXFORMER_CACHE_DIR"
+
+
+def enable_compilation_cache(directory: str | os.PathLike | None = None) -> Path | None:
+    """Turns on JAX's persistent compilation cache in ``directory``; returns it, or None when off.
+
+    ``None`` reads ``$JAXFORMER_CACHE_DIR``, else :data:`COMPILATION_CACHE`; an empty string turns
+    the cache off. Every program is kept, however fast it compiled. JAX opens the cache at the
+    first compilation that looks for it, once per process: a directory given after that is not
+    used.
+    """
+    if directory is None:
+        directory = os.environ.get(CACHE_DIR_ENV, COMPILATION_CACHE)
+    if not str(directory):
+        return None
+    import jax
+
+    path = Path(directory).expanduser()
+    path.mkdir(parents=True, exist_ok=True)
+    jax.config.update("jax_compilation_cache_dir", str(path))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    return path

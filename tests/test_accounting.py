@@ -1,5 +1,6 @@
 """Exact accounting reproduces the seeds' tables and published parameter counts."""
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -139,10 +140,36 @@ def test_every_preset_counts_and_family_extras():
     ({"activation": "tanh"}, "model.activation"),
     ({"num_experts": 4, "experts_per_token": 5}, "experts_per_token"),
     ({"family": "encoder_decoder"}, "num_encoder_layers"),
+    ({"rope_scaling": "llama3", "rope_low_freq_factor": 4.0, "rope_high_freq_factor": 1.0}, "rope_high_freq_factor"),
+    ({"family": "encoder", "logit_bias": True}, "model.logit_bias"),
+    ({"pooler": True}, "model.pooler needs family encoder"),
+    ({"mlm_head": False}, "model.mlm_head=false needs family encoder"),
+    ({"activation": "gelu_new"}, "model.activation"),
 ])
 def test_model_config_rejects_bad_values(kwargs, message):
     with pytest.raises(ValueError, match=message):
         ModelConfig(**kwargs)
+
+
+def test_hugging_face_options_are_counted_and_leave_the_presets_alone():
+    """BERT's token types, embedding LayerNorm and pooler; a headless encoder; a logit bias; q/k/v-only biases."""
+    d, vocab, positions = 384, 30522, 512
+    minilm = ModelConfig(family="encoder", vocab_size=vocab, d_model=d, num_layers=6, num_heads=12, d_ff=1536,
+                         max_seq_len=positions, norm_position="post", num_token_types=2, embedding_norm=True,
+                         pooler=True, mlm_head=False)
+    params = count_params(minilm)
+    assert params.total == 22_713_216  # all-MiniLM-L6-v2 (sentence-transformers' BertModel)
+    assert params.breakdown["token_type_embedding"] == 2 * d and params.breakdown["embedding_norm"] == 2 * d
+    assert params.breakdown["pooler"] == d * d + d and "mlm_head" not in params.breakdown
+    assert params.non_embedding == params.total - (vocab + positions + 2) * d
+    head = forward_flops_per_token(dataclasses.replace(minilm, mlm_head=True, pooler=False), 128)
+    assert head.matmul - forward_flops_per_token(minilm, 128).matmul == 2 * (d * d + d * vocab)
+    qwen = ModelConfig(d_model=64, num_heads=4, num_kv_heads=2, use_bias=False, qkv_bias=True, logit_bias=True,
+                       activation="swiglu", norm="rmsnorm", position="rope", vocab_size=100)
+    base = count_params(dataclasses.replace(qwen, qkv_bias=None, logit_bias=False))
+    assert count_params(qwen).total - base.total == 2 * (64 + 2 * 32) + 100
+    for name, cfg in PRESETS.items():  # the new options default off
+        assert count_params(cfg).breakdown.get("token_type_embedding", 0) == 0, name
 
 
 def test_count_cli_prints_gpt2(capsys):

@@ -84,6 +84,14 @@ CASES = [  # (argv, what stderr must name, directory that must stay unchanged or
     (["generate", "{w}/run", "--prompt", "a", "--max-new-tokens", "0"], "--max-new-tokens must be positive", "run"),
     (["generate", "{w}/run", "--prompt", "a", "--top-p", "2"], "top_p must be in (0, 1]", "run"),
     (["results", "{w}/run"], "not a sweep directory", "run"),
+    (["import-hf", "{w}/absent", "--out", "{w}/imported"], "no checkpoint at", None),
+    (["import-hf", "{w}/run", "--out", "{w}/imported"], "is not a Hugging Face model directory", "run"),
+    (["import-hf", "{w}/binary.yaml", "--out", "{w}/imported"], "is not a Hugging Face model directory", None),
+    (["export-hf", "{w}/corrupt", "--out", "{w}/exported"], "they were left in place", "corrupt"),
+    (["export-hf", "{w}/run", "--out", "{w}/run"], "exists and is not empty", "run"),
+    (["generate", "--hf", "{w}/run", "--prompt", "a"], "is not a Hugging Face model directory", "run"),
+    (["generate", "--hf", "{w}/run", "--preset", "tiny", "--prompt", "a"], "only one", "run"),
+    (["train", "{w}/empty.yaml", "model.init_from={w}/absent"], "no checkpoint at", None),
 ]
 
 

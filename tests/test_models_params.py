@@ -33,8 +33,13 @@ def component(path: tuple) -> str:
     """The accounting's breakdown key for a parameter at ``path``."""
     names = [str(p) for p in path]
     if names[0] == "embedding":
-        return {"tokens": "token_embedding", "positions": "position_embedding"}[names[1]]
+        return {"tokens": "token_embedding", "positions": "position_embedding",
+                "token_types": "token_type_embedding", "norm": "embedding_norm"}[names[1]]
+    if names[0] == "pooler":
+        return "pooler"
     if names[0] == "head":
+        if names == ["head", "bias"]:
+            return "logit_bias"
         return "output_head" if names[-2:] in (["head", "w"], ["output", "w"]) else "mlm_head"
     if any(n.endswith("norms") or n == "final_norm" for n in names):
         return "norms"
@@ -63,6 +68,15 @@ def test_modules_hold_the_accounted_parameters_component_by_component(name):
     dict(norm_position="sandwich", use_bias=True, activation="swiglu", tie_embeddings=False),
     dict(num_shared_experts=2, use_bias=True, expert_d_ff=40, activation="swiglu"),
     dict(position="sinusoidal", norm="rmsnorm", num_kv_heads=1),
+    # the Hugging Face options (#19): Qwen2's q/k/v-only biases, a logit bias, untied + tanh GELU
+    dict(use_bias=False, qkv_bias=True, logit_bias=True, activation="gelu_tanh", tie_embeddings=False),
+    dict(use_bias=True, qkv_bias=False, scale_embeddings=True, activation="silu"),
+    # BERT: token types, the embedding LayerNorm, the pooler; a bare encoder without the masked-LM head
+    dict(family="encoder", norm_position="post", num_token_types=2, embedding_norm=True, pooler=True),
+    dict(family="encoder", norm_position="post", num_token_types=3, embedding_norm=True, mlm_head=False,
+         tie_embeddings=False),
+    dict(family="encoder_decoder", num_encoder_layers=2, position="sinusoidal", sinusoidal_layout="split",
+         logit_bias=True, norm_position="post"),
 ])
 def test_variants_hold_the_accounted_parameters(overrides):
     base = "moe-8x-top2" if "num_shared_experts" in overrides else "gpt2"

@@ -1,13 +1,18 @@
-"""`jaxformer fit` / `jaxformer allocate` end to end (in-process), plots, and bad input → exit 2."""
+"""`jaxformer fit` / `jaxformer allocate` end to end (in-process), plots, bad input → exit 2, and the fit's
+programs served from the persistent compilation cache to a later process."""
 
 import json
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from jaxformer.cli import main
+from jaxformer.runtime import CACHE_DIR_ENV
 from jaxformer.scaling.allocation import PRESETS
 from jaxformer.scaling.synthetic import isoflop_sweep
 from jaxformer.sweep.table import write_sweep
@@ -102,3 +107,34 @@ def test_allocate_bad_input(tmp_path, capsys):
     law.write_text(json.dumps({"approach2": {}}))
     rc, _, err = run(capsys, "allocate", "--flops", "1e20", "--law", str(law), "--approach", "3")
     assert rc == 2 and "no approach 3 fit in it (has: 2)" in err and len(err.splitlines()) == 1
+
+
+@pytest.mark.slow
+def test_a_second_fit_in_a_fresh_process_loads_the_compiled_solver_and_a_damaged_entry_is_rebuilt(tmp_path):
+    law = PRESETS["chinchilla"]
+    N = np.geomspace(1e8, 1e10, 4).repeat(4)
+    D = np.tile(np.geomspace(1e9, 1e11, 4), 4)
+    loss = law.loss(N, D) * np.exp(0.003 * np.random.default_rng(0).standard_normal(len(N)))
+    table = tmp_path / "runs.csv"
+    table.write_text("N,D,loss\n" + "".join(f"{n},{d},{l}\n" for n, d, l in zip(N, D, loss)))
+    cache = tmp_path / "xla"
+    env = {**os.environ, CACHE_DIR_ENV: str(cache), "JAX_LOG_COMPILES": "1"}
+    fit = [sys.executable, "-m", "jaxformer.cli", "fit", str(table), "--approach", "3", "--bootstrap", "0", "--json"]
+
+    def run_fit():
+        return subprocess.run(fit, env=env, capture_output=True, text=True, timeout=300, check=True)
+
+    compiled = "Finished XLA compilation of jit(_run)"
+
+    first = run_fit()
+    assert compiled in first.stderr
+    stored = list(cache.glob("jaxformer-*.exe"))
+    assert len(stored) == 1 and len(list(cache.glob("jit__run-*-cache"))) == 1  # ours, and JAX's own entry
+    second = run_fit()
+    assert "jit(_run)" not in second.stderr  # neither traced, nor lowered, nor looked up in JAX's cache
+    assert json.loads(second.stdout) == json.loads(first.stdout)  # the stored program computes the same fit
+
+    stored[0].write_bytes(b"damaged")
+    third = run_fit()
+    assert "ignoring stored program" in third.stderr and compiled in third.stderr
+    assert json.loads(third.stdout) == json.loads(first.stdout) and stored[0].stat().st_size > 1000

@@ -1,5 +1,8 @@
 """Approach 3 on the Chinchilla extraction: the reproduction numbers, the bootstrap, the solver."""
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import jax
@@ -114,3 +117,31 @@ def test_pool_solver_runs_more_jobs_than_slots():
     assert sol.converged.all()
     np.testing.assert_allclose(sol.x, 1.0, atol=1e-6)
     assert (sol.iterations > 5).all() and (sol.evaluations >= sol.iterations).all()
+
+
+_TWO_DEVICES = """
+import jax, jax.numpy as jnp, numpy as np
+from jaxformer.scaling import lbfgs
+
+def scaled_quadratic(x, w, data):  # minimum at x = w[0] * target
+    r = x - w[0] * data
+    return jnp.sum(r * r * (1.0 + jnp.arange(3.0))), 2.0 * r * (1.0 + jnp.arange(3.0))
+
+assert jax.local_device_count() == 2
+rng = np.random.default_rng(0)
+x0, w = rng.uniform(-2, 2, (301, 3)), rng.uniform(0.5, 2.0, (301, 1))
+target = np.array([1.0, -2.0, 3.0])
+one, two = (lbfgs.minimize(scaled_quadratic, x0, w, target, slots=16, devices=d) for d in (1, 2))
+for name in ("x", "f", "grad_max", "iterations", "evaluations", "status"):
+    assert np.array_equal(getattr(one, name), getattr(two, name)), name
+np.testing.assert_allclose(two.x, w * target, atol=1e-5)
+print("ok")
+"""
+
+
+@pytest.mark.slow
+def test_pool_solver_deals_jobs_to_devices_with_the_same_results():
+    """Two XLA:CPU devices, 301 jobs (one padded): each device's pool gives what one pool gives, bit for bit."""
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu"}
+    done = subprocess.run([sys.executable, "-c", _TWO_DEVICES], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]

@@ -44,6 +44,21 @@ def test_plan_has_exact_counts_whole_steps_and_isoflop_compute():
     assert len({run.N for run in runs}) == 2
 
 
+def test_budgets_are_exact_training_flops_by_default(tmp_path):
+    """Without ``flops:``, C is the accounting's exact count of the planned model (attention and head included)."""
+    from jaxformer.accounting import training_flops
+    from jaxformer.train.config import config_from_dict
+
+    spec = variant(tmp_path, "exact", isoflop={"budgets": [1e9, 2e9], "params": [8e3, 16e3]})
+    for run in plan_runs(load_spec(spec)):
+        config = config_from_dict(run.config)
+        counted = training_flops(config.model, run.D, config.train.seq_len)
+        assert run.flops_rule == "exact" and run.C == pytest.approx(counted["exact"], rel=1e-12)
+        assert run.C_exact == run.C and run.C_6nd == pytest.approx(counted["6ND"], rel=1e-12)
+        assert run.C > 1.1 * run.C_6nd  # these small models' attention and head are far from negligible
+        assert abs(run.C / run.budget - 1) < 0.03
+
+
 @pytest.fixture(scope="module")
 def tiny_sweep(tmp_path_factory):
     out = tmp_path_factory.mktemp("sweep") / "tiny"
@@ -163,3 +178,34 @@ def test_a_launch_beside_another_that_holds_runs_exits_0_and_leaves_the_fit_to_i
     assert "1 runs still training in another launch" in result.stdout
     assert not (out / "results.csv").exists() and not (out / "fit").exists()
     assert (out / "runs").joinpath(plan_runs(load_spec(spec))[0].name, "final.json").is_file()
+
+
+def test_a_plan_that_repeats_its_data_says_so_before_training(tmp_path):
+    spec = variant(tmp_path, "repeats", isoflop={"budgets": [1e12], "params": [8e3]})
+    result = jaxformer("sweep", spec, "--dry-run", "--no-probe")
+    assert result.returncode == 0, result.stderr
+    assert "note: 1 of 1 runs see the training split (about 1.91e+05 tokens) more than once, up to 94" in result.stdout
+    assert "more than once" not in jaxformer("sweep", TINY, "--dry-run", "--no-probe").stdout
+
+
+def test_results_carry_both_flop_counts_and_the_epochs_seen(tiny_sweep):
+    out, _ = tiny_sweep
+    for row in json.loads(jaxformer("results", out, "--format", "json").stdout):
+        assert row["flops_rule"] == "6ND" and row["C"] == row["C_6nd"] and row["C_exact"] > row["C_6nd"]
+        final = json.loads((out / "runs" / row["run"] / "final.json").read_text())
+        assert row["epochs"] == final["epochs"] == pytest.approx(final["tokens"] / final["data"]["train_tokens"])
+
+
+def test_sizes_centred_per_budget_follow_the_prior_law(tmp_path):
+    spec = variant(tmp_path, "centred", isoflop={"budgets": [1e9, 4e9], "center": {
+        "n_opt": 20e3, "budget": 1e9, "exponent": 0.5, "span": 4.0, "sizes": 3}})
+    runs = plan_runs(load_spec(spec))
+    targets = {budget: sorted(run.target_params for run in runs if run.budget == budget) for budget in (1e9, 4e9)}
+    assert targets[1e9] == pytest.approx([10e3, 20e3, 40e3])  # a factor span around N_opt, log-even
+    assert targets[4e9] == pytest.approx([20e3, 40e3, 80e3])  # N_opt ∝ C^0.5: twice as large at 4× compute
+    for budget in (1e9, 4e9):
+        sizes = sorted(run.N for run in runs if run.budget == budget)
+        assert sizes[0] < sizes[1] < sizes[2]
+    bad = variant(tmp_path, "both", isoflop={"budgets": [1e9], "params": [8e3], "center": {"n_opt": 1e4, "budget": 1e9}})
+    with pytest.raises(ValueError, match="exactly one of params"):
+        load_spec(bad)

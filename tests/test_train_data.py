@@ -72,6 +72,15 @@ def test_stdlib_corpus_is_sorted_hashed_and_excludes_tests():
     assert len(stdlib_files(Path(corpus.info["root"]))) == corpus.info["files"]
 
 
+def test_stdlib_with_tests_adds_the_test_suites_and_only_them():
+    plain, more = load_corpus(DataConfig(corpus="stdlib")), load_corpus(DataConfig(corpus="stdlib+tests"))
+    plain_names = {name for name, _ in plain.documents}
+    extra = [name for name, _ in more.documents if name not in plain_names]
+    assert plain_names <= {name for name, _ in more.documents}
+    assert extra and all({"test", "tests", "idle_test"} & set(name.split("/")) for name in extra)
+    assert more.info["bytes"] > 2 * plain.info["bytes"] and more.info["sha256"] != plain.info["sha256"]
+
+
 def test_split_text_cuts_at_newlines():
     assert split_text(b"ab\ncd\nef", 4) == [b"ab\n", b"cd\n", b"ef"]
     assert split_text(b"abcdefgh", 3) == [b"abc", b"def", b"gh"]

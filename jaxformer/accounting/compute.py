@@ -70,9 +70,12 @@ def forward_flops_per_token(cfg: ModelConfig, seq_len: int) -> ForwardFlops:
     if cfg.family == "encoder_decoder":  # cross-attention: projections and attention over the source
         matmul += cfg.num_layers * _attention_matmul_weights(cfg)
         attention += cfg.num_layers * 4 * seq_len * cfg.num_heads * cfg.head_dim
+    if cfg.family == "encoder" and not cfg.mlm_head:  # a bare encoder ends at its hidden states
+        return ForwardFlops(matmul=2 * matmul, attention=attention)
     if cfg.family == "encoder":
         matmul += cfg.d_model * cfg.d_model  # masked-LM transform
     matmul += cfg.d_model * cfg.vocab_size  # output head, tied or not
+    # BERT's pooler runs once per sequence, not per token: not counted here
     return ForwardFlops(matmul=2 * matmul, attention=attention)
 
 

@@ -17,8 +17,8 @@ class ParamCount:
     """Parameter counts (numbers of scalars).
 
     total: everything the model holds.
-    non_embedding: total less the token and position embedding tables (Kaplan et al.'s N;
-      an untied output head counts as non-embedding).
+    non_embedding: total less the token, position and token-type embedding tables (Kaplan
+      et al.'s N; an untied output head, the embedding norm and a logit bias count as non-embedding).
     active: parameters used for one token (MoE: only ``experts_per_token`` routed experts).
     breakdown: component -> count over the whole model (sums to ``total``).
     per_layer: component -> count for one layer of each stack (``encoder.*``/``decoder.*``).
@@ -38,11 +38,15 @@ def norm_params(cfg: ModelConfig) -> int:
 
 
 def attention_params(cfg: ModelConfig) -> int:
-    """W_Q (d × H·Dh), W_K and W_V (d × K·Dh each), W_O (H·Dh × d), plus biases."""
+    """W_Q (d × H·Dh), W_K and W_V (d × K·Dh each), W_O (H·Dh × d), plus biases.
+
+    Query/key/value biases follow ``cfg.has_qkv_bias`` (Qwen2 has them without ``use_bias``),
+    the output projection's ``cfg.use_bias``.
+    """
     q_width = cfg.num_heads * cfg.head_dim
     kv_width = cfg.num_kv_heads * cfg.head_dim
     weights = cfg.d_model * q_width + 2 * cfg.d_model * kv_width + q_width * cfg.d_model
-    biases = q_width + 2 * kv_width + cfg.d_model if cfg.use_bias else 0
+    biases = (q_width + 2 * kv_width if cfg.has_qkv_bias else 0) + (cfg.d_model if cfg.use_bias else 0)
     return weights + biases
 
 
@@ -96,6 +100,8 @@ def count_params(cfg: ModelConfig) -> ParamCount:
         breakdown: dict[str, int] = {
             "token_embedding": cfg.vocab_size * cfg.d_model,
             "position_embedding": cfg.max_seq_len * cfg.d_model if cfg.position == "learned" else 0,
+            "token_type_embedding": cfg.num_token_types * cfg.d_model,
+            "embedding_norm": norm_params(cfg) if cfg.embedding_norm else 0,
         }
         per_layer: dict[str, int] = {}
         for stack, (layers, cross) in stacks.items():
@@ -106,17 +112,21 @@ def count_params(cfg: ModelConfig) -> ParamCount:
             per_layer[f"{stack}.total"] = sum(parts.values())
         final_norms = len(stacks) if cfg.has_final_norm else 0
         breakdown["norms"] += final_norms * norm_params(cfg)
-        if cfg.family == "encoder":
+        has_head = cfg.family != "encoder" or cfg.mlm_head
+        if cfg.family == "encoder" and cfg.mlm_head:
             # BERT's masked-LM transform: dense d×d (+bias), activation, norm, then the vocabulary
             breakdown["mlm_head"] = cfg.d_model * cfg.d_model + norm_params(cfg) + (
                 cfg.d_model + cfg.vocab_size if cfg.use_bias else 0
             )
-        breakdown["output_head"] = 0 if cfg.tie_embeddings else cfg.d_model * cfg.vocab_size
+        if cfg.pooler:  # BERT's pooler: dense d×d + bias, tanh, on the first token
+            breakdown["pooler"] = cfg.d_model * cfg.d_model + cfg.d_model
+        breakdown["output_head"] = 0 if cfg.tie_embeddings or not has_head else cfg.d_model * cfg.vocab_size
+        breakdown["logit_bias"] = cfg.vocab_size if cfg.logit_bias else 0
         return breakdown, per_layer
 
     breakdown, per_layer = model_total(active=False)
     active_breakdown, _ = model_total(active=True)
-    embedding = breakdown["token_embedding"] + breakdown["position_embedding"]
+    embedding = breakdown["token_embedding"] + breakdown["position_embedding"] + breakdown["token_type_embedding"]
     total, active = sum(breakdown.values()), sum(active_breakdown.values())
     return ParamCount(
         total=total,

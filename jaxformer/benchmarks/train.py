@@ -143,7 +143,7 @@ def _layout(sizes, batch: int, steps: int) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
-    from jaxformer.train.metrics import probe_matmul_peak
+    from jaxformer.train.peak import probe_matmul_peak
 
     sizes = _parse_sizes(args.sizes)
     for name in ("batch", "steps", "repeats"):

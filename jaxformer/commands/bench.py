@@ -25,6 +25,11 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "jaxformer.benchmarks.train",
         "the real train step's tokens/s and MFU against PyTorch eager on the same model, side by side",
     ),
+    "sweep": (
+        "jaxformer.benchmarks.sweep",
+        "a sweep plan end to end: jaxformer sweep vs a PyTorch eager twin of the same runs, wall times, "
+        "train-step share, FLOP/s vs peak",
+    ),
     "fit": (
         "jaxformer.scaling.bench",
         "Approach-3 fit: pooled JAX L-BFGS vs scipy L-BFGS-B from 4500 starts, and bootstrap time",

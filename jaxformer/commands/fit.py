@@ -3,6 +3,10 @@
 RESULTS is a CSV, Parquet or JSONL table of runs, or a sweep directory. Prints a summary
 (or one JSON object with ``--json``, which ``jaxformer allocate --law`` reads) and writes
 PNG and SVG figures with ``--plots DIR``.
+
+The compiled solver programs are kept in JAX's persistent compilation cache
+(``$JAXFORMER_CACHE_DIR``, default ``~/.cache/jaxformer/xla``; empty: off), so a later fit of
+a table of the same size loads them instead of compiling; docs/fit-speed.md has the timings.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import json
 from pathlib import Path
 import sys
 
+from jaxformer.runtime import enable_compilation_cache
 from jaxformer.scaling.bootstrap import REFERENCE_BUDGET
 from jaxformer.scaling.report import APPROACHES, fit_table, jsonable
 from jaxformer.scaling.table import load_table
@@ -19,6 +24,10 @@ from jaxformer.scaling.table import load_table
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("results", help="table of runs (.csv, .parquet, .jsonl) or a sweep directory")
+    parser.add_argument("--params", default="total", choices=("total", "non_embedding"),
+                        help="a sweep directory's N: total parameters (default) or without embeddings")
+    parser.add_argument("--flops", default="exact", choices=("exact", "6ND"),
+                        help="a sweep directory's C: exact training FLOPs (default) or 6ND")
     parser.add_argument("--approach", default="all", choices=APPROACHES,
                         help="1 loss envelope, 2 IsoFLOP parabolas, 3 parametric law, all (default)")
     parser.add_argument("--bootstrap", type=int, default=4000, metavar="N", help="resamples for intervals (0: none)")
@@ -43,11 +52,12 @@ def run(args: argparse.Namespace) -> int:
     if Path(args.results).is_dir():  # a sweep hands its runs over as a table
         from jaxformer.sweep.table import sweep_table
 
-        table = sweep_table(args.results, loss_col=args.loss_col)
+        table = sweep_table(args.results, params=args.params, flops=args.flops, loss_col=args.loss_col)
     else:
         table = load_table(args.results, n_col=args.n_col, d_col=args.d_col, c_col=args.c_col,
                            loss_col=args.loss_col, budget_col=args.budget_col, run_col=args.run_col)
     table = table.exclude_highest_loss(args.exclude_highest_loss)
+    enable_compilation_cache()  # the solver's programs compile once per machine, not once per fit
     report = fit_table(table, args.approach, resamples=args.bootstrap, seed=args.seed, level=args.level,
                        budgets=args.budgets, budget_tol=args.budget_tol, bootstrap_starts=args.bootstrap_starts)
     if args.plots:

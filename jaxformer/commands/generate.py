@@ -1,4 +1,4 @@
-"""`jaxformer generate`: sample text from a run directory, a config file or a preset (byte-level or the run's tokenizer).
+"""`jaxformer generate`: sample text from a run directory, a config file, a preset or a Hugging Face checkpoint.
 
 Where the model comes from:
 
@@ -6,7 +6,10 @@ Where the model comes from:
   an untrained model initialised from ``--seed`` — useful to exercise the decoding path;
 - ``RUN_DIR`` (a training run): ``RUN_DIR/config.yaml`` gives the model; trained
   parameters come from ``RUN_DIR/checkpoints/`` (`jaxformer.train.restore`, read-only), and
-  prompts are encoded with the run's own tokenizer (bytes, or the BPE it saved).
+  prompts are encoded with the run's own tokenizer (bytes, or the BPE it saved);
+- ``--hf DIR``: a local Hugging Face checkpoint (``config.json`` + weights), a ``.gguf`` file or
+  an ``import-hf`` directory (`jaxformer.hf`), with the checkpoint's own ``tokenizer.json``
+  (read by ``tokenizers``; for a GGUF file, rebuilt from its vocabulary).
 """
 
 from __future__ import annotations
@@ -38,7 +41,10 @@ def decode_tokens(ids) -> str:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("source", nargs="?", help="a training run directory, or a YAML file with a model section")
     parser.add_argument("--preset", help="an untrained preset instead, e.g. tiny, gpt2")
-    parser.add_argument("--prompt", required=True, help="text to continue (its UTF-8 bytes are the tokens)")
+    parser.add_argument("--hf", metavar="DIR", help="a Hugging Face checkpoint directory, a .gguf file or an "
+                        "import-hf directory, with its own tokenizer")
+    parser.add_argument("--prompt", required=True,
+                        help="text to continue (encoded as UTF-8 bytes, or with the run's or checkpoint's tokenizer)")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--temperature", type=float, default=1.0, help="0 = greedy")
     parser.add_argument("--top-k", type=int, help="sample among the k most likely tokens")
@@ -81,9 +87,42 @@ def load_model(source: str | None, preset: str | None, seed: int):
     return model, run_tokenizer(path, config)
 
 
+class _CheckpointTokenizer:
+    """A checkpoint's ``tokenizer.json`` (``tokenizers``), with the encode/decode of the run tokenizers."""
+
+    def __init__(self, tokenizer_json: str) -> None:
+        from tokenizers import Tokenizer
+
+        self._tokenizer = Tokenizer.from_str(tokenizer_json)
+
+    def encode(self, text: str) -> list[int]:
+        return self._tokenizer.encode(text).ids
+
+    def decode(self, ids) -> str:
+        return self._tokenizer.decode([int(i) for i in ids], skip_special_tokens=False)
+
+
+def load_hf(path: str):
+    """``(model, tokenizer, start_token)`` of a checkpoint `jaxformer.hf` reads."""
+    from flax import nnx
+
+    from jaxformer.hf import read_checkpoint
+    from jaxformer.models.build import build_model
+
+    checkpoint = read_checkpoint(path)
+    if checkpoint.tokenizer_json is None:
+        raise ValueError(f"{path} has no tokenizer.json (nor a GGUF vocabulary jaxformer can rebuild)")
+    graphdef, _ = nnx.split(nnx.eval_shape(lambda: build_model(checkpoint.cfg, rngs=nnx.Rngs(0))))
+    start = checkpoint.hf_config.get("decoder_start_token_id")
+    return (nnx.merge(graphdef, checkpoint.params), _CheckpointTokenizer(checkpoint.tokenizer_json),
+            0 if start is None else int(start))
+
+
 def run(args: argparse.Namespace) -> int:
     from jaxformer.models.generate import check_sampling, generate
 
+    if args.hf is not None and (args.source is not None or args.preset is not None):
+        raise ValueError("give --hf DIR, a run directory, a config file or --preset: only one")
     if args.max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens must be positive, got {args.max_new_tokens}")
     if not args.prompt:
@@ -91,9 +130,15 @@ def run(args: argparse.Namespace) -> int:
     cfg = resolve_model(None, args.preset) if args.preset and args.source is None else None
     if cfg is not None:  # fail on bad sampling options before building a large preset
         check_sampling(args.temperature, args.top_k, args.top_p, cfg.vocab_size)
-    model, tokenizer = load_model(args.source, args.preset, args.seed)
+    start_token = 0
+    if args.hf is not None:
+        model, tokenizer, start_token = load_hf(args.hf)
+    else:
+        model, tokenizer = load_model(args.source, args.preset, args.seed)
     prompt = encode_text(args.prompt) if tokenizer is None else [int(t) for t in tokenizer.encode(args.prompt)]
-    new_tokens = generate(model, prompt, max_new_tokens=args.max_new_tokens,
-                          temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
-    print(args.prompt + (decode_tokens(new_tokens) if tokenizer is None else tokenizer.decode(new_tokens)))
+    new_tokens = generate(model, prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                          top_k=args.top_k, top_p=args.top_p, seed=args.seed, start_token=start_token)
+    text = decode_tokens(new_tokens) if tokenizer is None else tokenizer.decode(new_tokens)
+    # a checkpoint's encoder–decoder (a translation model) answers its prompt rather than continuing it
+    print(text if args.hf is not None and model.cfg.family == "encoder_decoder" else args.prompt + text)
     return 0

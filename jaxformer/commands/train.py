@@ -4,18 +4,17 @@ The run directory is ``--run-dir``, else ``train.run_dir``, else ``runs/<config 
 Bad input (unknown keys, wrong types, missing corpus files, a corpus shorter than one
 batch, ``seq_len`` past the model's positions, non-positive budgets, a run directory
 holding a different run) exits 2 with one line naming the field and value, after writing
-only ``RUN_DIR/error.json`` — and nothing at all into a directory that already holds a run. A loss that turns NaN/inf exits 1, keeping the last good checkpoint.
+only ``RUN_DIR/error.json`` — and nothing at all into a directory that already holds a run
+(`jaxformer.train.attempt`). A loss that turns NaN/inf exits 1, keeping the last good checkpoint.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 from jaxformer.configs import apply_overrides, load_yaml
-from jaxformer.files import write_json_atomic
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -38,37 +37,17 @@ def run_dir_for(args: argparse.Namespace) -> Path:
     return Path("runs") / Path(args.config).stem
 
 
-def write_error(run_dir: Path, error: BaseException, kind: str) -> None:
-    """``RUN_DIR/error.json``: the one thing a failed run writes (best effort).
-
-    Bad input aimed at a directory that already holds a run (a refused resume, say) writes
-    nothing there: that run's files stay exactly as they were.
-    """
-    if kind == "bad_input" and (run_dir / "config.yaml").is_file():
-        return
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(run_dir / "error.json", {"error": kind, "message": str(error), "time": time.time()})
-    except OSError:
-        pass
-
-
 def run(args: argparse.Namespace) -> int:
-    from jaxformer.train.checkpoint import CheckpointError
-    from jaxformer.train.config import load_config
-    from jaxformer.train.loop import NonFiniteLoss, train
+    from jaxformer.train.attempt import attempt_run
 
     run_dir = run_dir_for(args)
-    try:
-        config = load_config(args.config, args.overrides)
-        record = train(config, run_dir)
-    except (ValueError, FileNotFoundError) as error:
-        write_error(run_dir, error, "bad_input")
-        raise  # the dispatcher prints one line and exits 2
-    except (NonFiniteLoss, CheckpointError) as error:
-        write_error(run_dir, error, type(error).__name__)
-        print(f"jaxformer train: error: {error}", file=sys.stderr)
+    attempt = attempt_run(args.config, args.overrides, run_dir)
+    if attempt.status == "bad_input":
+        raise attempt.error  # the dispatcher prints one line and exits 2
+    if attempt.status == "failed":
+        print(f"jaxformer train: error: {attempt.error}", file=sys.stderr)
         return 1
+    record = attempt.record
     bpb = record["val_bits_per_byte"]
     print(
         f"done: {record['steps']} steps, D = {record['tokens']:,} tokens, N = {record['params']:,} params, "

@@ -3,7 +3,7 @@
 Shape letters. An array's name ends in one capital letter per axis (``q_BTHD`` is
 ``[batch, query, heads, head_dim]``), and bracketed shapes in docstrings use the same
 letters. This is the one legend for the package's arrays (``functional``, ``nn``,
-``models``, ``train``, ``benchmarks``); a module's docstring may add notes but never a
+``models``, ``train``, ``benchmarks``, ``scaling``); a module's docstring may add notes but never a
 second meaning, and a new letter is added here first.
 
 - ``A`` stacked batches: gradient-accumulation micro-batches, validation batches
@@ -21,12 +21,16 @@ second meaning, and a new letter is added here first.
 - ``M`` key tiles of blockwise attention, ``ceil(S / L)``
 - ``N`` flattened tokens: ``B·T`` (or all leading axes) merged into one axis
 - ``P`` rows of a position table (``max_seq_len``)
+- ``Q`` parameters of a fitted law (``jaxformer.scaling``: log A, log B, log E, alpha, beta)
 - ``R`` routed experts per token, the router's top-``k`` (``experts_per_token``)
 - ``S`` key/value length: keys attended to, the encoder's source or context length
 - ``T`` query/sequence length: the tokens being processed (or generated)
+- ``U`` independent jobs of the pooled fit solver (its starts)
 - ``V`` vocabulary
 - ``W`` training window length, ``T + 1`` (inputs plus the next-token targets)
 - ``X`` experts: any stack of expert FFNs (routed or shared)
+- ``Y`` data rows (runs) a law is fitted to
+- ``Z`` slots of the pooled fit solver (jobs in flight)
 - ``1`` an axis of size 1, kept for broadcasting (``mask_B1TS``)
 
 A letter says what an axis indexes, not its size: ``prompt_BT`` and ``first_BT`` may
@@ -44,7 +48,9 @@ from jaxformer.functional.kernel import KernelConfig
 from jaxformer.functional.masks import attention_mask, causal_mask, padding_mask, sliding_window_mask
 from jaxformer.functional.moe import load_balancing_loss, moe_feed_forward, route
 from jaxformer.functional.norms import layer_norm, rms_norm
-from jaxformer.functional.positions import alibi_bias, alibi_bias_from_slopes, alibi_slopes, apply_rope, sinusoidal_positions
+from jaxformer.functional.pooling import l2_normalize, mean_pool
+from jaxformer.functional.positions import (alibi_bias, alibi_bias_from_slopes, alibi_slopes, apply_rope, rope_frequencies,
+                                            sinusoidal_positions)
 from jaxformer.functional.sampling import sample_logits, sampling_distribution
 
 __all__ = [
@@ -60,11 +66,14 @@ __all__ = [
     "dense",
     "dot_product_attention",
     "feed_forward",
+    "l2_normalize",
     "layer_norm",
     "load_balancing_loss",
+    "mean_pool",
     "moe_feed_forward",
     "padding_mask",
     "rms_norm",
+    "rope_frequencies",
     "route",
     "sample_logits",
     "sampling_distribution",

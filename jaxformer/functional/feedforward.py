@@ -1,4 +1,4 @@
-"""Position-wise feed-forward networks: ReLU, GELU and the gated SwiGLU."""
+"""Position-wise feed-forward networks: ReLU, GELU (exact or tanh), SiLU and the gated SwiGLU."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ from jaxformer.functional.dense import dense
 ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
     "relu": jax.nn.relu,
     "gelu": lambda x: jax.nn.gelu(x, approximate=False),
+    "gelu_tanh": lambda x: jax.nn.gelu(x, approximate=True),  # GPT-2's gelu_new
+    "silu": jax.nn.silu,
     "swiglu": jax.nn.silu,  # the gate's nonlinearity; the up branch stays linear
 }
 GATED = frozenset({"swiglu"})

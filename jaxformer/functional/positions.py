@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxformer.checks import require_positive
 
@@ -13,19 +16,50 @@ def _inverse_frequencies(dim: int, base: float, dtype=jnp.float32) -> jax.Array:
     return base ** (-jnp.arange(0, dim, 2, dtype=dtype) / dim)
 
 
-def sinusoidal_positions(num_positions: int, dim: int, *, base: float = 10000.0, dtype=jnp.float32) -> jax.Array:
+def sinusoidal_positions(num_positions: int, dim: int, *, base: float = 10000.0, dtype=jnp.float32,
+                         split: bool = False) -> jax.Array:
     """``[num_positions, dim]`` table with ``PE[p, 2i] = sin(p·ω_i)``, ``PE[p, 2i+1] = cos(p·ω_i)``.
 
     ``ω_i = base^(-2i/dim)`` (Vaswani et al. 2017). ``PE_p · PE_{p+k}`` depends only on k.
+    ``split``: the same values laid out as all sines then all cosines,
+    ``PE[p, i] = sin(p·ω_i)``, ``PE[p, dim/2 + i] = cos(p·ω_i)`` (Marian, fairseq).
     """
     require_positive("num_positions", num_positions)
     require_positive("dim", dim, even=True)
     with jax.ensure_compile_time_eval():  # a constant of the compiled program, as RoPE's tables (apply_rope)
         angles_PJ = jnp.arange(num_positions, dtype=dtype)[:, None] * _inverse_frequencies(dim, base, dtype)[None]
+        if split:
+            return jnp.concatenate([jnp.sin(angles_PJ), jnp.cos(angles_PJ)], axis=-1)
         return jnp.stack([jnp.sin(angles_PJ), jnp.cos(angles_PJ)], axis=-1).reshape(num_positions, dim)
 
 
-def apply_rope(x: jax.Array, positions: jax.Array, *, base: float = 10000.0, scale: float = 1.0) -> jax.Array:
+def rope_frequencies(head_dim: int, base: float = 10000.0, *, llama3: tuple[float, float, float, int] | None = None
+                     ) -> np.ndarray:
+    """``[head_dim // 2]`` RoPE frequencies ``ω_i = base^(-2i/head_dim)`` (float32, a constant).
+
+    ``llama3 = (factor, low_freq_factor, high_freq_factor, original_max_len)``: Llama 3.1's
+    rescaling. Wavelengths ``2π/ω`` above ``original_max_len / low_freq_factor`` are slowed by
+    ``factor``, those below ``original_max_len / high_freq_factor`` kept, and those between
+    interpolated: ``ω·((1 - s)/factor + s)``, ``s = (original_max_len·ω/2π - low) / (high - low)``.
+    """
+    require_positive("head_dim", head_dim, even=True)
+    omega_J = (1.0 / (np.float32(base) ** (np.arange(0, head_dim, 2, dtype=np.float32) / np.float32(head_dim))))
+    omega_J = omega_J.astype(np.float32)
+    if llama3 is None:
+        return omega_J
+    factor, low, high, original = llama3
+    if high <= low:
+        raise ValueError(f"llama3 RoPE scaling needs high_freq_factor > low_freq_factor, got {high} <= {low}")
+    wavelength_J = 2 * math.pi / omega_J
+    scaled_J = np.where(wavelength_J > original / low, omega_J / factor, omega_J)
+    smooth_J = (original / wavelength_J - low) / (high - low)
+    smoothed_J = (1 - smooth_J) * scaled_J / factor + smooth_J * scaled_J
+    medium_J = (wavelength_J >= original / high) & (wavelength_J <= original / low)
+    return np.where(medium_J, smoothed_J, scaled_J).astype(np.float32)
+
+
+def apply_rope(x: jax.Array, positions: jax.Array, *, base: float = 10000.0, scale: float = 1.0,
+               frequencies: jax.Array | np.ndarray | None = None) -> jax.Array:
     """Rotates consecutive coordinate pairs ``(2i, 2i+1)`` of ``x`` by ``position·scale·ω_i``.
 
     Args:
@@ -33,6 +67,12 @@ def apply_rope(x: jax.Array, positions: jax.Array, *, base: float = 10000.0, sca
       positions: ``[T]`` or ``[B, T]`` absolute positions (integers or floats).
       scale: multiplies the positions; ``scale < 1`` is position interpolation
         (Chen et al. 2023), squeezing longer contexts into the trained range.
+      frequencies: ``[D // 2]`` frequencies ``ω`` to use instead of ``base^(-2i/D)``
+        (e.g. :func:`rope_frequencies` with Llama 3.1's scaling).
+
+    Pairs are adjacent coordinates; checkpoints that rotate the two halves of each head
+    (Hugging Face's ``rotate_half``) are the same function after a fixed permutation of each
+    head's query/key coordinates (`jaxformer.hf.layout`).
 
     Returns ``x`` rotated, same shape and dtype. Scores of rotated queries and keys
     depend on positions only through their difference.
@@ -50,7 +90,11 @@ def apply_rope(x: jax.Array, positions: jax.Array, *, base: float = 10000.0, sca
     # [T, J] (docs/cpu-speed.md, change 7). Traced positions (decoding offsets) are computed in the program.
     with jax.ensure_compile_time_eval():
         scaled_T = jnp.asarray(positions, dtype=compute_dtype) * scale
-        angles_TJ = scaled_T[..., :, None] * _inverse_frequencies(head_dim, base, compute_dtype)
+        omega_J = (_inverse_frequencies(head_dim, base, compute_dtype) if frequencies is None
+                   else jnp.asarray(frequencies, compute_dtype))
+        if omega_J.shape != (head_dim // 2,):
+            raise ValueError(f"frequencies must have shape ({head_dim // 2},), got {omega_J.shape}")
+        angles_TJ = scaled_T[..., :, None] * omega_J
         cos_T1J, sin_T1J = jnp.cos(angles_TJ)[..., None, :], jnp.sin(angles_TJ)[..., None, :]
     pairs = x.astype(compute_dtype).reshape(*x.shape[:-1], head_dim // 2, 2)
     even, odd = pairs[..., 0], pairs[..., 1]

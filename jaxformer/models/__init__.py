@@ -20,6 +20,7 @@ _LAZY = {
     "init_params": "jaxformer.models.pure",
     "apply": "jaxformer.models.pure",
     "logical_axes": "jaxformer.models.pure",
+    "embed": "jaxformer.models.encoder",
 }
 
 __all__ = ["PRESETS", "ModelConfig", "get_preset", *_LAZY]

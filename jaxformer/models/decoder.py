@@ -16,16 +16,20 @@ from jaxformer.nn.embeddings import Embedding
 
 
 class OutputHead(nnx.Module):
-    """Final features to vocabulary logits: the token embedding transposed (tied) or ``w [E, V]``."""
+    """Final features to vocabulary logits: the token embedding transposed (tied) or ``w [E, V]``,
+    plus ``bias [V]`` with ``cfg.logit_bias``."""
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         self.w = None if cfg.tie_embeddings else params.normal(rngs, (cfg.d_model, cfg.vocab_size), ("embed", "vocab"))
+        self.bias = params.zeros((cfg.vocab_size,), ("vocab",)) if cfg.logit_bias else None
 
     def __call__(self, x_BTE: jax.Array, embedding: Embedding) -> jax.Array:
         """``[B, T, E] -> [B, T, V]`` float32 logits."""
         if self.w is None:
-            return embedding.attend(x_BTE)
-        return F.dense(x_BTE, self.w[...], preferred_element_type=jnp.float32)
+            logits_BTV = embedding.attend(x_BTE)
+        else:
+            logits_BTV = F.dense(x_BTE, self.w[...], preferred_element_type=jnp.float32)
+        return logits_BTV if self.bias is None else logits_BTV + self.bias[...]
 
 
 class DecoderLM(nnx.Module):

@@ -3,7 +3,9 @@
 Published sizes (checked by the tests through the accounting): gpt2 124,439,808;
 gpt2-medium 354,823,168; llama2-7b 6,738,415,616; llama3-8b 8,030,261,248;
 mistral-7b 7,241,732,096. ``bert-base`` and ``transformer-base`` follow their papers'
-shapes without BERT's token-type embeddings and pooler (not modelled here).
+shapes; ``bert-base`` leaves out BERT's token-type embeddings, embedding LayerNorm and pooler
+(``num_token_types=2, embedding_norm=True, pooler=True`` add them; a BERT checkpoint imported with
+`jaxformer.hf` has them).
 """
 
 from __future__ import annotations

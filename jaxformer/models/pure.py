@@ -23,9 +23,9 @@ from jaxformer.architecture import ModelConfig
 from jaxformer.functional.kernel import KernelConfig
 
 
-def init_params(cfg: ModelConfig, seed: int, kernel: KernelConfig = KernelConfig()) -> tuple[nnx.GraphDef, nnx.State]:
+def init_params(cfg: ModelConfig, seed: int | jax.Array, kernel: KernelConfig = KernelConfig()) -> tuple[nnx.GraphDef, nnx.State]:
     """``(graphdef, params)`` of the model ``cfg`` describes, initialised from ``seed``, computing with ``kernel``."""
-    return nnx.split(build_model(cfg, rngs=nnx.Rngs(params=seed), kernel=kernel))
+    return nnx.split(build_model(cfg, rngs=nnx.Rngs(params=jax.random.key(seed)), kernel=kernel))
 
 
 def apply(graphdef: nnx.GraphDef, params: nnx.State, *inputs: jax.Array, **kwargs) -> tuple[jax.Array, jax.Array]:

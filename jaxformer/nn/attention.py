@@ -26,7 +26,8 @@ class Attention(nnx.Module):
     """Attention sublayer ``[B, T, E] -> [B, T, E]``.
 
     Parameters: ``wq [E, H, D]``, ``wk, wv [E, K, D]``, ``wo [H, D, E]``; with
-    ``cfg.use_bias`` also ``bq [H, D]``, ``bk, bv [K, D]``, ``bo [E]``. ``causal``: a
+    ``cfg.has_qkv_bias`` (``use_bias`` unless ``qkv_bias`` says otherwise) also ``bq [H, D]``,
+    ``bk, bv [K, D]``, and with ``cfg.use_bias`` ``bo [E]``. ``causal``: a
     query sees only keys at its position or before (and, with ``cfg.sliding_window``,
     only the last ``sliding_window`` of them). ``cross=True`` makes keys and values
     come from a context (the encoder output), never causal, with no position signal.
@@ -41,11 +42,16 @@ class Attention(nnx.Module):
         self.wv = params.normal(rngs, (E, K, D), ("embed", "kv_heads", "head_dim"))
         out_std = params.residual_std(cfg.num_layers)
         self.wo = params.normal(rngs, (H, D, E), ("heads", "head_dim", "embed"), std=out_std)
-        bias = cfg.use_bias
+        bias = cfg.has_qkv_bias
         self.bq = params.zeros((H, D), ("heads", "head_dim")) if bias else None
         self.bk = params.zeros((K, D), ("kv_heads", "head_dim")) if bias else None
         self.bv = params.zeros((K, D), ("kv_heads", "head_dim")) if bias else None
-        self.bo = params.zeros((E,), ("embed",)) if bias else None
+        self.bo = params.zeros((E,), ("embed",)) if cfg.use_bias else None
+        llama3 = (cfg.rope_scaling_factor, cfg.rope_low_freq_factor, cfg.rope_high_freq_factor,
+                  cfg.rope_original_max_seq_len) if cfg.rope_scaling == "llama3" else None
+        # static floats (a constant of the program, like the cos/sin tables `F.apply_rope` builds from them)
+        self.rope_frequencies = (tuple(float(w) for w in F.rope_frequencies(D, cfg.rope_base, llama3=llama3))
+                                 if cfg.position == "rope" and llama3 else None)
 
     def _project(self, x_BTE: jax.Array, w, b) -> jax.Array:
         y = F.dense(x_BTE, w[...])
@@ -55,7 +61,9 @@ class Attention(nnx.Module):
         if self.cfg.position != "rope" or self.cross:
             return x_BTHD
         positions_T = offset + np.arange(x_BTHD.shape[1])  # numpy: concrete unless the offset is traced
-        return F.apply_rope(x_BTHD, positions_T, base=self.cfg.rope_base, scale=self.cfg.rope_scale)
+        return F.apply_rope(x_BTHD, positions_T, base=self.cfg.rope_base, scale=self.cfg.rope_scale,
+                            frequencies=None if self.rope_frequencies is None else np.asarray(
+                                self.rope_frequencies, np.float32))
 
     def queries_keys_values(self, x_BTE, context_BSE=None, *, offset=0):
         """``q [B, T, H, D]``, ``k, v [B, S, K, D]`` with RoPE applied at positions ``offset + t``."""

@@ -1,6 +1,6 @@
 """Scaling-law fits and compute-optimal allocation on any table of runs (Chinchilla Approaches 1–3).
 
-Depends on numpy, scipy, JAX/Optax and matplotlib only — never on the model or training code.
+Depends on numpy, scipy, JAX and matplotlib only — never on the model or training code.
 
     table = load_table("runs.csv").exclude_highest_loss(5)
     fit = fit_parametric(table)                      # Approach 3, 4500 L-BFGS starts at once

@@ -9,17 +9,40 @@ warm calls), the speedups, the relative difference of the optima, and the time o
 Approach-3 bootstrap (default 4000 resamples, first call, compilation included). On a
 shared machine prefer the CPU-time ratio: a Python loop of small numpy calls loses far more
 wall time to other processes than one long vectorised computation does.
+
+scipy runs in a process of its own whose BLAS libraries (OpenBLAS, MKL, OpenMP) use one
+thread (``--scipy-blas-threads``): L-BFGS-B makes thousands of tiny BLAS calls per start, and
+OpenBLAS's default of a thread per core makes each of them wait for a second thread, which on
+a machine shared with other work makes scipy several times slower and its time unrepeatable
+(docs/fit-speed.md). ``--scipy-blas-threads 0`` runs it in this process with the libraries'
+own defaults, as before.
+
+``--command-runs N`` (default 5) also times what a user waits for: ``jaxformer fit DATA
+--approach 3 --bootstrap 0`` end to end in fresh processes (Python start-up, imports, JAX
+start-up, the solver's compilation or its load from the persistent cache, the fit, the
+report), N times with an empty compilation cache (cold) and N times with the cache the first
+cold run filled (warm). scipy then runs in N interleaved slices of its starts, one after each
+cold/warm pair, and each round's ratio is its scipy slice (scaled to all starts) over its
+command run. The children inherit this process's tuned environment, so they skip the
+command's one re-execution into it (a few hundredths of a second).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
 from jaxformer.files import write_json_atomic
+from jaxformer.runtime import CACHE_DIR_ENV
 from jaxformer.scaling.table import load_table
 
 DEFAULT_DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "chinchilla_svg_extracted.csv"
@@ -32,6 +55,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="scipy runs every K-th start and its time is scaled by K (default 1: all starts)")
     parser.add_argument("--repeats", type=int, default=3, help="warm JAX fits to time (median)")
     parser.add_argument("--bootstrap", type=int, default=4000, help="resamples in the timed bootstrap (0: skip)")
+    parser.add_argument("--scipy-blas-threads", type=int, default=1, metavar="N",
+                        help="BLAS threads of the process scipy runs in (default 1; 0: in this process, as the "
+                             "libraries default)")
+    parser.add_argument("--command-runs", type=int, default=5, metavar="N",
+                        help="also time `jaxformer fit` end to end in fresh processes, N with an empty compilation "
+                             "cache and N with a warm one, interleaved with N slices of the scipy run (0: skip)")
     parser.add_argument("--out", metavar="FILE.json", help="also write the numbers as JSON")
 
 
@@ -61,6 +90,50 @@ def scipy_fit(table, starts: np.ndarray, delta: float) -> tuple[np.ndarray, floa
         if np.isfinite(res.fun) and res.fun < best_f:
             best_x, best_f = res.x, float(res.fun)
     return best_x, best_f, converged
+
+
+BLAS_THREAD_VARIABLES = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def scipy_in_child(data: str, exclude: int, starts: np.ndarray, delta: float, threads: int):
+    """``scipy_fit`` over ``starts`` in a child process with ``threads`` BLAS threads: its clock (solver
+    only), best x, best objective and converged count."""
+    env = {**os.environ, **{name: str(threads) for name in BLAS_THREAD_VARIABLES}}
+    job = json.dumps({"data": data, "exclude": exclude, "starts": np.asarray(starts).tolist(), "delta": delta})
+    done = subprocess.run([sys.executable, "-m", "jaxformer.scaling.bench"], input=job, env=env, capture_output=True,
+                          text=True, check=True)
+    out = json.loads(done.stdout)
+    clock = _Clock()
+    clock.wall, clock.cpu = out["wall"], out["cpu"]
+    return clock, None if out["x"] is None else np.asarray(out["x"]), out["f"], out["converged"]
+
+
+def _scipy_child() -> None:
+    """The child of ``scipy_in_child``: the job as JSON on stdin, the answer as JSON on stdout."""
+    job = json.loads(sys.stdin.read())
+    table = load_table(job["data"]).exclude_highest_loss(job["exclude"])
+    with _Clock() as clock:
+        x, f, converged = scipy_fit(table, np.asarray(job["starts"], dtype=np.float64), job["delta"])
+    print(json.dumps({"wall": clock.wall, "cpu": clock.cpu, "x": None if x is None else list(map(float, x)),
+                      "f": f, "converged": converged}))
+
+
+def command_timer(data: str, exclude: int):
+    """A function ``cache_dir -> (wall s, CPU s)`` timing ``jaxformer fit DATA --approach 3 --bootstrap 0`` in a
+    fresh process (its children included) with the persistent compilation cache in ``cache_dir``."""
+    command = [sys.executable, "-m", "jaxformer.cli", "fit", data, "--approach", "3", "--bootstrap", "0",
+               "--exclude-highest-loss", str(exclude)]
+
+    def once(cache: Path) -> tuple[float, float]:
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        start = time.perf_counter()
+        subprocess.run(command, env={**os.environ, CACHE_DIR_ENV: str(cache)}, check=True, stdout=subprocess.DEVNULL)
+        wall = time.perf_counter() - start
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return wall, (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+
+    once.command = " ".join(["jaxformer", *command[3:]])
+    return once
 
 
 class _Clock:
@@ -95,12 +168,33 @@ def run(args: argparse.Namespace) -> int:
     print(f"JAX pooled L-BFGS: first call {first.wall:.2f} s (with compilation), warm {jax_wall:.2f} s wall, "
           f"{jax_cpu:.2f} s CPU", flush=True)
 
-    stride = max(args.scipy_stride, 1)
-    with _Clock() as sp:
-        x_sp, f_sp, conv_sp = scipy_fit(table, grid[::stride], HUBER_DELTA)
-    scipy_wall, scipy_cpu = sp.wall * stride, sp.cpu * stride
+    # scipy in `rounds` interleaved slices of its starts, each after one cold and one warm run of the
+    # command: a ratio of two times taken minutes apart means little on a shared machine
+    stride, rounds = max(args.scipy_stride, 1), max(args.command_runs, 1)
+    scipy_starts = grid[::stride]
+    slices, cold_runs, warm_runs = [], [], []
+    x_sp, f_sp, conv_sp = None, np.inf, 0
+    timer = command_timer(args.data, args.exclude_highest_loss) if args.command_runs > 0 else None
+    with tempfile.TemporaryDirectory(prefix="jaxformer-fit-cache-") as caches:
+        for r in range(rounds):
+            if timer:
+                cold_runs.append(timer(Path(caches) / f"cold{r}"))  # an empty cache
+                warm_runs.append(timer(Path(caches) / "cold0"))  # the cache the first cold run filled
+            if args.scipy_blas_threads > 0:
+                sp, x, f, conv = scipy_in_child(args.data, args.exclude_highest_loss, scipy_starts[r::rounds],
+                                                HUBER_DELTA, args.scipy_blas_threads)
+            else:
+                with _Clock() as sp:
+                    x, f, conv = scipy_fit(table, scipy_starts[r::rounds], HUBER_DELTA)
+            slices.append(sp)
+            conv_sp += conv
+            if x is not None and f < f_sp:
+                x_sp, f_sp = x, f
+    scipy_wall, scipy_cpu = sum(c.wall for c in slices) * stride, sum(c.cpu for c in slices) * stride
     print(f"scipy L-BFGS-B: {scipy_wall:.1f} s wall, {scipy_cpu:.1f} s CPU"
-          + (f" (every {stride}th start, times x{stride})" if stride > 1 else ""), flush=True)
+          + (f" (every {stride}th start, times x{stride})" if stride > 1 else "")
+          + (f", BLAS threads {args.scipy_blas_threads}" if args.scipy_blas_threads > 0 else ", BLAS as it defaults"),
+          flush=True)
 
     result = {
         "runs": len(table),
@@ -111,6 +205,7 @@ def run(args: argparse.Namespace) -> int:
         "scipy_s": scipy_wall,
         "scipy_cpu_s": scipy_cpu,
         "scipy_stride": stride,
+        "scipy_blas_threads": args.scipy_blas_threads or None,
         "speedup_wall": scipy_wall / jax_wall,
         "speedup_cpu": scipy_cpu / jax_cpu,
         "speedup_first_call": scipy_wall / first.wall,
@@ -126,6 +221,26 @@ def run(args: argparse.Namespace) -> int:
     print(f"speedup {result['speedup_wall']:.1f}x wall, {result['speedup_cpu']:.1f}x CPU, "
           f"{result['speedup_first_call']:.1f}x against JAX's first call; objectives {fit.objective:.12g} (JAX) vs "
           f"{f_sp:.12g} (scipy), relative difference {result['objective_rel_diff']:.2e}")
+    if timer:
+        med = lambda xs: float(np.median(xs))  # noqa: E731
+        # per round: scipy's slice scaled to all starts, over that round's command run
+        paired = {kind: [sp.wall * rounds * stride / w for sp, (w, _) in zip(slices, runs)]
+                  for kind, runs in (("cold", cold_runs), ("warm", warm_runs))}
+        result["command"] = {
+            "command": timer.command, "runs": rounds,
+            "cold_s": med([w for w, _ in cold_runs]), "cold_cpu_s": med([c for _, c in cold_runs]),
+            "warm_s": med([w for w, _ in warm_runs]), "warm_cpu_s": med([c for _, c in warm_runs]),
+            "cold_runs_s": [w for w, _ in cold_runs], "warm_runs_s": [w for w, _ in warm_runs],
+            "speedup_cold": scipy_wall / med([w for w, _ in cold_runs]),
+            "speedup_warm": scipy_wall / med([w for w, _ in warm_runs]),
+            "speedup_cold_paired": med(paired["cold"]), "speedup_warm_paired": med(paired["warm"]),
+        }
+        c = result["command"]
+        print(f"`{c['command']}` end to end, median of {rounds} fresh processes: cold cache {c['cold_s']:.2f} s wall "
+              f"({c['cold_cpu_s']:.2f} s CPU), warm cache {c['warm_s']:.2f} s wall ({c['warm_cpu_s']:.2f} s CPU); "
+              f"scipy's solver time over these: cold {c['speedup_cold']:.1f}x, warm {c['speedup_warm']:.1f}x "
+              f"(round by round: cold {c['speedup_cold_paired']:.1f}x, warm {c['speedup_warm_paired']:.1f}x)",
+              flush=True)
     if args.bootstrap:
         with _Clock() as boot_clock:
             boot = bootstrap_parametric(table, fit, resamples=args.bootstrap)
@@ -136,3 +251,7 @@ def run(args: argparse.Namespace) -> int:
     if args.out:
         write_json_atomic(Path(args.out), result, indent=1)
     return 0
+
+
+if __name__ == "__main__":
+    _scipy_child()

@@ -12,11 +12,16 @@ last few jobs, with every evaluation vectorised over the slots, and the whole th
 compiled program. A modest pool (128 slots) keeps both the tail and the per-step cost small
 on a CPU.
 
-The L-BFGS direction (two-loop recursion, memory 10) is Optax's ``scale_by_lbfgs``. The
-step is backtracking on the Armijo condition from a unit step (to the minimiser of the
-quadratic through the rejected trial, kept within 0.1–0.5 of the step); a pair with
-non-positive curvature resets the memory, and a direction that does not descend is replaced
-by the capped steepest-descent step.
+The L-BFGS direction (two-loop recursion, memory 10) is Optax's ``scale_by_lbfgs``, its
+arithmetic op for op (``_direction``: the same bits, without importing Optax). The step is
+backtracking on the Armijo condition from a unit step (to the minimiser of the quadratic
+through the rejected trial, kept within 0.1–0.5 of the step); a pair with non-positive
+curvature resets the memory, and a direction that does not descend is replaced by the capped
+steepest-descent step.
+
+With several devices (the `jaxformer` command makes each core an XLA:CPU device) each runs
+its own pool over a round-robin share of the jobs; the compiled programs are kept by
+``programs.load_or_compile`` while JAX's persistent compilation cache is on.
 
 Status codes (``Solution.status``): 0 gradient below ``gtol``, 1 relative reduction below
 ``ftol`` (scipy's ``factr`` test) — these two count as converged —, 2 the line search could
@@ -25,6 +30,7 @@ not decrease the objective, 3 iteration limit, 4 non-finite objective at the sta
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, Callable
@@ -32,25 +38,28 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from jaxformer.scaling import programs
 
 STATUS = ("gradient", "reduction", "line search", "max iterations", "non-finite start")
 CONVERGED = (0, 1)
+MEMORY = 10  # L-BFGS pairs kept
 
-# value_and_grad(x_P, row, data) -> (f, g_P) for one slot
+# value_and_grad(x_Q, row, data) -> (f, g_Q) for one slot
 ValueAndGrad = Callable[[jax.Array, jax.Array, Any], tuple[jax.Array, jax.Array]]
 
 
 @dataclass(frozen=True)
 class Solution:
-    """Per-job results, numpy arrays with leading dimension J (number of jobs)."""
+    """Per-job results, numpy arrays with leading dimension U (number of jobs)."""
 
-    x: np.ndarray  # [J, P] final iterate
-    f: np.ndarray  # [J] objective there
-    grad_max: np.ndarray  # [J] max |gradient| there
-    iterations: np.ndarray  # [J] accepted L-BFGS steps
-    evaluations: np.ndarray  # [J] objective evaluations
-    status: np.ndarray  # [J] see STATUS
+    x: np.ndarray  # [U, Q] final iterate
+    f: np.ndarray  # [U] objective there
+    grad_max: np.ndarray  # [U] max |gradient| there
+    iterations: np.ndarray  # [U] accepted L-BFGS steps
+    evaluations: np.ndarray  # [U] objective evaluations
+    status: np.ndarray  # [U] see STATUS
 
     @property
     def converged(self) -> np.ndarray:
@@ -59,58 +68,166 @@ class Solution:
 
 def minimize(
     value_and_grad: ValueAndGrad,
-    x0_JP: np.ndarray,
-    rows_JR: np.ndarray,
+    x0_UQ: np.ndarray,
+    rows_UY: np.ndarray,
     data: Any,
     *,
     slots: int = 128,
     max_iter: int = 1000,
     gtol: float = 1e-5,
     ftol: float = 2.2e-9,
+    devices: int | None = None,
 ) -> Solution:
-    """Minimises ``value_and_grad(x, rows_JR[j], data)`` from ``x0_JP[j]`` for every job j.
+    """Minimises ``value_and_grad(x, rows_UY[j], data)`` from ``x0_UQ[j]`` for every job j.
 
     The stopping tests and their defaults are scipy L-BFGS-B's: max |gradient| ≤ ``gtol``, or
     a relative reduction (f_k − f_k+1) / max(|f_k|, |f_k+1|, 1) ≤ ``ftol`` (factr = 1e7).
 
-    ``rows_JR`` carries per-job data (e.g. bootstrap weights over the R points); ``data`` is
+    ``rows_UY`` carries per-job data (e.g. bootstrap weights over the R points); ``data`` is
     shared by all jobs. Everything runs in float64, enabled only inside this call
     (``jax.enable_x64``), so global JAX state is left alone.
+
+    With several local devices (XLA:CPU makes one per core when told to, as the `jaxformer`
+    command does) the jobs are dealt out round-robin, each device running its own pool, of
+    ``slots / devices`` slots, over its share; ``devices`` caps how many are used (default: all,
+    at most one per ``slots`` jobs). A job's result does not depend on the device or slot it ran in.
     """
-    x0_JP = np.asarray(x0_JP)
-    if x0_JP.ndim != 2 or len(x0_JP) == 0:
-        raise ValueError(f"x0 must be a non-empty [jobs, params] array, got shape {x0_JP.shape}")
-    slots = int(min(slots, len(x0_JP)))
+    x0_UQ = np.asarray(x0_UQ)
+    if x0_UQ.ndim != 2 or len(x0_UQ) == 0:
+        raise ValueError(f"x0 must be a non-empty [jobs, params] array, got shape {x0_UQ.shape}")
+    J = len(x0_UQ)
+    n_dev = max(1, min(jax.local_device_count() if devices is None else devices, J // max(slots, 1)))
+    rows_UY = np.asarray(rows_UY)
+    if n_dev > 1:
+        x0_UQ, rows_UY = _deal(x0_UQ, n_dev), _deal(rows_UY, n_dev)
+    slots = int(min(-(-slots // n_dev), len(x0_UQ) // n_dev))  # per device
     with jax.enable_x64(True):
-        cast = lambda a: jnp.asarray(a, jnp.float64)  # noqa: E731
-        out = _run(value_and_grad, cast(x0_JP), cast(rows_JR), jax.tree.map(cast, data), slots, max_iter, gtol, ftol)
-        x, f, gmax, iters, nfev, status = (np.asarray(a) for a in jax.device_get(out))
+        if n_dev > 1:  # each device's block goes straight to it: no resharding program to compile or load
+            mesh = Mesh(np.array(jax.local_devices()[:n_dev]), ("jobs",))
+
+            def put(a, spec=PartitionSpec("jobs")):
+                return jax.device_put(np.asarray(a, np.float64), NamedSharding(mesh, spec))
+
+            args = (put(x0_UQ), put(rows_UY), jax.tree.map(lambda a: put(a, PartitionSpec()), data))
+        else:
+            cast = lambda a: jnp.asarray(a, jnp.float64)  # noqa: E731
+            args = (cast(x0_UQ), cast(rows_UY), jax.tree.map(cast, data))
+        statics = (slots, max_iter, gtol, ftol, n_dev)
+        out = _program(value_and_grad, args, statics)(*args)
+        x, f, gmax, iters, nfev, status = (_undeal(np.asarray(a), n_dev, J) for a in jax.device_get(out))
     return Solution(x, f, gmax, iters, nfev, status)
 
 
-@partial(jax.jit, static_argnums=(0, 4, 5, 6, 7))
-def _run(value_and_grad, x0_JP, rows_JR, data, S, max_iter, gtol, ftol):
-    J, P = x0_JP.shape
-    dtype = x0_JP.dtype
-    lbfgs = optax.scale_by_lbfgs(memory_size=10)
-    eval_S = jax.vmap(value_and_grad, in_axes=(0, 0, None))
-    direction_S = jax.vmap(lbfgs.update)
-    init_S = jax.vmap(lbfgs.init)
+def _program(value_and_grad: ValueAndGrad, args: tuple, statics: tuple) -> Callable:
+    """``_run`` for these arguments; with JAX's persistent cache on and an objective defined at the top of
+    a module, the compiled program stored beside it (`programs`), so a later process neither traces nor
+    lowers it. The stored program's key covers this file and the objective's module, not code the objective
+    calls in other modules: after changing such code, empty the cache directory or bump ``programs.FORMAT``."""
+    module = sys.modules.get(getattr(value_and_grad, "__module__", None) or "")
+    name = getattr(value_and_grad, "__qualname__", "<unnamed>")
+    if getattr(module, "__file__", None) and "<" not in name:
+        compiled = programs.load_or_compile(
+            lambda: _run.lower(value_and_grad, *args, *statics), args,
+            parts=("lbfgs._run", f"{module.__name__}.{name}", repr(statics)), sources=(__file__, module.__file__),
+            devices=jax.local_devices()[: statics[-1]])
+        if compiled is not None:
+            return compiled
+    return lambda *a: _run(value_and_grad, *a, *statics)
 
-    def where_S(m, a, b):
+
+def _deal(a: np.ndarray, n: int) -> np.ndarray:
+    """Job j to block j % n, position j // n (the last job repeated to fill the blocks): ``[n·⌈J/n⌉, …]``."""
+    per = -(-len(a) // n)
+    a = np.concatenate([a, np.repeat(a[-1:], per * n - len(a), axis=0)])
+    return a.reshape(per, n, *a.shape[1:]).swapaxes(0, 1).reshape(per * n, *a.shape[1:])
+
+
+def _undeal(a: np.ndarray, n: int, J: int) -> np.ndarray:
+    """The inverse of ``_deal``: back in job order, padding dropped."""
+    if n == 1:
+        return a
+    per = len(a) // n
+    return a.reshape(n, per, *a.shape[1:]).swapaxes(0, 1).reshape(per * n, *a.shape[1:])[:J]
+
+
+@partial(jax.jit, static_argnums=(0, 4, 5, 6, 7, 8))
+def _run(value_and_grad, x0_UQ, rows_UY, data, S, max_iter, gtol, ftol, n_dev):
+    """One pool (``n_dev`` 1), or one pool per device over its block of jobs."""
+    pool = partial(_pool, value_and_grad, S=S, max_iter=max_iter, gtol=gtol, ftol=ftol)
+    if n_dev == 1:
+        return pool(x0_UQ, rows_UY, data)
+    mesh = Mesh(np.array(jax.local_devices()[:n_dev]), ("jobs",))
+    jobs = PartitionSpec("jobs")
+    # the pools never communicate: each device loops until its own queue is empty
+    return jax.shard_map(pool, mesh=mesh, in_specs=(jobs, jobs, PartitionSpec()), out_specs=jobs,
+                         check_vma=False)(x0_UQ, rows_UY, data)
+
+
+def _vdot(a: jax.Array, b: jax.Array) -> jax.Array:
+    return jnp.vdot(a, b, precision=jax.lax.Precision.HIGHEST)
+
+
+def _direction_init(x_Q: jax.Array) -> dict:
+    """An empty memory: Optax's ``ScaleByLBFGSState`` for one slot (pairs ``s``, ``y``, weights ``rho``)."""
+    zeros = jnp.zeros((MEMORY,) + x_Q.shape, x_Q.dtype)
+    return dict(count=jnp.asarray(0, jnp.int32), x=jnp.zeros_like(x_Q), g=jnp.zeros_like(x_Q), s=zeros, y=zeros,
+                rho=jnp.zeros(MEMORY, x_Q.dtype))
+
+
+def _direction(g_Q: jax.Array, state: dict, x_Q: jax.Array) -> tuple[jax.Array, dict]:
+    """``optax.scale_by_lbfgs(memory_size=MEMORY).update(g, state, x)`` for one slot: the pair from the
+    previous point enters the ring buffer (zeros at the first point), then ``H g`` by the two-loop recursion,
+    newest pair first, from the initial scaling ``s·y / y·y`` (``min(1, 1/|g|)`` at the first point)."""
+    count = state["count"]
+    later = count > 0
+    s_new, y_new = x_Q - state["x"], g_Q - state["g"]
+    sy = jnp.real(_vdot(y_new, s_new))
+    rho_new = jnp.where(sy == 0.0, 0.0, 1.0 / sy)
+    s_new, y_new, rho_new = (jnp.where(later, v, jnp.zeros_like(v)) for v in (s_new, y_new, rho_new))
+    at = (count - 1) % MEMORY
+    s_mem, y_mem, rho = state["s"].at[at].set(s_new), state["y"].at[at].set(y_new), state["rho"].at[at].set(rho_new)
+    yy = jnp.sum(jnp.square(y_new.real) + jnp.square(y_new.imag))
+    scale = jnp.where(yy > 0.0, jnp.real(_vdot(y_new, s_new)) / yy, 1.0)
+    g_norm = jnp.sqrt(jnp.sum(jnp.square(g_Q.real) + jnp.square(g_Q.imag)))
+    scale = jnp.where(later, scale, jnp.minimum(1.0, 1.0 / g_norm))
+    order = (count % MEMORY + jnp.arange(MEMORY)) % MEMORY  # oldest pair first
+
+    def right(q, k):
+        alpha = rho[k] * jnp.real(_vdot(s_mem[k], q))
+        return q + (-alpha) * y_mem[k], alpha
+
+    def left(r, k_alpha):
+        k, alpha = k_alpha
+        beta = rho[k] * jnp.real(_vdot(y_mem[k], r))
+        return r + (alpha - beta) * s_mem[k], beta
+
+    q, alphas = jax.lax.scan(right, g_Q, order, reverse=True)
+    d, _ = jax.lax.scan(left, scale * q, (order, alphas))
+    count = jnp.where(count < jnp.iinfo(jnp.int32).max, count + 1, count)
+    return d, dict(count=count, x=x_Q, g=g_Q, s=s_mem, y=y_mem, rho=rho)
+
+
+def _pool(value_and_grad, x0_UQ, rows_UY, data, *, S, max_iter, gtol, ftol):
+    J, P = x0_UQ.shape
+    dtype = x0_UQ.dtype
+    eval_Z = jax.vmap(value_and_grad, in_axes=(0, 0, None))
+    direction_Z = jax.vmap(_direction)
+    init_Z = jax.vmap(_direction_init)
+
+    def where_Z(m, a, b):
         return jax.tree.map(lambda u, v: jnp.where(m.reshape(m.shape + (1,) * (u.ndim - 1)), u, v), a, b)
 
-    def load(job_S):
+    def load(job_Z):
         """Fresh slots: trial point = the job's start (step 0 along a zero direction)."""
-        safe = jnp.minimum(job_S, J - 1)
-        return x0_JP[safe], rows_JR[safe]
+        safe = jnp.minimum(job_Z, J - 1)
+        return x0_UQ[safe], rows_UY[safe]
 
     def step(slot, glob):
         """One objective evaluation per slot: accept or backtrack; finished slots reload."""
         active = slot["job"] < J
         fresh = slot["fresh"]
         trial = slot["x"] + slot["step"][:, None] * slot["d"]
-        ft, gt = eval_S(trial, slot["row"], data)
+        ft, gt = eval_Z(trial, slot["row"], data)
         ft = jnp.where(jnp.isfinite(ft) & jnp.all(jnp.isfinite(gt), axis=1), ft, jnp.inf)
         slope = jnp.sum(slot["g"] * slot["d"], axis=1)  # < 0 along a descent direction
         accept = fresh | (jnp.isfinite(ft) & (ft <= slot["f"] + 1e-4 * slot["step"] * slope))
@@ -119,15 +236,15 @@ def _run(value_and_grad, x0_JP, rows_JR, data, S, max_iter, gtol, ftol):
         # Accepted: new iterate and direction; non-positive curvature resets the memory.
         s, y = trial - slot["x"], gt - slot["g"]
         curvature_ok = jnp.sum(s * y, axis=1) > 1e-12 * jnp.linalg.norm(s, axis=1) * jnp.linalg.norm(y, axis=1)
-        fresh_state = init_S(trial)
-        state = where_S(fresh | ~curvature_ok, fresh_state, slot["state"])
-        d_new, state_new = direction_S(gt, state, trial)
+        fresh_state = init_Z(trial)
+        state = where_Z(fresh | ~curvature_ok, fresh_state, slot["state"])
+        d_new, state_new = direction_Z(gt, state, trial)
         # Not a descent direction (can follow a reset): steepest descent, capped at unit length
         # (Optax's own first step), and an empty memory.
         descent = jnp.sum(d_new * gt, axis=1) > 0
         gnorm = jnp.linalg.norm(gt, axis=1, keepdims=True)
         d_new = -jnp.where(descent[:, None], d_new, gt * jnp.minimum(1.0, 1.0 / gnorm))
-        state_new = where_S(descent, state_new, fresh_state)
+        state_new = where_Z(descent, state_new, fresh_state)
         it = slot["it"] + (accept & ~fresh)
         gmax = jnp.max(jnp.abs(gt), axis=1)
         scale = jnp.maximum(jnp.maximum(jnp.abs(slot["f"]), jnp.abs(ft)), 1.0)
@@ -171,7 +288,7 @@ def _run(value_and_grad, x0_JP, rows_JR, data, S, max_iter, gtol, ftol):
             g=g,
             d=jnp.where((done | ~accept)[:, None], jnp.where(done[:, None], 0.0, slot["d"]), d_new),
             step=jnp.where(done, 0.0, jnp.where(accept, 1.0, step_back)),
-            state=where_S(accept, state_new, slot["state"]),
+            state=where_Z(accept, state_new, slot["state"]),
             it=jnp.where(done, 0, it),
             nfev=jnp.where(done, 0, nfev),
         )
@@ -180,7 +297,7 @@ def _run(value_and_grad, x0_JP, rows_JR, data, S, max_iter, gtol, ftol):
     job = jnp.arange(S)
     x, row = load(job)
     slot = dict(job=job, fresh=jnp.ones(S, bool), x=x, row=row, f=jnp.zeros(S, dtype), g=jnp.zeros_like(x),
-                d=jnp.zeros_like(x), step=jnp.zeros(S, dtype), state=init_S(x), it=jnp.zeros(S, jnp.int32),
+                d=jnp.zeros_like(x), step=jnp.zeros(S, dtype), state=init_Z(x), it=jnp.zeros(S, jnp.int32),
                 nfev=jnp.zeros(S, jnp.int32))
     glob = dict(results=jnp.zeros((J, P + 2), dtype), counts=jnp.zeros((J, 3), jnp.int32).at[:, 2].set(3),
                 next_job=jnp.asarray(S))

@@ -41,17 +41,17 @@ def huber(r: jax.Array, delta: float) -> jax.Array:
     return jnp.where(jnp.abs(r) <= delta, 0.5 * r * r, delta * (jnp.abs(r) - 0.5 * delta))
 
 
-def objective(x_P: jax.Array, log_n: jax.Array, log_d: jax.Array, log_loss: jax.Array,
+def objective(x_Q: jax.Array, log_n: jax.Array, log_d: jax.Array, log_loss: jax.Array,
               weights: jax.Array | None = None, delta: float = HUBER_DELTA) -> jax.Array:
     """The reference objective (plain log-sum-exp), for one parameter vector; scalar."""
-    log_a, log_b, log_e, alpha, beta = x_P
+    log_a, log_b, log_e, alpha, beta = x_Q
     terms = jnp.stack([log_a - alpha * log_n, log_b - beta * log_d, jnp.broadcast_to(log_e, log_n.shape)])
     r = jax.nn.logsumexp(terms, axis=0) - log_loss
     w = jnp.ones_like(r) if weights is None else weights
     return jnp.sum(w * huber(r, delta))
 
 
-def value_and_grad(x_P: jax.Array, weights_R: jax.Array, data: tuple) -> tuple[jax.Array, jax.Array]:
+def value_and_grad(x_Q: jax.Array, weights_Y: jax.Array, data: tuple) -> tuple[jax.Array, jax.Array]:
     """``objective`` and its gradient in closed form, for the solver's inner loop.
 
     Written as log L̂ = log E + log(1 + t₁ + t₂), t₁ = A/(E N^α), t₂ = B/(E D^β): two
@@ -60,14 +60,14 @@ def value_and_grad(x_P: jax.Array, weights_R: jax.Array, data: tuple) -> tuple[j
     derivative is clip(r, ±δ). Overflow gives inf, which the line search rejects.
     """
     log_n, log_d, log_loss, delta = data
-    log_a, log_b, log_e, alpha, beta = x_P
+    log_a, log_b, log_e, alpha, beta = x_Q
     t1 = jnp.exp(log_a - log_e - alpha * log_n)
     t2 = jnp.exp(log_b - log_e - beta * log_d)
     s = 1.0 + t1 + t2
     r = log_e + jnp.log1p(t1 + t2) - log_loss
     dh = jnp.clip(r, -delta, delta)
-    value = jnp.sum(weights_R * dh * (r - 0.5 * dh))
-    q = weights_R * dh / s
+    value = jnp.sum(weights_Y * dh * (r - 0.5 * dh))
+    q = weights_Y * dh / s
     g1, g2 = q * t1, q * t2
     grad = jnp.stack([jnp.sum(g1), jnp.sum(g2), jnp.sum(q), -jnp.dot(g1, log_n), -jnp.dot(g2, log_d)])
     return value, grad
@@ -133,5 +133,5 @@ def fit_parametric(table: RunTable, *, starts: np.ndarray | None = None, delta: 
 
 
 def residuals(law: ParametricLaw, table: RunTable) -> np.ndarray:
-    """log L_observed − log L_predicted per run ``[R]``."""
+    """log L_observed − log L_predicted per run ``[Y]``."""
     return np.log(table.loss) - np.log(law.loss(table.N, table.D))

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import numpy as np
 
-from jaxformer.scaling import plots
 from jaxformer.scaling.allocation import Law
 from jaxformer.scaling.bootstrap import REFERENCE_BUDGET, BootstrapResult, Interval, bootstrap_parametric
 from jaxformer.scaling.envelope import EnvelopeFit, fit_envelope
@@ -65,7 +64,36 @@ class FitReport:
         if self.approach1:
             out["approach1"] = self.approach1.to_dict()
         out["warnings"] = self.approach2.warnings if self.approach2 else []
+        out["agreement"] = self.agreement()
         return out
+
+    def agreement(self) -> dict | None:
+        """Whether Approaches 2 and 3 agree on the exponent a: do their intervals overlap?
+
+        None unless both ran; ``agree`` is None when either has no bootstrap interval.
+        """
+        if not (self.approach2 and self.approach3):
+            return None
+        a2, a3 = (self.approach2.stats or {}).get("a"), (self.bootstrap3.stats if self.bootstrap3 else {}).get("a")
+        out = {"a2": self.approach2.allocation.a, "a3": self.approach3.law.a, "level": self.level,
+               "interval2": None if a2 is None else [a2.low, a2.high],
+               "interval3": None if a3 is None else [a3.low, a3.high], "agree": None}
+        if a2 is not None and a3 is not None:
+            out["agree"] = bool(a2.low <= a3.high and a3.low <= a2.high)
+        return out
+
+    def agreement_text(self) -> str | None:
+        found = self.agreement()
+        if found is None:
+            return None
+        values = f"a = {found['a2']:.3f} (Approach 2) and {found['a3']:.3f} (Approach 3)"
+        if found["agree"] is None:
+            return f"{values}; no bootstrap intervals, so their agreement is not assessed"
+        level = f"{100 * found['level']:.0f}%"
+        (l2, h2), (l3, h3) = found["interval2"], found["interval3"]
+        verdict = "agree: their" if found["agree"] else "disagree: their"
+        return (f"Approaches 2 and 3 {verdict} {level} intervals for a, [{l2:.3f}, {h2:.3f}] and [{l3:.3f}, {h3:.3f}], "
+                f"{'overlap' if found['agree'] else 'do not overlap'} ({values})")
 
     def text(self) -> str:
         lines = [f"{len(self.table)} runs from {self.table.source}"]
@@ -88,6 +116,8 @@ class FitReport:
             stats = fit.stats or {}
             lines += ["", f"Approach {name}: N_opt = k_N C^a, D_opt = k_D C^b"]
             lines += [_line(k, getattr(law, k), stats.get(k), self.level) for k in ("a", "b", "k_N")]
+        if self.agreement_text():
+            lines += ["", self.agreement_text()]
         if self.approach2 and self.approach2.warnings:
             lines += ["", *(f"warning: {w}" for w in self.approach2.warnings)]
         lines += [f"note: {n}" for n in self.notes]
@@ -95,6 +125,8 @@ class FitReport:
 
     def write_plots(self, directory: str | Path) -> list[Path]:
         """PNG and SVG of every figure the fitted approaches support."""
+        from jaxformer.scaling import plots  # matplotlib is imported only by a fit that draws
+
         paths: list[Path] = []
         t = self.table
         if self.approach2:

@@ -1,36 +1,23 @@
-"""Executors: where a sweep's runs train. Each run is one `jaxformer train` process.
+"""Executors: where a sweep's runs train — on warm workers (`jaxformer.sweep.worker`).
 
-``local``: a pool of worker threads, each supervising one training subprocess at a time
-(one run per process, sized to the cores). ``ray``: each run is a Ray task with its CPU
-(and GPU) request, on a local Ray instance or an existing cluster (``ray_address``); the
-task runs the same subprocess on whichever node Ray picks, so the sweep directory must be
-on a filesystem every node sees.
+``local``: one warm worker process per slot (sized to the cores by the launch layout), each
+training runs back to back, fed by a supervising thread from one queue. ``ray``: the same
+workers as Ray actors, each asking for its CPUs (and GPUs), on a local Ray instance or an
+existing cluster (``ray_address``); the sweep directory must be on a filesystem every node sees.
+A worker that dies is replaced and its run resumed (`WarmWorker`); the other runs go on.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
-import dataclasses
 import os
 import socket
-import subprocess
-import sys
-import time
+import threading
 from pathlib import Path
 from typing import Callable, Iterable
 
 from jaxformer.runtime import HOST_DEVICES
-from jaxformer.sweep.runs import RunPaths, failure_reason, run_lock
-
-
-@dataclasses.dataclass(frozen=True)
-class Outcome:
-    """What happened to one run: ``done``, ``failed``, ``skipped`` (done already) or ``busy`` (locked elsewhere)."""
-
-    name: str
-    status: str
-    reason: str = ""
-    wall_s: float = 0.0
+from jaxformer.sweep.runs import Outcome
+from jaxformer.sweep.worker import WarmWorker
 
 
 def thread_environment(threads: int) -> dict[str, str]:
@@ -47,44 +34,34 @@ def thread_environment(threads: int) -> dict[str, str]:
     return env
 
 
-def train_one(sweep_dir: str, name: str, threads: int) -> Outcome:
-    """Trains run ``name`` in a subprocess under its lock; the unit both executors call."""
-    paths = RunPaths(Path(sweep_dir), name)
-    with run_lock(paths) as held:
-        if not held:
-            return Outcome(name, "busy", "another launch holds its lock")
-        if paths.final.is_file():
-            return Outcome(name, "skipped")
-        paths.log.parent.mkdir(parents=True, exist_ok=True)
-        started = time.perf_counter()
-        command = [sys.executable, "-m", "jaxformer.cli", "train", str(paths.config), "logging.progress=plain",
-                   "--run-dir", str(paths.run_dir)]
-        with open(paths.log, "a") as log:
-            log.write(f"$ {' '.join(command)}\n")
-            log.flush()
-            process = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, env=thread_environment(threads),
-                                     stdin=subprocess.DEVNULL)
-        wall = time.perf_counter() - started
-        if process.returncode == 0 and paths.final.is_file():
-            paths.record("done", wall_s=wall)
-            return Outcome(name, "done", wall_s=wall)
-        reason = failure_reason(paths, process.returncode)
-        paths.record("failed", reason=reason, returncode=process.returncode, wall_s=wall)
-        return Outcome(name, "failed", reason, wall)
-
-
 def run_local(sweep_dir: Path, names: Iterable[str], workers: int, threads: int,
               on_event: Callable[[str, str, Outcome | None], None]) -> list[Outcome]:
-    """Runs ``names`` on ``workers`` parallel processes; ``on_event(name, "running"|"finished", outcome)``."""
+    """Trains ``names`` on ``workers`` warm worker processes; ``on_event(name, "running"|"finished", outcome)``."""
+    queue, lock, outcomes = list(names), threading.Lock(), []
+    env = thread_environment(threads)
 
-    def supervised(name: str) -> Outcome:
-        on_event(name, "running", None)
-        outcome = train_one(str(sweep_dir), name, threads)
-        on_event(name, "finished", outcome)
-        return outcome
+    def supervise(slot: int) -> None:
+        worker = WarmWorker(sweep_dir, env, sweep_dir / "logs" / f"worker-{slot}.log")
+        try:
+            while True:
+                with lock:
+                    if not queue:
+                        return
+                    name = queue.pop(0)
+                on_event(name, "running", None)
+                outcome = worker.train(name)
+                with lock:
+                    outcomes.append(outcome)
+                on_event(name, "finished", outcome)
+        finally:
+            worker.close()
 
-    with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
-        return list(pool.map(supervised, names))
+    supervisors = [threading.Thread(target=supervise, args=(slot,)) for slot in range(min(workers, len(queue)))]
+    for supervisor in supervisors:
+        supervisor.start()
+    for supervisor in supervisors:
+        supervisor.join()
+    return outcomes
 
 
 def connect_ray(address: str | None, num_cpus: int | None):
@@ -115,19 +92,45 @@ def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
         raise ValueError(f"cannot reach Ray at --ray-address {address!r}: {error}") from None
 
 
-def run_ray(ray, sweep_dir: Path, names: Iterable[str], threads: int, gpus_per_run: float,
+class _RayWorker:
+    """A Ray actor holding one `WarmWorker` on its node: the same warm process as a local worker."""
+
+    def __init__(self, sweep_dir: str, threads: int, slot: int) -> None:
+        self.worker = WarmWorker(Path(sweep_dir), thread_environment(threads),
+                                 Path(sweep_dir) / "logs" / f"worker-ray-{slot}-{socket.gethostname()}.log")
+
+    def train(self, name: str) -> Outcome:
+        return self.worker.train(name)
+
+    def close(self) -> None:
+        self.worker.close()
+
+
+def run_ray(ray, sweep_dir: Path, names: Iterable[str], workers: int | None, threads: int, gpus_per_run: float,
             on_event: Callable[[str, str, Outcome | None], None]) -> list[Outcome]:
-    """Runs ``names`` as Ray tasks, each asking for ``max(threads, 1)`` CPUs and ``gpus_per_run`` GPUs."""
-    task = ray.remote(num_cpus=max(threads, 1), num_gpus=gpus_per_run, max_retries=0)(train_one)
-    pending = {}
-    for name in names:
-        pending[task.remote(str(sweep_dir.resolve()), name, threads)] = name
+    """Trains ``names`` on Ray actors (``workers`` of them: default, as many as the cluster's CPUs allow),
+    each asking for ``max(threads, 1)`` CPUs and ``gpus_per_run`` GPUs and keeping one warm worker."""
+    names = list(names)
+    cpus = max(threads, 1)
+    count = workers or max(1, int(ray.cluster_resources().get("CPU", 1) // cpus))
+    actor = ray.remote(num_cpus=cpus, num_gpus=gpus_per_run, max_restarts=0)(_RayWorker)
+    actors = [actor.remote(str(sweep_dir.resolve()), threads, slot) for slot in range(min(count, len(names)))]
+    pending, outcomes, queue = {}, [], list(names)
+    for name in queue:
         on_event(name, "submitted", None)
-    outcomes = []
+    for handle in actors:
+        if queue:
+            name = queue.pop(0)
+            pending[handle.train.remote(name)] = (handle, name)
     while pending:
         ready, _ = ray.wait(list(pending), num_returns=1)
+        handle, name = pending.pop(ready[0])
         outcome = ray.get(ready[0])
-        pending.pop(ready[0])
         outcomes.append(outcome)
         on_event(outcome.name, "finished", outcome)
+        if queue:
+            name = queue.pop(0)
+            on_event(name, "running", None)
+            pending[handle.train.remote(name)] = (handle, name)
+    ray.get([handle.close.remote() for handle in actors])
     return outcomes

@@ -23,7 +23,8 @@ def fit_sweep(out: Path, rows: list[dict], spec: FitSpec) -> str:
 
     done = [row for row in rows if row["status"] == "done"]
     try:
-        table = sweep_table(out)
+        flops = spec.flops or (done[0]["flops_rule"] if done else "exact")
+        table = sweep_table(out, params=spec.params, flops=flops)
         approaches = sorted({str(a) for a in spec.approaches}, reverse=True)
         report = fit_table(table, approaches[0], resamples=spec.bootstrap)
         for approach in approaches[1:]:

@@ -17,7 +17,7 @@ import yaml
 from jaxformer.configs import to_dict
 from jaxformer.files import write_bytes_atomic
 from jaxformer.sweep.executors import connect_ray, run_local, run_ray
-from jaxformer.sweep.plan import PlannedRun
+from jaxformer.sweep.plan import PlannedRun, repeated_data_note
 from jaxformer.sweep.progress import SweepProgress
 from jaxformer.sweep.results import collect, load_plan, render
 from jaxformer.sweep.runs import RunPaths
@@ -70,7 +70,8 @@ def plan_table(runs: list[PlannedRun], *, workers: int, probe: bool) -> str:
         serial = sum(estimates.values())
         line += f", about {serial:.1f} run-minutes: ETA ≈ {serial / workers:.1f} min on {workers} workers"
     lines.append(line)
-    return "\n".join(lines)
+    note = repeated_data_note(runs)
+    return "\n".join(lines + ([note] if note else []))
 
 
 def _estimate_minutes(runs: list[PlannedRun]) -> dict[str, float]:
@@ -135,12 +136,15 @@ def launch(spec: SweepSpec, runs: list[PlannedRun], out: Path, options: LaunchOp
     workers, threads, why = choose_layout(options.workers, options.threads)
     report(f"sweep {spec.name}: {len(runs)} runs, {len(todo)} to train, {options.executor} executor → {out}")
     report(f"layout: {workers if ray is None else 'Ray-scheduled'} processes × {threads or 'all'} threads ({why})")
+    note = repeated_data_note(runs)
+    if note:
+        report(note)
     progress = SweepProgress(out, [dataclasses.asdict(run) for run in runs], initial, write=report)
     with progress:
         if ray is None:
             outcomes = run_local(out, todo, workers, threads, progress.event)
         else:
-            outcomes = run_ray(ray, out, todo, threads, options.gpus_per_run, progress.event)
+            outcomes = run_ray(ray, out, todo, options.workers, threads, options.gpus_per_run, progress.event)
     report(progress.summary())
     rows = collect(out)
     busy = {outcome.name for outcome in outcomes if outcome.status == "busy"}

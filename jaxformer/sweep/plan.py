@@ -22,9 +22,9 @@ class PlannedRun:
 
     N: exact total parameters of the shaped model (embeddings and head included).
     D: tokens it trains on (whole optimizer steps of batch_size × seq_len).
-    C: training FLOPs of those tokens under the spec's ``flops`` rule
-       (`jaxformer.accounting.training_flops_per_token`: ``6·N_active·D`` or exact), the
-       run's recorded ``flops_6nd`` / ``flops_exact``.
+    C: training FLOPs of those tokens under the spec's ``flops`` rule (``flops_rule``), the run's
+       recorded ``flops_exact`` or ``flops_6nd``; C_exact and C_6nd: both counts
+       (`jaxformer.accounting.training_flops_per_token`: exact, or ``6·N_active·D``).
     budget: the IsoFLOP budget it belongs to (None for a grid).
     """
 
@@ -33,6 +33,9 @@ class PlannedRun:
     N_non_embedding: int
     D: int
     C: float
+    C_exact: float
+    C_6nd: float
+    flops_rule: str
     budget: float | None
     target_params: float
     steps: int
@@ -67,12 +70,12 @@ def plan_runs(spec: SweepSpec) -> list[PlannedRun]:
     Raises ``ValueError`` naming the budget and size when a run would take no optimizer step.
     """
     base = config_from_dict(dict(spec.base))
-    shapes = {target: shape_for_params(target, base.model, spec.shape) for target in
-              (spec.isoflop.params if spec.isoflop else spec.grid.params)}
-    rule = spec.isoflop.flops if spec.isoflop else "6ND"
+    rule = spec.isoflop.flops if spec.isoflop else spec.grid.flops
     runs: list[PlannedRun] = []
     for budget_or_tokens in sorted(spec.isoflop.budgets if spec.isoflop else spec.grid.tokens):
-        for target, model in shapes.items():
+        targets = spec.isoflop.targets(budget_or_tokens) if spec.isoflop else spec.grid.params
+        for target in targets:
+            model = shape_for_params(target, base.model, spec.shape)
             params = count_params(model)
             for seed in spec.seeds:
                 per_token = training_flops_per_token(model, base.train.seq_len, rule)
@@ -92,9 +95,10 @@ def plan_runs(spec: SweepSpec) -> list[PlannedRun]:
                 budget = budget_or_tokens if spec.isoflop else None
                 name = (f"C{_short(budget_or_tokens)}-N{params.total}" if spec.isoflop
                         else f"N{params.total}-D{_short(tokens)}") + f"-s{seed}"
+                counts = {r: tokens * training_flops_per_token(model, config.train.seq_len, r) for r in ("exact", "6ND")}
                 runs.append(PlannedRun(
-                    name=name, N=params.total, N_non_embedding=params.non_embedding, D=tokens,
-                    C=tokens * training_flops_per_token(model, config.train.seq_len, rule), budget=budget,
+                    name=name, N=params.total, N_non_embedding=params.non_embedding, D=tokens, C=counts[rule],
+                    C_exact=counts["exact"], C_6nd=counts["6ND"], flops_rule=rule, budget=budget,
                     target_params=target, steps=config.total_steps, seed=seed, config=to_dict(config),
                 ))
     names = [run.name for run in runs]
@@ -103,3 +107,28 @@ def plan_runs(spec: SweepSpec) -> list[PlannedRun]:
         raise ValueError(f"two runs of the sweep have the same shape and budget ({duplicate}); "
                          "the size rule mapped two targets to one model")
     return runs
+
+
+def repeated_data_note(runs: list[PlannedRun]) -> str | None:
+    """A line saying which runs would see their training data more than once, or None.
+
+    Byte-level text corpora are sized in bytes (one token each) and token corpora in tokens;
+    a BPE corpus is not tokenised here (that is each run's work), so it gets no note.
+    """
+    from jaxformer.train.corpora import TextCorpus, load_corpus
+
+    config = config_from_dict(max(runs, key=lambda run: run.D).config)
+    if config.data.tokenizer != "byte":
+        return None
+    corpus = load_corpus(config.data)
+    if isinstance(corpus, TextCorpus):
+        train_tokens = (1 - config.data.val_fraction) * sum(len(text) for _, text in corpus.documents)
+    else:
+        train_tokens = len(corpus.train)
+    repeating = [run for run in runs if run.D > train_tokens]
+    if not repeating:
+        return None
+    worst = max(repeating, key=lambda run: run.D)
+    return (f"note: {len(repeating)} of {len(runs)} runs see the training split (about {train_tokens:.3g} tokens) "
+            f"more than once, up to {worst.D / train_tokens:.1f} epochs ({worst.name}); results record each run's epochs")
+

@@ -13,8 +13,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from jaxformer.sweep.executors import Outcome
-from jaxformer.sweep.runs import RunPaths
+from jaxformer.sweep.runs import Outcome, RunPaths
 
 
 def _last_metrics(path: Path) -> dict:

@@ -9,8 +9,8 @@ from pathlib import Path
 
 from jaxformer.sweep.runs import RunPaths, read_json
 
-COLUMNS = ("run", "status", "N", "N_non_embedding", "D", "C", "budget", "tokens_per_param", "loss", "train_loss",
-           "val_bits_per_byte", "seed", "wall_s", "reason")
+COLUMNS = ("run", "status", "N", "N_non_embedding", "D", "C", "C_exact", "C_6nd", "flops_rule", "budget",
+           "tokens_per_param", "loss", "train_loss", "val_bits_per_byte", "epochs", "seed", "wall_s", "reason")
 
 
 def load_plan(sweep_dir: Path) -> list[dict]:
@@ -31,10 +31,11 @@ def collect(sweep_dir: Path) -> list[dict]:
         status = read_json(paths.status)
         row = {
             "run": planned["name"], "status": state, "N": planned["N"], "N_non_embedding": planned["N_non_embedding"],
-            "D": final.get("tokens", planned["D"]), "C": planned["C"], "budget": planned["budget"],
+            "D": final.get("tokens", planned["D"]), "C": planned["C"], "C_exact": planned.get("C_exact"),
+            "C_6nd": planned.get("C_6nd"), "flops_rule": planned.get("flops_rule", "6ND"), "budget": planned["budget"],
             "tokens_per_param": planned["D"] / planned["N"], "loss": final.get("val_loss"),
             "train_loss": final.get("train_loss"), "val_bits_per_byte": final.get("val_bits_per_byte"),
-            "seed": planned["seed"], "wall_s": final.get("wall_s", status.get("wall_s")),
+            "epochs": final.get("epochs"), "seed": planned["seed"], "wall_s": final.get("wall_s", status.get("wall_s")),
             "reason": status.get("reason", "") if state == "failed" else "",
         }
         rows.append(row)

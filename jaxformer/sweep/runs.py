@@ -18,6 +18,7 @@ launches on one directory from training the same run twice.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import json
 import os
@@ -27,6 +28,16 @@ from typing import Iterator
 
 from jaxformer.files import write_json_atomic
 from jaxformer.train.checkpoint import has_checkpoints
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    """What happened to one run: ``done``, ``failed``, ``skipped`` (done already) or ``busy`` (locked elsewhere)."""
+
+    name: str
+    status: str
+    reason: str = ""
+    wall_s: float = 0.0
 
 
 class RunPaths:

@@ -4,7 +4,7 @@
 name: quick
 base: {model: {preset: tiny}, data: {corpus: stdlib}, train: {batch_size: 8, seq_len: 128}}
 shape: {head_dim: 16, aspect_ratio: 16}          # target N -> layers/width (sizing.py)
-isoflop: {budgets: [1e11, 3e11, 1e12], params: [8e3, 16e3, 32e3, 64e3, 128e3], flops: 6ND}
+isoflop: {budgets: [1e11, 3e11, 1e12], params: [8e3, 16e3, 32e3, 64e3, 128e3]}   # flops: exact (default) | 6ND
 # or: grid: {params: [...], tokens: [...]}
 hyperparameters:                                  # formulas of N, D, C, d_model, num_layers, seed (formula.py)
   optimizer.lr: "min(1e-2, 3e-3 * (N / 1e5) ** -0.3)"
@@ -12,10 +12,12 @@ seeds: [0]
 fit: {approaches: [2, 3]}
 ```
 
-IsoFLOP runs take ``D = C / (6·N)`` (``flops: 6ND``) or ``D = C / (3·F)`` with F the exact
-forward FLOPs per token (``flops: exact``), N being the exact count of the shaped model's
-active parameters (all of them unless it is a mixture of experts), as
-`jaxformer.accounting.training_flops_per_token` counts them for the run's ``flops_6nd``.
+IsoFLOP runs take ``D = C / (3·F)`` with F the exact forward FLOPs per token, attention and
+the output head included (``flops: exact``, the default), or ``D = C / (6·N)`` (``flops: 6ND``),
+N being the exact count of the shaped model's active parameters (all of them unless it is a
+mixture of experts), as `jaxformer.accounting.training_flops_per_token` counts them for the
+run's ``flops_exact`` / ``flops_6nd``. Small models' exact count is well above 6ND, by a factor
+that changes with size, so 6ND budgets tilt every IsoFLOP curve.
 """
 
 from __future__ import annotations
@@ -33,30 +35,65 @@ from jaxformer.sweep.sizing import ShapeRule
 from jaxformer.train.config import config_from_dict
 
 
+@dataclasses.dataclass(frozen=True)
+class CenterSpec:
+    """Sizes centred per budget on a prior estimate of the compute-optimal size.
+
+    N_opt(C) = n_opt · (C / budget)^exponent; each budget gets ``sizes`` targets spaced evenly
+    in log N over a factor ``span`` (largest / smallest) around its N_opt.
+    """
+
+    n_opt: float
+    budget: float
+    exponent: float = 0.5
+    span: float = 8.0
+    sizes: int = 5
+
+    def targets(self, budget: float) -> list[float]:
+        """The target sizes N of one budget C."""
+        center = self.n_opt * (budget / self.budget) ** self.exponent
+        if self.sizes == 1:
+            return [center]
+        return [center * self.span ** (i / (self.sizes - 1) - 0.5) for i in range(self.sizes)]
+
 
 @dataclasses.dataclass(frozen=True)
 class IsoFlopSpec:
-    """Compute budgets C (FLOPs) × target sizes N; D follows from C."""
+    """Compute budgets C (FLOPs) × target sizes N; D follows from C under the ``flops`` rule (exact by default).
+
+    The sizes are one list for every budget (``params``) or centred per budget (``center``).
+    """
 
     budgets: list[float]
-    params: list[float]
-    flops: Literal["6ND", "exact"] = "6ND"
+    params: list[float] = dataclasses.field(default_factory=list)
+    flops: Literal["6ND", "exact"] = "exact"
+    center: CenterSpec | None = None
+
+    def targets(self, budget: float) -> list[float]:
+        return self.center.targets(budget) if self.center else list(self.params)
 
 
 @dataclasses.dataclass(frozen=True)
 class GridSpec:
-    """Target sizes N × token budgets D."""
+    """Target sizes N × token budgets D; C is counted under the ``flops`` rule (exact by default)."""
 
     params: list[float]
     tokens: list[float]
+    flops: Literal["6ND", "exact"] = "exact"
 
 
 @dataclasses.dataclass(frozen=True)
 class FitSpec:
-    """What to fit when the sweep ends (Chinchilla approaches)."""
+    """What to fit when the sweep ends (Chinchilla approaches), on which counts.
+
+    params: N as ``total`` or ``non_embedding`` parameters; flops: C as ``exact`` or ``6ND``
+    training FLOPs (unset: the rule the sweep planned its budgets with).
+    """
 
     approaches: list[int] = dataclasses.field(default_factory=lambda: [2, 3])
     bootstrap: int = 0
+    params: Literal["total", "non_embedding"] = "total"
+    flops: Literal["exact", "6ND"] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,9 +118,16 @@ class SweepSpec:
             for number in numbers:
                 if not math.isfinite(number) or number <= 0:
                     raise ValueError(f"{field} must hold positive numbers, got {number}")
-        if (self.isoflop and not (self.isoflop.budgets and self.isoflop.params)) or (
-            self.grid and not (self.grid.params and self.grid.tokens)
-        ):
+        if self.isoflop and bool(self.isoflop.params) == (self.isoflop.center is not None):
+            raise ValueError("isoflop needs exactly one of params (a list of sizes) or center (sizes per budget)")
+        center = self.isoflop.center if self.isoflop else None
+        if center is not None:
+            for field in ("n_opt", "budget", "span"):
+                if not math.isfinite(getattr(center, field)) or getattr(center, field) <= 0:
+                    raise ValueError(f"isoflop.center.{field} must be positive, got {getattr(center, field)}")
+            if center.sizes < 1:
+                raise ValueError(f"isoflop.center.sizes must be positive, got {center.sizes}")
+        if (self.isoflop and not self.isoflop.budgets) or (self.grid and not (self.grid.params and self.grid.tokens)):
             raise ValueError("the sweep's size and budget lists must not be empty")
         if not self.seeds:
             raise ValueError("seeds must list at least one seed")

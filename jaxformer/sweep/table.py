@@ -21,8 +21,20 @@ from jaxformer.scaling.table import RunTable, columns_table, find_column, record
 CURVE_FILE = "metrics.jsonl"
 
 
-def sweep_table(path: str | Path, *, loss_col: str | None = None) -> RunTable:
-    """The finished runs of the sweep at ``path``, with budgets and curves where recorded."""
+PARAMS = {"total": "params", "non_embedding": "params_non_embedding"}
+FLOPS = {"exact": "flops_exact", "6ND": "flops_6nd"}
+
+
+def sweep_table(path: str | Path, *, params: str = "total", flops: str = "exact",
+                loss_col: str | None = None) -> RunTable:
+    """The finished runs of the sweep at ``path``, with budgets and curves where recorded.
+
+    params: ``total`` or ``non_embedding`` parameter counts as N; flops: ``exact`` (attention and
+    the head included) or ``6ND`` training FLOPs as C. The table's source names the columns used.
+    """
+    if params not in PARAMS or flops not in FLOPS:
+        raise ValueError(f"params must be one of {', '.join(PARAMS)} and flops one of {', '.join(FLOPS)}, "
+                         f"got {params!r} and {flops!r}")
     path = Path(path)
     if not path.is_dir():
         raise FileNotFoundError(f"{path}: no such sweep directory")
@@ -36,7 +48,9 @@ def sweep_table(path: str | Path, *, loss_col: str | None = None) -> RunTable:
         if all(budgets.get(d.name) is not None for d in run_dirs):
             for record, d in zip(records, run_dirs):
                 record.setdefault("budget", budgets[d.name])
-    table = columns_table(records_to_columns(records, path), str(path), loss=loss_col)
+    n_col, c_col = PARAMS[params], FLOPS[flops]
+    source = f"{path} (N: {n_col}, C: {c_col})"
+    table = columns_table(records_to_columns(records, path), source, N=n_col, C=c_col, loss=loss_col)
     run, tokens, loss = [], [], []
     for i, d in enumerate(run_dirs):
         if not (d / CURVE_FILE).is_file():
@@ -62,7 +76,8 @@ def write_sweep(table: RunTable, directory: str | Path) -> Path:
         name = f"run{r:03d}"
         run_dir = directory / "runs" / name
         run_dir.mkdir(parents=True, exist_ok=True)
-        record = {"params": float(table.N[r]), "tokens": float(table.D[r]), "flops_6nd": float(table.C[r]),
+        record = {"params": float(table.N[r]), "params_non_embedding": float(table.N[r]), "tokens": float(table.D[r]),
+                  "flops_6nd": float(table.C[r]), "flops_exact": float(table.C[r]),
                   "val_loss": float(table.loss[r])}
         (run_dir / "final.json").write_text(json.dumps(record))
         if table.has_curves:

@@ -40,6 +40,9 @@ class CheckpointConfig(Section):
     """Orbax checkpoints every ``interval`` steps (and at the end), the last ``keep`` kept.
 
     resume: continue from the run directory's latest readable checkpoint when there is one.
+    max_overhead: if set, an interval's save is skipped while saving has already taken more than
+      this fraction of the run's training time (the last step is always saved): short runs then
+      spend a bounded share on checkpoints, at the cost of more steps to redo after a kill.
     """
 
     SECTION = "checkpoint"
@@ -47,6 +50,7 @@ class CheckpointConfig(Section):
     interval: int = setting(100, POSITIVE)
     keep: int = setting(3, POSITIVE)
     resume: bool = True
+    max_overhead: float | None = setting(None, POSITIVE)
 
 
 class CheckpointError(RuntimeError):

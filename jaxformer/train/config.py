@@ -90,7 +90,7 @@ class TrainConfig(Section):
         if model.family != "decoder":
             raise ValueError(f"model.family must be decoder for next-token training, got {model.family!r}")
         check_context(model, train.seq_len, what="train.seq_len")
-        if data.tokenizer == "bpe" and model.vocab_size < data.bpe_vocab_size:
+        if data.tokenizer == "bpe" and not model.init_from and model.vocab_size < data.bpe_vocab_size:
             raise ValueError(
                 f"model.vocab_size={model.vocab_size} is smaller than data.bpe_vocab_size={data.bpe_vocab_size}")
         if data.tokenizer == "byte" and model.vocab_size < 256 and not data.corpus.startswith("tokens:"):
@@ -149,7 +149,14 @@ def config_from_dict(data: dict[str, Any]) -> TrainConfig:
     model_data = data.pop("model", None) or {}
     if not isinstance(model_data, dict):
         raise ValueError(f"model must be a mapping of model fields, got {model_data!r}")
-    if "preset" not in model_data:
+    if model_data.get("init_from"):  # fine-tuning: the checkpoint's architecture, then the other model keys
+        if "preset" in model_data:
+            raise ValueError("give model.init_from or model.preset, not both")
+        from jaxformer.hf import read_config  # lazily: only runs that start from a checkpoint read one
+
+        base = dataclasses.asdict(read_config(str(model_data["init_from"])))
+        model_data = {**base, **model_data}
+    elif "preset" not in model_data:
         model_data = {"preset": DEFAULT_PRESET, **model_data}
     return from_dict(TrainConfig, {**data, "model": model_config_from_dict(model_data)})
 
@@ -178,6 +185,9 @@ def resume_conflict(saved: dict[str, Any], current: TrainConfig) -> str | None:
     message names the field the user changed.
     """
     before, after = _flatten(migrate(saved, note=False)), _flatten(config_to_dict(current))
+    # a field added since the run was saved reads as its default (the value the run trained with)
+    before = {**{key: value for key, value in _flatten(config_to_dict(TrainConfig())).items() if key not in before},
+              **before}
     derived = {f"model.{name}" for name in DERIVED_FIELDS}
     for key in sorted(before.keys() | after.keys(), key=lambda key: (key in derived, key)):
         if not key.startswith(RESUMABLE_CHANGES) and before.get(key) != after.get(key):

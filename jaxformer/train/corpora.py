@@ -1,7 +1,8 @@
 """Corpora: where a run's text (or tokens) comes from, read deterministically and hashed.
 
 - ``stdlib``: the running Python's standard-library ``.py`` sources (tests, ``idle_test`` and
-  installed packages excluded), files sorted by relative path.
+  installed packages excluded), files sorted by relative path; ``stdlib+tests``: the same with
+  the test suites, for studies that need more bytes.
 - ``files:GLOB[,GLOB…]``: the user's text files (recursive ``**`` globs), sorted.
 - ``synthetic-markov``: documents drawn from `jaxformer.train.markov` (entropy rate reported).
 - ``tokens:PATH``: pre-tokenised ids, nanoGPT's ``.bin`` layout (a flat uint16/uint32 array):
@@ -29,14 +30,16 @@ from jaxformer.train.markov import MarkovConfig, make_markov_source
 
 MARKOV_DOC_BYTES = 4096  # length of each independent stationary Markov document
 TOKEN_BLOCK = 65_536  # tokens per "document" when one .bin file is split
-_STDLIB_EXCLUDED_DIRS = {"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__"}
+_STDLIB_TEST_DIRS = {"test", "tests", "idle_test"}
+_STDLIB_EXCLUDED_DIRS = {"site-packages", "dist-packages", "__pycache__"}
 
 
 @dataclasses.dataclass(frozen=True)
 class DataConfig(Section):
     """Where the tokens come from.
 
-    corpus: ``stdlib`` (this Python's standard-library sources), ``files:GLOB[,GLOB…]``,
+    corpus: ``stdlib`` (this Python's standard-library sources), ``stdlib+tests`` (the same with
+      the standard library's own test suites, about 2.5 times the bytes), ``files:GLOB[,GLOB…]``,
       ``tokens:PATH`` (a nanoGPT ``.bin`` file, or a directory holding ``train.bin`` and
       ``val.bin``) or ``synthetic-markov`` (parameters in ``data.markov``).
     tokenizer: ``byte`` (vocabulary 256) or ``bpe`` (trained on the training split, saved with the run).
@@ -62,9 +65,9 @@ class DataConfig(Section):
             raise ValueError(f"data.corpus {self.corpus!r} needs a path after '{kind}:'")
         if kind == "tokens" and self.tokenizer != "byte":
             raise ValueError(f"data.tokenizer must be byte (unused) for a pre-tokenised corpus, got {self.tokenizer!r}")
-        if not (self.corpus in ("stdlib", "synthetic-markov") or kind in ("files", "tokens")):
-            raise ValueError(
-                f"data.corpus must be stdlib, files:GLOB, tokens:PATH or synthetic-markov, got {self.corpus!r}")
+        if not (self.corpus in ("stdlib", "stdlib+tests", "synthetic-markov") or kind in ("files", "tokens")):
+            raise ValueError(f"data.corpus must be stdlib, files:GLOB, tokens:PATH, synthetic-markov or stdlib+tests, "
+                             f"got {self.corpus!r}")
         if self.tokenizer == "bpe" and not 256 < self.bpe_vocab_size <= 65_536:
             raise ValueError(f"data.bpe_vocab_size must be in (256, 65536], got {self.bpe_vocab_size}")
 
@@ -89,9 +92,10 @@ class TokenCorpus:
 def load_corpus(data: DataConfig) -> TextCorpus | TokenCorpus:
     """Reads the corpus ``data.corpus`` names; missing files raise ``FileNotFoundError`` naming it."""
     kind, _, rest = data.corpus.partition(":")
-    if data.corpus == "stdlib":
+    if data.corpus in ("stdlib", "stdlib+tests"):
         root = Path(sysconfig.get_paths()["stdlib"])
-        return _text_corpus("stdlib", root, stdlib_files(root), data.doc_bytes)
+        files = stdlib_files(root, tests=data.corpus == "stdlib+tests")
+        return _text_corpus(data.corpus, root, files, data.doc_bytes)
     if kind == "files":
         return _text_corpus("files", Path.cwd(), _glob_files(data.corpus, rest), data.doc_bytes)
     if data.corpus == "synthetic-markov":
@@ -99,11 +103,12 @@ def load_corpus(data: DataConfig) -> TextCorpus | TokenCorpus:
     return _token_corpus(data, Path(rest).expanduser())
 
 
-def stdlib_files(root: Path) -> list[Path]:
-    """Sorted ``.py`` files under ``root``, skipping test suites and installed packages."""
+def stdlib_files(root: Path, *, tests: bool = False) -> list[Path]:
+    """Sorted ``.py`` files under ``root``, skipping installed packages and (unless ``tests``) test suites."""
+    excluded = _STDLIB_EXCLUDED_DIRS | (set() if tests else _STDLIB_TEST_DIRS)
     found = []
     for directory, subdirs, names in os.walk(root):
-        subdirs[:] = sorted(d for d in subdirs if d not in _STDLIB_EXCLUDED_DIRS)
+        subdirs[:] = sorted(d for d in subdirs if d not in excluded)
         found += [Path(directory) / name for name in names if name.endswith(".py")]
     return sorted(found, key=lambda path: path.relative_to(root).as_posix())
 

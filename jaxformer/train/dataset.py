@@ -10,14 +10,16 @@ separator (byte vocabularies have no spare id for one).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import math
+import os
 from pathlib import Path
 
 import numpy as np
 
 from jaxformer.train.config import TrainConfig
-from jaxformer.train.corpora import TextCorpus, load_corpus
+from jaxformer.train.corpora import DataConfig, TextCorpus, load_corpus
 from jaxformer.train.tokenizer import BPETokenizer, ByteTokenizer
 
 
@@ -61,18 +63,31 @@ def prepare_dataset(config: TrainConfig, saved_tokenizer: Path | None = None) ->
     saved_tokenizer: a run's ``tokenizer.json`` to reuse (resume) instead of training a BPE.
     Raises ``ValueError``/``FileNotFoundError`` naming ``data.corpus`` on unusable data.
     """
-    data = config.data
+    saved = saved_tokenizer if saved_tokenizer is not None and saved_tokenizer.is_file() else None
+    dataset = _tokenized(config.data, os.getcwd(), saved, saved.stat().st_mtime_ns if saved else None)
+    if dataset.tokenizer is None:  # a pre-tokenised corpus: its ids must fit the model
+        top = max(_max_token(dataset.train), _max_token(dataset.val))
+        if top >= config.model.vocab_size:
+            raise ValueError(f"data.corpus {config.data.corpus!r} holds token id {top}, "
+                             f"beyond model.vocab_size={config.model.vocab_size}")
+    check_sizes(config, dataset)
+    return dataset
+
+
+@functools.lru_cache(maxsize=4)
+def _tokenized(data: DataConfig, cwd: str, saved_tokenizer: Path | None, saved_mtime: int | None) -> Dataset:
+    """The split, tokenised corpus of ``data``; a warm sweep worker builds it once for all its runs.
+
+    The key holds what the result depends on besides the files' contents: the working directory
+    (relative globs) and the saved tokenizer. Arrays are read-only, shared by the runs.
+    """
     corpus = load_corpus(data)
     if isinstance(corpus, TextCorpus):
-        dataset = _tokenize(config, corpus, saved_tokenizer)
+        dataset = _tokenize(data, corpus, saved_tokenizer)
     else:
-        top = max(_max_token(corpus.train), _max_token(corpus.val))
-        if top >= config.model.vocab_size:
-            raise ValueError(
-                f"data.corpus {data.corpus!r} holds token id {top}, beyond model.vocab_size={config.model.vocab_size}"
-            )
         dataset = Dataset(corpus.train, corpus.val, None, None, corpus.info)
-    check_sizes(config, dataset)
+    for array in (dataset.train, dataset.val):
+        array.flags.writeable = False
     return dataset
 
 
@@ -92,8 +107,7 @@ def check_sizes(config: TrainConfig, dataset: Dataset) -> None:
         )
 
 
-def _tokenize(config: TrainConfig, corpus: TextCorpus, saved_tokenizer: Path | None) -> Dataset:
-    data = config.data
+def _tokenize(data: DataConfig, corpus: TextCorpus, saved_tokenizer: Path | None) -> Dataset:
     names = [name for name, _ in corpus.documents]
     is_val = validation_mask(names, data.val_fraction, data.split_seed)
     if is_val.all():
@@ -103,7 +117,7 @@ def _tokenize(config: TrainConfig, corpus: TextCorpus, saved_tokenizer: Path | N
     val_docs = [text for (_, text), val in zip(corpus.documents, is_val) if val]
     if data.tokenizer == "byte":
         tokenizer = ByteTokenizer()
-    elif saved_tokenizer is not None and saved_tokenizer.is_file():
+    elif saved_tokenizer is not None:
         tokenizer = BPETokenizer.load(saved_tokenizer)
     else:
         tokenizer = BPETokenizer.train(_prefix(train_docs, data.bpe_train_bytes), data.bpe_vocab_size)

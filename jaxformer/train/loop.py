@@ -33,14 +33,17 @@ import yaml
 from jaxformer.accounting import count_params, training_flops, training_flops_per_token
 from jaxformer.parallel import Layout
 from jaxformer.parallel import initialize as initialize_distributed
+from jaxformer.runtime import process_startup_s
 from jaxformer.files import write_json_atomic, write_text_atomic
 from jaxformer.train.checkpoint import Checkpointer, has_checkpoints
 from jaxformer.train.config import TrainConfig, config_to_dict, resume_conflict
 from jaxformer.train.dataset import Dataset, prepare_dataset
 from jaxformer.train.loader import Loader, eval_batches
-from jaxformer.train.metrics import MetricsLogger, probe_matmul_peak
+from jaxformer.train.compiled import compiled_steps, initial_state
+from jaxformer.train.metrics import MetricsLogger
 from jaxformer.train.optimizer import learning_rates, make_optimizer
-from jaxformer.train.step import build_state, empty_sums, make_eval_pass, make_train_step
+from jaxformer.train.peak import machine_peak_flops
+from jaxformer.train.step import empty_sums
 
 
 class NonFiniteLoss(RuntimeError):
@@ -84,12 +87,14 @@ def _check_host_memory(config: TrainConfig) -> None:
 def train(config: TrainConfig, run_dir: Path) -> dict:
     """Trains (or resumes) the run in ``run_dir``; returns the ``final.json`` record."""
     started = time.perf_counter()
+    times = {"startup_s": process_startup_s()}
     run_dir = Path(run_dir)
     initialize_distributed(config.parallel.distributed)
     _check_host_memory(config)
     layout = Layout.for_run(config.parallel, config.model, config.micro_batch)
     resuming = check_resume(config, run_dir)
-    dataset = prepare_dataset(config, run_dir / "tokenizer.json" if resuming else None)
+    dataset = prepare_dataset(config, run_dir / "tokenizer.json" if resuming else _checkpoint_tokenizer(config))
+    times["data_s"] = time.perf_counter() - started
     if resuming and (run_dir / "data.json").is_file():
         saved = json.loads((run_dir / "data.json").read_text()).get("sha256")
         if saved != dataset.info["sha256"]:
@@ -103,7 +108,7 @@ def train(config: TrainConfig, run_dir: Path) -> dict:
         (run_dir / "error.json").unlink(missing_ok=True)
         _write_run_files(config, run_dir, dataset)
     enable_compilation_cache(config.train.compilation_cache)
-    return _Run(config, run_dir, dataset, layout, started).run()
+    return _Run(config, run_dir, dataset, layout, started, times).run()
 
 
 def _write_run_files(config: TrainConfig, run_dir: Path, dataset: Dataset) -> None:
@@ -111,6 +116,39 @@ def _write_run_files(config: TrainConfig, run_dir: Path, dataset: Dataset) -> No
     write_json_atomic(run_dir / "data.json", dataset.info)
     if dataset.tokenizer is not None and dataset.tokenizer.name == "bpe":
         dataset.tokenizer.save(run_dir / "tokenizer.json")
+
+
+def _checkpoint_tokenizer(config: TrainConfig) -> Path | None:
+    """With ``model.init_from`` and ``data.tokenizer=bpe``, the checkpoint's own ``tokenizer.json`` (not a new BPE)."""
+    if not config.model.init_from or config.data.tokenizer != "bpe":
+        return None
+    path = Path(config.model.init_from) / "tokenizer.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"model.init_from={config.model.init_from} has no tokenizer.json for "
+                                "data.tokenizer=bpe (a GGUF file: bring it in with jaxformer import-hf first)")
+    if config.model.vocab_size > 65_536:
+        raise ValueError(f"model.init_from: a vocabulary of {config.model.vocab_size:,} is past the 65,536 token ids "
+                         "a BPE corpus is stored with; tokenize it to a tokens:PATH corpus instead")
+    from tokenizers import Tokenizer
+
+    if (size := Tokenizer.from_file(str(path)).get_vocab_size()) > config.model.vocab_size:
+        raise ValueError(f"model.init_from: its tokenizer.json has {size:,} tokens, more than "
+                         f"model.vocab_size={config.model.vocab_size:,}")
+    return path
+
+
+def _checkpoint_params(model, abstract_params):
+    """The parameters of ``model.init_from`` (fine-tuning), placed like the fresh ones they replace.
+
+    AdamW's initial moments are zeros whatever the parameters, so swapping the parameters of a fresh
+    state is starting from the checkpoint.
+    """
+    from jaxformer.hf import load  # lazily: only runs that start from a checkpoint read one
+    from jaxformer.hf.convert import flat_params, params_from_flat
+
+    # into this run's model (the checkpoint's architecture with the run's overrides): names and shapes checked
+    params = params_from_flat(model, flat_params(load(model.init_from)[1]), source=model.init_from)
+    return jax.tree.map(lambda value, like: jax.device_put(value, like.sharding), params, abstract_params)
 
 
 class _Silent:
@@ -129,12 +167,15 @@ class _Silent:
 class _Run:
     """The state of one training process (one segment of a possibly resumed run)."""
 
-    def __init__(self, config: TrainConfig, run_dir: Path, dataset: Dataset, layout: Layout, started: float) -> None:
+    def __init__(self, config: TrainConfig, run_dir: Path, dataset: Dataset, layout: Layout, started: float,
+                 times: dict[str, float]) -> None:
         self.config, self.run_dir, self.dataset, self.layout, self.started = config, run_dir, dataset, layout, started
+        # where this segment's seconds go (``final.json["time"]``); data_s counts from the call of `train`
+        self.times = {**times, "compile_s": 0.0, "train_s": 0.0, "eval_s": 0.0, "checkpoint_s": 0.0}
         train = config.train
         self.total_steps = config.total_steps
         self.tokens_per_step = config.tokens_per_step
-        self.learning_rates = learning_rates(config.optimizer, self.total_steps)
+        self.learning_rates = learning_rates(config.optimizer, self.total_steps, self.tokens_per_step)
         self.optimizer = make_optimizer(config.optimizer)
         self.flops_per_token = training_flops_per_token(config.model, train.seq_len, "exact")
         self.loader = Loader(dataset.train, train.seq_len, train.batch_size, train.seed)
@@ -152,13 +193,14 @@ class _Run:
     def run(self) -> dict:
         config, run_dir = self.config, self.run_dir
         layout = self.layout
-        graphdef, state = layout.materialize(lambda: build_state(config.model, config.train.seed, self.optimizer,
-                                                                        config.kernel))
-        state_sharding = layout.shardings(state)
+        graphdef, state = initial_state(config.model, config.kernel, config.optimizer, self.optimizer,
+                                        config.train.seed, layout)
         checkpointer = Checkpointer(run_dir / "checkpoints", config.checkpoint.keep)
         abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state)
         restored = checkpointer.restore_latest(abstract)
         self.previous_wall_s, self.resumed_from = 0.0, None
+        if restored is None and config.model.init_from:
+            state = {**state, "params": _checkpoint_params(config.model, abstract["params"])}
         if restored is not None:
             step, state, meta = restored
             self.loader.load_state_dict(meta["loader"])
@@ -168,16 +210,14 @@ class _Run:
                 print(f"resumed from step {step} (checkpoint {self.resumed_from['checkpoint']})", file=sys.stderr,
                       flush=True)
         start_step = self.start_step = int(state["step"])
-        self.peak_flops = config.train.peak_flops or probe_matmul_peak(config.train.compute_dtype)
+        self.peak_flops = config.train.peak_flops or machine_peak_flops(config.train.compute_dtype)
 
         example = jax.ShapeDtypeStruct(self.batch_shape, np.int32, sharding=self.batch_sharding)
         compile_start = time.perf_counter()
-        train_step = make_train_step(graphdef, self.optimizer, config.train.compute_dtype,
-                                     state_sharding=state_sharding, batch_sharding=self.batch_sharding).lower(
-            state, example, self.learning_rates[0]).compile()
-        eval_pass = make_eval_pass(graphdef, config.train.compute_dtype, params_sharding=state_sharding["params"],
-                                   batch_sharding=self.val_sharding).lower(state["params"], self.val_batches).compile()
-        self.compile_s = time.perf_counter() - compile_start
+        train_step, eval_pass, self.reused_program = compiled_steps(
+            graphdef, config.optimizer, self.optimizer, config.train.compute_dtype, layout, state, example,
+            self.val_batches)
+        self.times["compile_s"] = time.perf_counter() - compile_start
 
         logger = _Silent()
         if jax.process_index() == 0:
@@ -185,7 +225,7 @@ class _Run:
                                    progress=config.logging.progress, tensorboard=config.logging.tensorboard)
         self.last_train_loss = _last_logged(run_dir / "metrics.jsonl", "train_loss")
         self.val_loss = None
-        self.train_s, self.mark = 0.0, time.perf_counter()
+        self.mark = time.perf_counter()
         self.logged = (start_step, 0.0)  # (step, training seconds) at the last train-loss row
         try:
             for step in range(start_step + 1, self.total_steps + 1):
@@ -195,7 +235,7 @@ class _Run:
                 logger.advance()
                 state = self._maybe_report(step, state, eval_pass, checkpointer, logger)
             if self.val_loss is None:  # resumed at the very end: evaluate the restored parameters
-                self.val_loss = float(eval_pass(state["params"], self.val_batches))
+                self.val_loss = self._timed("eval_s", lambda: float(eval_pass(state["params"], self.val_batches)))
         finally:
             logger.close()
             checkpointer.close()
@@ -209,12 +249,12 @@ class _Run:
         cfg, last = self.config, step == self.total_steps
         log = step % cfg.logging.interval == 0 or last
         evaluate = (cfg.train.eval_interval and step % cfg.train.eval_interval == 0) or last
-        save = step % cfg.checkpoint.interval == 0 or last
+        save = last or (step % cfg.checkpoint.interval == 0 and not self._saving_over_budget())
         if not (log or evaluate or save):
             return state
         host = jax.device_get({"sums": state["sums"], "first_nonfinite": state["first_nonfinite"]})
         now = time.perf_counter()
-        self.train_s += now - self.mark
+        self.times["train_s"] += now - self.mark
         if host["first_nonfinite"] >= 0:
             saved = checkpointer.steps()
             kept = f"the last good checkpoint is step {saved[-1]}" if saved else "no checkpoint was saved yet"
@@ -226,23 +266,35 @@ class _Run:
         if log:
             count = int(host["sums"]["count"])
             self.last_train_loss = float(host["sums"]["loss"]) / count
-            steps_done, seconds = step - self.logged[0], self.train_s - self.logged[1]
+            steps_done, seconds = step - self.logged[0], self.times["train_s"] - self.logged[1]
             tokens_per_s = steps_done * self.tokens_per_step / seconds if seconds > 0 else None
             row.update(train_loss=self.last_train_loss, grad_norm=float(host["sums"]["grad_norm"]) / count,
                        lr=float(self.learning_rates[step - 1]), tokens_per_s=tokens_per_s,
                        mfu=tokens_per_s * self.flops_per_token / self.peak_flops if tokens_per_s else None)
-            self.logged = (step, self.train_s)
+            self.logged = (step, self.times["train_s"])
             state = {**state, "sums": jax.device_put(empty_sums(), self.layout.replicated)}
         if evaluate:
-            self.val_loss = float(eval_pass(state["params"], self.val_batches))
+            self.val_loss = self._timed("eval_s", lambda: float(eval_pass(state["params"], self.val_batches)))
             row.update(val_loss=self.val_loss, val_bits_per_byte=self.dataset.bits_per_byte(self.val_loss))
         row["wall_s"] = self._wall_s()
         logger.log(row)
         if save:
             meta = {"loader": self.loader.state_dict(), "wall_s": self._wall_s()}
-            checkpointer.save(step, state, meta)
+            self._timed("checkpoint_s", lambda: checkpointer.save(step, state, meta))
         self.mark = time.perf_counter()
         return state
+
+    def _saving_over_budget(self) -> bool:
+        """Whether saving has cost more than ``checkpoint.max_overhead`` of the training time so far."""
+        budget = self.config.checkpoint.max_overhead
+        return budget is not None and self.times["checkpoint_s"] > budget * self.times["train_s"]
+
+    def _timed(self, what: str, work):
+        start = time.perf_counter()
+        try:
+            return work()
+        finally:
+            self.times[what] += time.perf_counter() - start
 
     def _wall_s(self) -> float:
         return self.previous_wall_s + time.perf_counter() - self.started
@@ -252,7 +304,9 @@ class _Run:
         tokens = self.total_steps * self.tokens_per_step
         flops = training_flops(cfg.model, tokens, cfg.train.seq_len)
         segment_tokens = (self.total_steps - self.start_step) * self.tokens_per_step
-        tokens_per_s = segment_tokens / self.train_s if self.train_s > 0 else None
+        train_s = self.times["train_s"]
+        tokens_per_s = segment_tokens / train_s if train_s > 0 else None
+        times = {**self.times, "total_s": time.perf_counter() - self.started}
         return {
             "params": counts.total,
             "params_non_embedding": counts.non_embedding,
@@ -265,11 +319,15 @@ class _Run:
             "flops_6nd": flops["6ND"],
             "flops_6nd_non_embedding": flops["6ND_non_embedding"],
             "flops_exact": flops["exact"],
+            "epochs": tokens / len(self.dataset.train),  # passes over the training split
             "train_loss": self.last_train_loss,
             "val_loss": self.val_loss,
             "val_bits_per_byte": self.dataset.bits_per_byte(self.val_loss),
             "wall_s": self._wall_s(),
-            "compile_s": self.compile_s,
+            "compile_s": self.times["compile_s"],
+            "time": {**times, "other_s": times["total_s"] - sum(v for k, v in times.items()
+                                                                  if k not in ("total_s", "startup_s"))},
+            "compiled": "reused in this process" if self.reused_program else "compiled or loaded from the cache",
             "resumed_from": self.resumed_from,
             "mesh": dict(self.layout.mesh.shape),
             "tokens_per_s": tokens_per_s,

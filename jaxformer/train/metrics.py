@@ -18,9 +18,6 @@ import time
 from pathlib import Path
 from typing import Literal
 
-import jax
-import jax.numpy as jnp
-
 from jaxformer.configs import POSITIVE, Section, setting
 from jaxformer.files import write_text_atomic
 
@@ -49,19 +46,6 @@ def truncate_rows(path: Path, last_step: int) -> None:
         if row.get("step", math.inf) <= last_step:
             kept.append(line)
     write_text_atomic(path, "".join(line + "\n" for line in kept))
-
-
-def probe_matmul_peak(dtype: str = "float32", n: int = 1024, repeats: int = 5) -> float:
-    """FLOP/s of the best of ``repeats`` jitted ``[n, n] @ [n, n]`` products (2n³ FLOPs each)."""
-    a = jnp.ones((n, n), dtype=dtype)
-    matmul = jax.jit(lambda x, y: x @ y)
-    matmul(a, a).block_until_ready()  # compile
-    best = math.inf
-    for _ in range(repeats):
-        start = time.perf_counter()
-        matmul(a, a).block_until_ready()
-        best = min(best, time.perf_counter() - start)
-    return 2.0 * n**3 / best
 
 
 def _summary_writer(logdir: Path, purge_step: int):

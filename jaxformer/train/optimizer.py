@@ -1,23 +1,33 @@
 """AdamW with global-norm clipping, on a learning-rate schedule whose length is the run's length.
 
-The schedule is Optax's ``warmup_cosine_decay_schedule`` over exactly ``total_steps`` =
-``ceil(D / (batch_size · seq_len))`` updates: linear warmup from 0 over
-``round(warmup_fraction · total_steps)`` steps, then a cosine to ``final_lr_fraction · lr``.
-Update ``k`` (0-based) uses the schedule's value at ``k + 1``, so the first update is not
-wasted at lr = 0 and the last one (``k = total_steps - 1``, the one that completes D tokens)
-is taken at exactly the final learning rate. A run that stops early therefore never reads a
-schedule that "had not finished" — the flaw Hoffmann et al. (2022) found in the first
-scaling-law fits, whose runs shared one schedule whatever their D.
+Schedules (``optimizer.schedule``), all Optax schedules over exactly ``total_steps`` =
+``ceil(D / (batch_size · seq_len))`` updates, all starting with a linear warmup from 0:
+
+- ``cosine`` (the default): a cosine from the peak ``lr`` to ``final_lr_fraction · lr`` at the
+  last update (Hoffmann et al. 2022: a cosine matched to each run's length);
+- ``wsd`` (warmup–stable–decay): the peak until the last ``cooldown_fraction`` of the run, then a
+  cooldown to ``final_lr_fraction · lr``, ``linear`` or ``1-sqrt`` (Hägele et al. 2024). Its
+  stable phase does not depend on the run's length when the warmup is given in tokens, so one
+  long run at the peak can be continued into a cooldown at any length;
+- ``constant``: the peak after warmup, to the end.
+
+Warmup: ``warmup_tokens`` (when set) or ``warmup_fraction`` of the run's steps. Update ``k``
+(0-based) uses the schedule's value at ``k + 1``, so the first update is not wasted at lr = 0
+and the last one (the one that completes D tokens) is taken at exactly the final learning
+rate. A run that stops early therefore never reads a schedule that "had not finished" — the
+flaw Hoffmann et al. (2022) found in the first scaling-law fits, whose runs shared one
+schedule whatever their D.
 
 The schedule is evaluated once on the host (`learning_rates`) and each step receives its
 learning rate as an argument, multiplying the AdamW update computed at unit learning rate
 (``-lr · (adam + wd · p)`` either way). The compiled train step then does not depend on D,
-so JAX's persistent compilation cache serves every run of a sweep with the same shapes.
+so one compiled program serves every run of a sweep with the same shapes.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from typing import Literal
 
 import jax
 import jax.numpy as jnp
@@ -29,18 +39,25 @@ from jaxformer.configs import FRACTION, NON_NEGATIVE, POSITIVE, Range, Section, 
 
 @dataclasses.dataclass(frozen=True)
 class OptimizerConfig(Section):
-    """AdamW with global-norm clipping; linear warmup then cosine decay ending at the run's last step.
+    """AdamW with global-norm clipping on a schedule (see the module docstring).
 
-    lr: peak learning rate. warmup_fraction: share of the run's steps spent warming up from 0.
-    final_lr_fraction: the learning rate at the last step, as a fraction of ``lr``.
-    grad_clip: maximum global gradient norm (0 turns clipping off). Weight decay skips vectors.
+    lr: peak learning rate. schedule: cosine | wsd | constant. warmup_fraction: share of the
+    run's steps spent warming up from 0, unless warmup_tokens (tokens, rounded to whole steps)
+    is set. final_lr_fraction: the learning rate at the last step, as a fraction of ``lr``
+    (cosine and wsd). cooldown_fraction, cooldown_shape: wsd's final decay, as a share of the
+    run's steps and its shape. grad_clip: maximum global gradient norm (0 turns clipping off).
+    Weight decay skips vectors.
     """
 
     SECTION = "optimizer"
 
     lr: float = setting(3e-3, POSITIVE)
+    schedule: Literal["cosine", "wsd", "constant"] = "cosine"
     warmup_fraction: float = setting(0.05, Range(0.0, 1.0, high_open=True))
+    warmup_tokens: int | None = setting(None, NON_NEGATIVE)
     final_lr_fraction: float = setting(0.1, FRACTION)
+    cooldown_fraction: float = setting(0.2, Range(0.0, 1.0, low_open=True))
+    cooldown_shape: Literal["linear", "1-sqrt"] = "linear"
     weight_decay: float = setting(0.1, NON_NEGATIVE)
     beta1: float = setting(0.9, Range(0.0, 1.0, high_open=True))
     beta2: float = setting(0.95, Range(0.0, 1.0, high_open=True))
@@ -48,28 +65,56 @@ class OptimizerConfig(Section):
     grad_clip: float = setting(1.0, NON_NEGATIVE)
 
 
-def warmup_steps(config: OptimizerConfig, total_steps: int) -> int:
-    return min(round(config.warmup_fraction * total_steps), total_steps - 1)
+def warmup_steps(config: OptimizerConfig, total_steps: int, tokens_per_step: int | None = None) -> int:
+    """Updates spent warming up: ``warmup_tokens`` in whole steps, else ``warmup_fraction`` of the run."""
+    if config.warmup_tokens is None:
+        steps = round(config.warmup_fraction * total_steps)
+    elif tokens_per_step is None:
+        raise ValueError("optimizer.warmup_tokens needs the run's tokens per step")
+    else:
+        steps = round(config.warmup_tokens / tokens_per_step)
+    return min(steps, total_steps - 1)
 
 
-def learning_rate_schedule(config: OptimizerConfig, total_steps: int) -> optax.Schedule:
+def cooldown_steps(config: OptimizerConfig, total_steps: int) -> int:
+    """Updates in wsd's final decay: ``cooldown_fraction`` of the run (at least one)."""
+    return max(1, round(config.cooldown_fraction * total_steps))
+
+
+def learning_rate_schedule(config: OptimizerConfig, total_steps: int,
+                           tokens_per_step: int | None = None) -> optax.Schedule:
     """``schedule(k)``: the learning rate of update ``k`` (0 ≤ k < total_steps); constant after."""
     if total_steps < 1:
         raise ValueError(f"a run needs at least one step, got total_steps={total_steps}")
-    end_value = config.lr * config.final_lr_fraction
-    base = optax.warmup_cosine_decay_schedule(
-        init_value=0.0,
-        peak_value=config.lr,
-        warmup_steps=warmup_steps(config, total_steps),
-        decay_steps=total_steps,
-        end_value=end_value,
-    )
+    peak = config.lr
+    end_value = peak if config.schedule == "constant" else peak * config.final_lr_fraction
+    warmup = warmup_steps(config, total_steps, tokens_per_step)
+    if config.schedule == "cosine":
+        base = optax.warmup_cosine_decay_schedule(init_value=0.0, peak_value=peak, warmup_steps=warmup,
+                                                  decay_steps=total_steps, end_value=end_value)
+    else:
+        stable_end = total_steps if config.schedule == "constant" else total_steps - cooldown_steps(config, total_steps)
+        stable_end = max(stable_end, warmup)
+        pieces = [optax.linear_schedule(0.0, peak, max(warmup, 1)), optax.constant_schedule(peak),
+                  _cooldown(peak, end_value, total_steps - stable_end, config.cooldown_shape)]
+        base = optax.join_schedules(pieces, boundaries=[warmup, stable_end])
 
     def schedule(count):
-        # Optax's cosine ends at peak · (end / peak), an ulp away from `end` for some values
+        # the last update is at exactly the final value (Optax's cosine ends an ulp away for some values)
         return jnp.where(count + 1 >= total_steps, end_value, base(count + 1))
 
     return schedule
+
+
+def _cooldown(peak: float, end: float, steps: int, shape: str) -> optax.Schedule:
+    """From ``peak`` (count 0) to ``end`` (count ``steps``): ``end + (peak - end) · (1 - f(x))``, x = count / steps,
+    f(x) = x (``linear``) or √x (``1-sqrt``)."""
+
+    def cooldown(count):
+        x = jnp.clip(count / max(steps, 1), 0.0, 1.0)
+        return end + (peak - end) * (1.0 - (x if shape == "linear" else jnp.sqrt(x)))
+
+    return cooldown
 
 
 def decay_mask(params):
@@ -77,21 +122,27 @@ def decay_mask(params):
     return jax.tree.map(lambda p: p.ndim >= 2, params)
 
 
-def learning_rates(config: OptimizerConfig, total_steps: int) -> np.ndarray:
-    """``[total_steps]`` float32: the learning rate of every update; the last is ``final_lr_fraction · lr``."""
-    return np.asarray(jax.vmap(learning_rate_schedule(config, total_steps))(jnp.arange(total_steps)), np.float32)
+def learning_rates(config: OptimizerConfig, total_steps: int, tokens_per_step: int | None = None) -> np.ndarray:
+    """``[total_steps]`` float32: the learning rate of every update; the last is the schedule's final value."""
+    schedule = learning_rate_schedule(config, total_steps, tokens_per_step)
+    # elementwise, in blocks of one shape: the ops compile once per process, not once per run length
+    counts = np.arange(-(-total_steps // _BLOCK) * _BLOCK, dtype=np.int32).reshape(-1, _BLOCK)
+    return np.concatenate([np.asarray(schedule(block), np.float32) for block in counts])[:total_steps]
+
+
+_BLOCK = 4096
+
+
+def transformation_settings(config: OptimizerConfig) -> tuple[float, ...]:
+    """What `make_optimizer` reads: runs that agree on these share one compiled step (the learning rate
+    and its schedule are arguments of each step)."""
+    return config.beta1, config.beta2, config.eps, config.weight_decay, config.grad_clip
 
 
 def make_optimizer(config: OptimizerConfig) -> optax.GradientTransformation:
     """``clip_by_global_norm`` (if ``grad_clip`` > 0) then AdamW at unit learning rate (the step scales it)."""
-    adamw = optax.adamw(
-        learning_rate=1.0,
-        b1=config.beta1,
-        b2=config.beta2,
-        eps=config.eps,
-        weight_decay=config.weight_decay,
-        mask=decay_mask,
-    )
-    if config.grad_clip > 0:
-        return optax.chain(optax.clip_by_global_norm(config.grad_clip), adamw)
+    beta1, beta2, eps, weight_decay, grad_clip = transformation_settings(config)
+    adamw = optax.adamw(learning_rate=1.0, b1=beta1, b2=beta2, eps=eps, weight_decay=weight_decay, mask=decay_mask)
+    if grad_clip > 0:
+        return optax.chain(optax.clip_by_global_norm(grad_clip), adamw)
     return adamw

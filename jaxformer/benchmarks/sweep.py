@@ -1,0 +1,397 @@
+"""`jaxformer bench sweep SPEC`: a whole sweep plan trained by jaxformer and by a PyTorch twin, side by side.
+
+In one invocation, on the same machine, one after the other (the order alternates between
+``--repeats``):
+
+- jaxformer as a user runs it: ``python -m jaxformer.cli sweep SPEC --out DIR`` in a
+  subprocess, timed from outside (interpreter start-up, planning, every run's process,
+  results table). The spec is run from a copy without its ``fit`` section (the twin fits
+  nothing; ``--with-fit`` keeps it); ``--cold`` also points ``base.train.compilation_cache``
+  at a fresh directory, so every train step is compiled from scratch.
+- the PyTorch twin of the same plan (`jaxformer.benchmarks.torch_sweep`): identical
+  shapes, steps, batches, AdamW and learning-rate schedule, on the same number of
+  long-lived worker processes with as many threads each, timed from outside the same way.
+  Its learning-rate arrays (jaxformer's `learning_rates`, a JAX compile per run length) are
+  computed beforehand, outside both timings, and handed over (``schedules_s`` says how long
+  they took: jaxformer's runs pay that inside their own time).
+
+Reported: both wall times and their ratio (torch / jaxformer: jaxformer's speedup);
+jaxformer's training-step share of worker time, two ways — ``Σ train_s / Σ busy_s`` (busy:
+every second a run accounts for, its worker process's start-up included, see `jax_side`) and
+``Σ train_s / (wall × workers)`` (the machine's capacity); and the sweep's achieved FLOP/s:
+the runs' exact training FLOPs (``flops_exact`` of each ``final.json``) over ``wall × workers``,
+per worker, against the per-worker matmul peak (``peak_flops`` of ``final.json``, as measured
+for a run's process layout; median over runs), and the same FLOPs over ``Σ train_s`` ("in
+train": the MFU of the train steps alone). The same figures are given for the twin, against the same peak.
+
+A run's time breakdown is read from ``final.json``'s ``time`` section when it has one;
+without it, train time is ``tokens / tokens_per_s``, compile time ``compile_s``, and the
+output says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from importlib import metadata
+from pathlib import Path
+
+import numpy as np
+
+from jaxformer.files import write_json_atomic
+from jaxformer.train.peak import cpu_model
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("spec", help="sweep YAML (see sweeps/)")
+    parser.add_argument("--out", help="keep both sweeps here, with bench_sweep.json (default: a temporary directory)")
+    parser.add_argument("--json", help="write the results to this JSON file")
+    parser.add_argument("--workers", type=int,
+                        help="parallel runs on both sides (default: the layout `jaxformer sweep` chooses)")
+    parser.add_argument("--skip-torch", action="store_true", help="time jaxformer only")
+    parser.add_argument("--cold", action="store_true", help="jaxformer with an empty compilation cache")
+    parser.add_argument("--repeats", type=int, default=1, help="repeat both, alternating which goes first")
+    parser.add_argument("--with-fit", action="store_true", help="keep the spec's fit (jaxformer's wall includes it)")
+    parser.add_argument("--torch-checkpoints", action="store_true",
+                        help="the twin saves model and optimizer at checkpoint.interval steps, as jaxformer does")
+
+
+# --- the environment of a measurement ---
+
+def _version(package: str) -> str | None:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _commit() -> str | None:
+    try:
+        result = subprocess.run(["git", "-C", str(ROOT), "log", "--oneline", "-1"], capture_output=True, text=True,
+                                timeout=10)
+        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    line = result.stdout.strip()[:100]
+    return (line + (" (with uncommitted changes)" if dirty else "")) if result.returncode == 0 and line else None
+
+
+def environment() -> dict:
+    return {"cpu_model": cpu_model(), "cores": os.cpu_count(), "date": datetime.datetime.now().astimezone().isoformat(
+        timespec="seconds"), "python": platform.python_version(), "jax_version": _version("jax"),
+        "jaxlib_version": _version("jaxlib"), "torch_version": _version("torch"), "commit": _commit(),
+        "variables": {name: os.environ.get(name, "") for name in ("GLIBC_TUNABLES", "XLA_FLAGS")}}
+
+
+# --- the two sides ---
+
+def _layout(workers: int | None) -> tuple[int, int]:
+    """``(processes, threads)`` `jaxformer sweep` trains with (its own choice unless ``--workers``)."""
+    try:
+        from jaxformer.sweep.launch import choose_layout
+
+        processes, threads, _ = choose_layout(workers, None)
+    except ImportError:
+        processes, threads = workers or os.cpu_count() or 1, 1
+    return processes, threads
+
+
+def write_spec_copy(spec: Path, path: Path, *, keep_fit: bool, cache: Path | None) -> None:
+    """``spec`` as ``path``: its name kept, ``fit`` dropped unless ``keep_fit``, the compilation cache at ``cache``."""
+    import yaml
+
+    from jaxformer.configs import load_yaml
+
+    data = load_yaml(spec)
+    data.setdefault("name", spec.stem)
+    if not keep_fit:
+        data.pop("fit", None)
+    if cache is not None:
+        base = data.setdefault("base", {}) or {}
+        data["base"] = base
+        base["train"] = {**(base.get("train") or {}), "compilation_cache": str(cache)}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+
+
+def _timed(command: list[str], log: Path, what: str) -> float:
+    log.parent.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    with open(log, "w") as handle:
+        handle.write(f"$ {' '.join(command)}\n")
+        handle.flush()
+        process = subprocess.run(command, stdout=handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                 cwd=os.getcwd())
+    wall = time.perf_counter() - started
+    if process.returncode != 0:
+        tail = " | ".join(log.read_text().strip().splitlines()[-3:])
+        raise RuntimeError(f"{what} exited {process.returncode} (log {log}): {tail}")
+    return wall
+
+
+def _cache_entries(path: str) -> int | None:
+    if not path:
+        return None
+    directory = Path(path).expanduser()
+    return sum(1 for _ in directory.rglob("*") if _.is_file()) if directory.is_dir() else 0
+
+
+# --- reading what each side did ---
+
+def jax_side(sweep_dir: Path, names: list[str], wall_s: float, workers: int) -> dict:
+    """Time breakdown, shares and FLOP/s of a finished jaxformer sweep directory.
+
+    A run's busy time is the sum of its ``final.json["time"]`` parts (``startup_s``, the
+    process's start-up, is counted by the first run of each warm worker process and lies
+    outside ``total_s``; whichever of ``total_s`` and the sum is larger is taken). Without a
+    ``time`` section: the executor's status ``wall_s`` (else ``final.json``'s), of which
+    ``compile_s`` and ``tokens / tokens_per_s`` are compile and train time.
+    """
+    sums: dict[str, float] = {}
+    flops, peaks, sources, count, val_loss = 0.0, [], set(), 0, {}
+    for name in names:
+        final_path = sweep_dir / "runs" / name / "final.json"
+        if not final_path.is_file():
+            continue
+        count += 1
+        final = json.loads(final_path.read_text())
+        breakdown = final.get("time")
+        if isinstance(breakdown, dict) and "train_s" in breakdown:
+            sources.add("final.json 'time' sections")
+            parts = {key: float(value) for key, value in breakdown.items()
+                     if isinstance(value, (int, float)) and key != "total_s"}
+            busy = max(float(breakdown.get("total_s", 0.0)), sum(parts.values()))
+        else:
+            status_path = sweep_dir / "status" / f"{name}.json"
+            status = json.loads(status_path.read_text()) if status_path.is_file() else {}
+            if isinstance(status.get("wall_s"), (int, float)) and status["wall_s"] > 0:
+                busy = float(status["wall_s"])
+                sources.add("no 'time' section in final.json: busy = the executor's status wall_s")
+            else:
+                busy = float(final["wall_s"])
+                sources.add("no 'time' section in final.json: busy = final.json wall_s")
+            sources.add("train = tokens / tokens_per_s, compile = compile_s (final.json)")
+            parts = {"compile_s": float(final["compile_s"]), "train_s": final["tokens"] / final["tokens_per_s"]}
+        parts["other_s"] = parts.get("other_s", 0.0) + busy - sum(parts.values())
+        for key, value in parts.items():
+            sums[key] = sums.get(key, 0.0) + value
+        sums["busy_s"] = sums.get("busy_s", 0.0) + busy
+        flops += float(final["flops_exact"])
+        peaks.append(float(final["peak_flops"]))
+        val_loss[name] = final.get("val_loss")
+    result = _figures(count, sums, wall_s, workers, flops, statistics.median(peaks) if peaks else None,
+                      sorted(sources))
+    result["val_loss"] = val_loss
+    return result
+
+
+def torch_side(report: dict, wall_s: float, workers: int, peak: float | None) -> dict:
+    """The same figures for the twin's report (``torch_sweep.run_plan``).
+
+    Busy time: each worker's start-up (from the pool's start to ready: spawn, PyTorch
+    imports) counted as ``startup_s``, plus every run's ``total_s``.
+    """
+    sums: dict[str, float] = {"startup_s": sum(report["worker_ready_s"])}
+    for record in report["runs"]:
+        parts = {key: value for key, value in record["time"].items() if key != "total_s"}
+        parts["other_s"] = record["time"]["total_s"] - sum(parts.values())
+        for key, value in parts.items():
+            sums[key] = sums.get(key, 0.0) + value
+    sums["busy_s"] = sum(value for key, value in sums.items())
+    flops = sum(record["flops_exact"] for record in report["runs"])
+    result = _figures(len(report["runs"]), sums, wall_s, workers, flops, peak,
+                      ["the twin's worker start-up and per-run time sections"])
+    peaks = [record["worker_peak_flops"] for record in report["runs"]]
+    # the twin's parent plans and prepares the data with jaxformer's code (importing JAX) while the workers
+    # start; what of that a PyTorch-only script would not pay is at most the wait past the first ready worker
+    first_ready = min(report["worker_ready_s"], default=0.0)
+    result.update(internal_wall_s=report["wall_s"], prepare_s=report["prepare_s"],
+                  prepare_past_first_ready_s=max(0.0, report["prepare_s"] - first_ready),
+                  worker_ready_s=report["worker_ready_s"], torch_matmul_peak_flops=statistics.median(peaks),
+                  steps=[record["steps"] for record in report["runs"]],
+                  optimizer_steps=[record["optimizer_steps"] for record in report["runs"]],
+                  val_loss={record["name"]: record["val_loss"] for record in report["runs"]})
+    return result
+
+
+def _figures(count: int, sums: dict, wall_s: float, workers: int, flops: float, peak: float | None,
+             sources: list[str]) -> dict:
+    capacity = wall_s * workers
+    per_worker = flops / capacity
+    train_s = sums.get("train_s", 0.0)
+    return {
+        "runs": count, "wall_s": wall_s, "sums_s": sums, "time_source": sources,
+        "train_share_of_busy": train_s / sums["busy_s"] if sums.get("busy_s") else None,
+        "train_share_of_capacity": train_s / capacity,
+        "flops_exact": flops, "flops_per_s": flops / wall_s, "flops_per_s_per_worker": per_worker,
+        "peak_flops_per_worker": peak, "utilization": per_worker / peak if peak else None,
+        "train_flops_per_s_per_worker": flops / train_s if train_s else None,
+        "train_mfu": flops / train_s / peak if train_s and peak else None,
+    }
+
+
+# --- the benchmark ---
+
+def run(args: argparse.Namespace) -> int:
+    from jaxformer.sweep.plan import plan_runs
+    from jaxformer.sweep.spec import load_spec
+    from jaxformer.train.config import config_from_dict
+
+    if args.repeats < 1:
+        raise ValueError(f"--repeats must be positive, got {args.repeats}")
+    if args.workers is not None and args.workers < 1:
+        raise ValueError(f"--workers must be positive, got {args.workers}")
+    spec_path = Path(args.spec)
+    spec = load_spec(spec_path)
+    planned = plan_runs(spec)
+    names = [run.name for run in planned]
+    temporary = None if args.out else tempfile.TemporaryDirectory(prefix="jaxformer-bench-sweep-")
+    out = Path(args.out) if args.out else Path(temporary.name)
+    schedules, schedules_s = None, None
+    if not args.skip_torch:
+        if _version("torch") is None:
+            raise ValueError("the PyTorch twin needs torch installed (or pass --skip-torch)")
+        from jaxformer.benchmarks.torch_sweep import save_schedules, twin_runs
+
+        # jaxformer's learning-rate arrays, computed here, outside both timings (a JAX compile per run length)
+        started = time.perf_counter()
+        schedules = out / "schedules.npz"
+        out.mkdir(parents=True, exist_ok=True)
+        save_schedules(planned, schedules)
+        schedules_s = time.perf_counter() - started
+        with np.load(schedules) as arrays:
+            # refuses, in one line, a run the twin cannot train, before anything starts
+            twin_runs(planned, schedules={name: arrays[name] for name in arrays.files})
+    workers, threads = _layout(args.workers)
+    torch_threads = threads or os.cpu_count() or 1
+    cache_setting = config_from_dict(dict(spec.base)).train.compilation_cache
+    started_load = os.getloadavg()
+    report = {"spec": str(spec_path), "name": spec.name, "planned_runs": len(planned), "workers": workers,
+              "threads": threads, "torch_threads": torch_threads, "cold": args.cold, "with_fit": args.with_fit,
+              "torch_checkpoints": args.torch_checkpoints, "schedules_s": schedules_s, **environment(),
+              "load_average_before": started_load,
+              "repeats": []}
+    print(f"bench sweep {spec.name}: {len(planned)} runs on {workers} workers × {threads or 'all'} threads, "
+          f"{report['cpu_model']}, load {' '.join(f'{x:.2f}' for x in started_load)}, "
+          f"compilation cache {'cold' if args.cold else 'as configured'}", flush=True)
+    try:
+        for repeat in range(args.repeats):
+            report["repeats"].append(_repeat(args, spec_path, out / f"r{repeat}", repeat, names, workers, threads,
+                                             torch_threads, cache_setting, schedules))
+    finally:
+        if temporary is not None:
+            temporary.cleanup()
+    report["load_average_after"] = os.getloadavg()
+    _summarise(report)
+    _print(report)
+    for path in [args.json] + ([str(out / "bench_sweep.json")] if args.out else []):
+        if path:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            write_json_atomic(Path(path), report, indent=1)
+    return 0
+
+
+def _repeat(args, spec_path: Path, directory: Path, repeat: int, names: list[str], workers: int, threads: int,
+            torch_threads: int, cache_setting: str, schedules: Path | None) -> dict:
+    if directory.exists():
+        shutil.rmtree(directory)
+    cache = directory / "xla-cache" if args.cold else None
+    spec_copy = directory / "spec.yaml"
+    write_spec_copy(spec_path, spec_copy, keep_fit=args.with_fit, cache=cache)
+    order = ["jax", "torch"] if repeat % 2 == 0 else ["torch", "jax"]
+    if args.skip_torch:
+        order = ["jax"]
+    result = {"order": order, "load_average_before": os.getloadavg(),
+              "compilation_cache": str(cache) if cache else cache_setting,
+              "cache_entries_before": _cache_entries(str(cache) if cache else cache_setting)}
+    for side in order:
+        if side == "jax":
+            # the layout is passed even when it is the default, so both sides surely use the same one
+            command = [sys.executable, "-m", "jaxformer.cli", "sweep", str(spec_copy), "--out", str(directory / "jax"),
+                       "--workers", str(workers), "--threads", str(threads)]
+            print(f"[{repeat}] jaxformer sweep …", flush=True)
+            wall = _timed(command, directory / "jax.log", "jaxformer sweep")
+            result["jax"] = jax_side(directory / "jax", names, wall, workers)
+            print(f"[{repeat}] jaxformer: {wall:.1f}s", flush=True)
+        else:
+            twin_json = directory / "torch.json"
+            command = [sys.executable, "-m", "jaxformer.benchmarks.torch_sweep", str(spec_copy), "--workers",
+                       str(workers), "--threads", str(torch_threads), "--json", str(twin_json),
+                       "--schedules", str(schedules)]
+            if args.torch_checkpoints:
+                command += ["--checkpoints", str(directory / "torch-checkpoints")]
+            print(f"[{repeat}] PyTorch twin …", flush=True)
+            wall = _timed(command, directory / "torch.log", "the PyTorch twin")
+            result["torch"] = json.loads(twin_json.read_text())
+            print(f"[{repeat}] PyTorch twin: {wall:.1f}s", flush=True)
+            result["torch_wall_s"] = wall
+    if "torch" in result:
+        twin = result.pop("torch")
+        peak = result["jax"]["peak_flops_per_worker"]
+        result["torch"] = torch_side(twin, result.pop("torch_wall_s"), workers, peak)
+        result["ratio"] = result["torch"]["wall_s"] / result["jax"]["wall_s"]
+    result["load_average_after"] = os.getloadavg()
+    return result
+
+
+def _summarise(report: dict) -> None:
+    """Top-level figures: those of the repeat with the lower-median wall time, per side (one repeat: that one).
+
+    The lower median is a measured repeat (of two, the faster), so each side's wall time, shares
+    and FLOP/s come from one and the same sweep; the ratio is of those two wall times.
+    """
+    repeats = report["repeats"]
+    report["runs"] = repeats[-1]["jax"]["runs"]
+    for side in ("jax", "torch"):
+        if side in repeats[-1]:
+            report[f"{side}_wall_s"] = statistics.median_low(r[side]["wall_s"] for r in repeats)
+            report[side] = next(r[side] for r in repeats if r[side]["wall_s"] == report[f"{side}_wall_s"])
+    if "torch" in report:
+        report["ratio"] = report["torch_wall_s"] / report["jax_wall_s"]
+
+
+def _share(value: float | None) -> str:
+    return "—" if value is None else f"{value:.1%}"
+
+
+def _print(report: dict) -> None:
+    sides = [("jaxformer", report["jax"])] + ([("PyTorch twin", report["torch"])] if "torch" in report else [])
+    print(f"{'':<14}{'wall s':>8}{'runs':>6}{'train/busy':>12}{'train/cap':>11}{'GFLOP/s/worker':>16}{'of peak':>9}"
+          f"{'in train':>10}")
+    for label, side in sides:
+        print(f"{label:<14}{side['wall_s']:>8.1f}{side['runs']:>6}{_share(side['train_share_of_busy']):>12}"
+              f"{_share(side['train_share_of_capacity']):>11}{side['flops_per_s_per_worker'] / 1e9:>16.3f}"
+              f"{_share(side['utilization']):>9}{_share(side['train_mfu']):>10}")
+    if len(report["repeats"]) > 1:
+        print("wall times per repeat: " + "; ".join(
+            f"{'/'.join(r['order'])}: jax {r['jax']['wall_s']:.1f}s"
+            + (f", torch {r['torch']['wall_s']:.1f}s" if "torch" in r else "") for r in report["repeats"]))
+    for label, side in sides:
+        sums = side["sums_s"]
+        print(f"{label} worker time (Σ): busy {sums['busy_s']:.1f}s = " + ", ".join(
+            f"{key[:-2]} {value:.1f}s" for key, value in sums.items() if key != "busy_s"))
+    jax = report["jax"]
+    print("jaxformer times from: " + "; ".join(jax["time_source"]))
+    peak = jax["peak_flops_per_worker"]
+    print(f"achieved FLOP/s = Σ flops_exact {jax['flops_exact']:.3g} / (wall × {report['workers']} workers); "
+          f"peak per worker {peak / 1e9:.1f} GFLOP/s (fp32 matmul, final.json peak_flops, median over runs)"
+          if peak else "no peak_flops recorded")
+    if "torch" in report:
+        twin = report["torch"]
+        print(f"PyTorch twin: preparation (plan, data, schedules) {twin['prepare_s']:.1f}s, workers ready at "
+              + ", ".join(f"{s:.1f}s" for s in twin["worker_ready_s"])
+              + f" (runs waited {twin['prepare_past_first_ready_s']:.1f}s for the preparation); "
+              f"its 1-thread matmul peak {twin['torch_matmul_peak_flops'] / 1e9:.1f} GFLOP/s")
+        print(f"ratio torch wall / jaxformer wall = {report['ratio']:.2f} (jaxformer's speedup; > 1: jaxformer faster)")

@@ -1,0 +1,362 @@
+"""The PyTorch twin of a sweep plan, for `jaxformer bench sweep` (PyTorch is a peer, not a dependency).
+
+``python -m jaxformer.benchmarks.torch_sweep SPEC.yaml --workers 2 --json twin.json`` plans the
+sweep as `jaxformer sweep` does (`jaxformer.sweep.plan.plan_runs`) and trains every run with a
+plain PyTorch eager loop on ``--workers`` long-lived worker processes (spawned, one run at a
+time each, in launch order), ``--threads`` intra-op threads each (default 1). Per run it does
+the work jaxformer's run does:
+
+- the same model (`torch_reference.TorchDecoder`: dense pre-norm decoders; other
+  architectures are refused in one line naming the field), fp32;
+- ``steps = train.tokens / (batch_size · seq_len)`` optimizer steps of ``grad_accum``
+  micro-batches, on the windows jaxformer's `Loader` cuts from the same training split
+  (`prepare_dataset`, run once per distinct data section in the parent, which hands the
+  token arrays to the workers as .npy files: the workers import neither JAX nor Orbax);
+- AdamW with the run's betas, eps and weight decay (matrices only, as jaxformer's
+  `decay_mask`), global-norm clipping, at the learning rate of jaxformer's own schedule
+  array (`jaxformer.train.optimizer.learning_rates`) set before every update. Evaluating
+  it costs a JAX compile per distinct run length (about a second each), which a PyTorch
+  script would not pay: `jaxformer bench sweep` computes the arrays beforehand
+  (`save_schedules`) and hands them over with ``--schedules FILE.npz``;
+- the training loss read at ``logging.interval`` steps and a final validation pass over the
+  same ``eval_tokens`` windows (`eval_batches`); optionally a ``torch.save`` of model and
+  optimizer at ``checkpoint.interval`` steps and the last, skipping interval saves past
+  ``checkpoint.max_overhead`` as jaxformer does (``--checkpoints DIR``).
+
+Each run's record carries ``time``: ``startup_s`` (model and optimizer), ``data_s`` (batches),
+``train_s`` (the updates), ``eval_s``, ``checkpoint_s``, ``total_s``; the report carries the
+whole wall time, the parent's preparation time (planning, data, schedules: it imports JAX for
+them, while the workers start and import PyTorch) and when each worker was ready.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from jaxformer.architecture import ModelConfig
+
+# what the twin covers of ModelConfig and LoopConfig: anything else is refused before any run starts
+POSITIONS = ("learned", "rope", "none")
+
+
+@dataclasses.dataclass(frozen=True)
+class TwinRun:
+    """Everything a worker needs to train one planned run (picklable, no JAX objects)."""
+
+    name: str
+    model: ModelConfig
+    steps: int
+    batch_size: int
+    seq_len: int
+    grad_accum: int
+    seed: int
+    learning_rates: np.ndarray  # [steps] float32, jaxformer's schedule
+    betas: tuple[float, float]
+    eps: float
+    weight_decay: float
+    grad_clip: float
+    log_interval: int
+    checkpoint_interval: int
+    eval_tokens: int
+    data_key: str
+    flops_exact: float
+    record_lrs: bool = False
+    checkpoint_dir: str | None = None
+    checkpoint_max_overhead: float | None = None  # as checkpoint.max_overhead: skip interval saves past it
+
+
+def unsupported(config) -> str | None:
+    """Why the twin cannot train ``config`` (a `TrainConfig`), in one phrase naming the field; None if it can."""
+    model = config.model
+    if model.family != "decoder":
+        return f"model.family={model.family!r} (the twin trains decoders only)"
+    if model.is_moe:
+        return f"model.num_experts={model.num_experts} (the twin is dense)"
+    if model.norm_position != "pre":
+        return f"model.norm_position={model.norm_position!r} (the twin is pre-norm)"
+    if model.position not in POSITIONS:
+        return f"model.position={model.position!r} (the twin has {', '.join(POSITIONS)})"
+    if model.sliding_window:
+        return f"model.sliding_window={model.sliding_window} (the twin attends to the whole context)"
+    if config.train.compute_dtype != "float32":
+        return f"train.compute_dtype={config.train.compute_dtype!r} (the twin computes in float32)"
+    return None
+
+
+def twin_runs(planned: list, *, checkpoint_dir: str | None = None,
+              schedules: dict[str, np.ndarray] | None = None) -> list[TwinRun]:
+    """`TwinRun`s of `PlannedRun`s (``.name``, ``.steps``, ``.config``); ``ValueError`` on one the twin cannot train.
+
+    schedules: run name -> its `learning_rates` array, computed beforehand (each costs a JAX
+    compile of about a second per distinct run length); missing ones are computed here.
+    """
+    from jaxformer.accounting.compute import training_flops
+    from jaxformer.train.config import config_from_dict
+
+    runs = []
+    for run in planned:
+        config = config_from_dict(dict(run.config))
+        reason = unsupported(config)
+        if reason is not None:
+            raise ValueError(f"run {run.name}: the PyTorch twin cannot train {reason}")
+        if config.total_steps != run.steps:
+            raise ValueError(f"run {run.name}: planned {run.steps} steps, its config takes {config.total_steps}")
+        opt, train = config.optimizer, config.train
+        runs.append(TwinRun(
+            name=run.name, model=config.model, steps=run.steps, batch_size=train.batch_size, seq_len=train.seq_len,
+            grad_accum=train.grad_accum, seed=train.seed,
+            learning_rates=_schedule(schedules, run.name, opt, run.steps),
+            betas=(opt.beta1, opt.beta2), eps=opt.eps, weight_decay=opt.weight_decay, grad_clip=opt.grad_clip,
+            log_interval=config.logging.interval, checkpoint_interval=config.checkpoint.interval,
+            eval_tokens=train.eval_tokens, data_key=json.dumps(run.config.get("data", {}), sort_keys=True),
+            flops_exact=training_flops(config.model, run.steps * config.tokens_per_step, train.seq_len)["exact"],
+            checkpoint_dir=checkpoint_dir, checkpoint_max_overhead=getattr(config.checkpoint, "max_overhead", None)))
+    return runs
+
+
+def _schedule(schedules: dict | None, name: str, opt, steps: int) -> np.ndarray:
+    from jaxformer.train.optimizer import learning_rates
+
+    given = None if schedules is None else schedules.get(name)
+    if given is None:
+        return learning_rates(opt, steps)
+    if given.shape != (steps,):
+        raise ValueError(f"run {name}: the given schedule has {given.shape} learning rates, the run {steps} steps")
+    return np.asarray(given, np.float32)
+
+
+def save_schedules(planned: list, path: str | Path) -> None:
+    """Every planned run's `learning_rates` array, to an .npz file for ``--schedules``."""
+    from jaxformer.train.config import config_from_dict
+    from jaxformer.train.optimizer import learning_rates
+
+    arrays = {run.name: learning_rates(config_from_dict(dict(run.config)).optimizer, run.steps) for run in planned}
+    np.savez(path, **arrays)
+
+
+def prepare_data(planned: list) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """``data_key -> (train tokens, validation tokens)``: `prepare_dataset` once per distinct data section."""
+    from jaxformer.train.config import config_from_dict
+    from jaxformer.train.dataset import check_sizes, prepare_dataset
+
+    datasets, prepared = {}, {}
+    for run in planned:
+        config = config_from_dict(dict(run.config))
+        key = json.dumps(run.config.get("data", {}), sort_keys=True)
+        if key not in prepared:
+            prepared[key] = prepare_dataset(config)
+            datasets[key] = (prepared[key].train, prepared[key].val)
+        check_sizes(config, prepared[key])
+    return datasets
+
+
+def train_twin(run: TwinRun, train_tokens: np.ndarray, val_tokens: np.ndarray) -> dict[str, Any]:
+    """Trains ``run`` in this process with PyTorch eager; its record (losses, steps, time breakdown)."""
+    import torch
+    from torch.nn import functional as TF
+
+    from jaxformer.benchmarks.torch_reference import TorchDecoder
+    from jaxformer.train.loader import Loader, eval_batches
+
+    started = time.perf_counter()
+    torch.manual_seed(run.seed)
+    model = TorchDecoder(run.model)
+    parameters = list(model.parameters())
+    groups = [{"params": [p for p in parameters if p.ndim >= 2], "weight_decay": run.weight_decay},
+              {"params": [p for p in parameters if p.ndim < 2], "weight_decay": 0.0}]
+    optimizer = torch.optim.AdamW(groups, lr=float(run.learning_rates[0]), betas=run.betas, eps=run.eps)
+    loader = Loader(train_tokens, run.seq_len, run.batch_size, run.seed)
+    micro = run.batch_size // run.grad_accum
+    val = torch.from_numpy(eval_batches(val_tokens, run.seq_len, micro, run.eval_tokens).astype(np.int64))
+    vocab = run.model.vocab_size
+    times = dict.fromkeys(("startup_s", "data_s", "train_s", "eval_s", "checkpoint_s"), 0.0)
+    times["startup_s"] = time.perf_counter() - started
+
+    def loss_of(windows_BW: torch.Tensor) -> torch.Tensor:
+        logits = model(windows_BW[:, :-1])
+        return TF.cross_entropy(logits.reshape(-1, vocab), windows_BW[:, 1:].reshape(-1))
+
+    applied, losses, train_loss = [], [], None
+    window_sum, window_steps = torch.zeros(()), 0
+    for step in range(1, run.steps + 1):
+        mark = time.perf_counter()
+        batch = torch.from_numpy(loader.next_batch().astype(np.int64)).view(run.grad_accum, micro, run.seq_len + 1)
+        now = time.perf_counter()
+        times["data_s"] += now - mark
+        mark = now
+        lr = float(run.learning_rates[step - 1])
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        optimizer.zero_grad(set_to_none=True)
+        for windows in batch:
+            loss = loss_of(windows) / run.grad_accum
+            loss.backward()
+            window_sum += loss.detach()
+        if run.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(parameters, run.grad_clip)
+        if run.record_lrs:
+            applied.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        last = step == run.steps
+        window_steps += 1
+        if step % run.log_interval == 0 or last:  # synchronise and read the loss, as jaxformer's log rows do
+            train_loss = float(window_sum) / window_steps
+            window_sum, window_steps = torch.zeros(()), 0
+            losses.append((step, train_loss))
+        times["train_s"] += time.perf_counter() - mark
+        over_budget = run.checkpoint_max_overhead is not None and (
+            times["checkpoint_s"] > run.checkpoint_max_overhead * times["train_s"])
+        if run.checkpoint_dir and (last or (step % run.checkpoint_interval == 0 and not over_budget)):
+            mark = time.perf_counter()
+            path = Path(run.checkpoint_dir) / run.name / f"{step}.pt"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step}, path)
+            times["checkpoint_s"] += time.perf_counter() - mark
+    mark = time.perf_counter()
+    with torch.no_grad():
+        val_loss = float(torch.stack([loss_of(windows) for windows in val]).mean())
+    times["eval_s"] = time.perf_counter() - mark
+    times["total_s"] = time.perf_counter() - started
+    optimizer_steps = {int(state["step"]) for state in optimizer.state.values()}
+    record = {"name": run.name, "steps": run.steps, "optimizer_steps": max(optimizer_steps, default=0),
+              "tokens": run.steps * run.batch_size * run.seq_len, "flops_exact": run.flops_exact,
+              "train_loss": train_loss, "val_loss": val_loss, "losses": losses, "time": times,
+              "pid": os.getpid()}
+    if run.record_lrs:
+        record["learning_rates"] = applied
+    return record
+
+
+def torch_matmul_peak(n: int = 1024, repeats: int = 5) -> float:
+    """FLOP/s of the best of ``repeats`` fp32 ``[n, n] @ [n, n]`` products in this process (2n³ FLOPs each)."""
+    import torch
+
+    a = torch.ones(n, n)
+    torch.mm(a, a)
+    best = math.inf
+    for _ in range(repeats):
+        start = time.perf_counter()
+        torch.mm(a, a)
+        best = min(best, time.perf_counter() - start)
+    return 2.0 * n**3 / best
+
+
+# --- worker processes: set up once by the pool's initializer; the data arrive as .npy files, loaded once each ---
+_DATA: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+_WORKER: dict[str, Any] = {}
+
+
+def _init_worker(threads: int) -> None:
+    import torch
+
+    torch.set_num_threads(threads)
+    torch.set_num_interop_threads(1)
+    import jaxformer.benchmarks.torch_reference  # noqa: F401  (the model, and the loader below)
+    import jaxformer.train.loader  # noqa: F401
+
+    # the first AdamW of a process imports the rest of torch.optim (seconds): process start-up, not a run's
+    weight = torch.nn.Parameter(torch.ones(2, 2))
+    warm = torch.optim.AdamW([weight])
+    weight.sum().backward()
+    warm.step()
+    _WORKER.update(ready=time.time(), peak=torch_matmul_peak())
+
+
+def _train_in_worker(task: tuple[TwinRun, str]) -> dict:
+    run, data_dir = task
+    if run.data_key not in _DATA:
+        index = json.loads((Path(data_dir) / "keys.json").read_text()).index(run.data_key)
+        _DATA[run.data_key] = tuple(np.load(Path(data_dir) / f"{index}.{split}.npy") for split in ("train", "val"))
+    record = train_twin(run, *_DATA[run.data_key])
+    record.update(worker_ready=_WORKER["ready"], worker_peak_flops=_WORKER["peak"])
+    return record
+
+
+def run_plan(spec_path: str | Path, *, workers: int, threads: int = 1, checkpoint_dir: str | None = None,
+             schedules: str | Path | None = None, report=print) -> dict[str, Any]:
+    """Plans ``spec_path`` and trains every run on ``workers`` spawned processes of ``threads`` threads.
+
+    The workers start (import PyTorch) while this process plans the sweep and prepares the data.
+    Returns the twin's report: ``wall_s`` from the pool's start to its end, ``prepare_s``, each
+    worker's ready time, and every run's record in launch order.
+    """
+    import multiprocessing
+    import tempfile
+
+    started, started_epoch = time.perf_counter(), time.time()
+    context = multiprocessing.get_context("spawn")
+    with context.Pool(workers, initializer=_init_worker, initargs=(threads,)) as pool, \
+            tempfile.TemporaryDirectory(prefix="jaxformer-twin-") as data_dir:
+        from jaxformer.sweep.plan import plan_runs
+        from jaxformer.sweep.spec import load_spec
+
+        planned = plan_runs(load_spec(spec_path))
+        given = None
+        if schedules is not None:
+            with np.load(schedules) as arrays:
+                given = {name: arrays[name] for name in arrays.files}
+        runs = twin_runs(planned, checkpoint_dir=checkpoint_dir, schedules=given)
+        datasets = prepare_data(planned)
+        keys = list(datasets)
+        for index, key in enumerate(keys):
+            for split, tokens in zip(("train", "val"), datasets[key]):
+                np.save(Path(data_dir) / f"{index}.{split}.npy", tokens)
+        (Path(data_dir) / "keys.json").write_text(json.dumps(keys))
+        prepare_s = time.perf_counter() - started
+        records = []
+        for record in pool.imap_unordered(_train_in_worker, [(run, data_dir) for run in runs], chunksize=1):
+            records.append(record)
+            report(f"torch twin: {record['name']} done in {record['time']['total_s']:.1f}s "
+                   f"(val loss {record['val_loss']:.3f}), {len(records)}/{len(runs)}")
+        pool.close()
+        pool.join()
+    wall_s = time.perf_counter() - started
+    order = {run.name: index for index, run in enumerate(runs)}
+    records.sort(key=lambda record: order[record["name"]])
+    ready = sorted({record["worker_ready"] - started_epoch for record in records})
+    return {"wall_s": wall_s, "prepare_s": prepare_s, "workers": workers, "threads": threads,
+            "schedules": "given (--schedules)" if schedules is not None else "computed by learning_rates",
+            "worker_ready_s": ready, "runs": records}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m jaxformer.benchmarks.torch_sweep",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("spec", help="sweep YAML")
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="worker processes")
+    parser.add_argument("--threads", type=int, default=1, help="PyTorch intra-op threads per worker")
+    parser.add_argument("--checkpoints", help="torch.save model and optimizer here at checkpoint.interval steps")
+    parser.add_argument("--schedules", help=".npz of every run's learning_rates array (save_schedules), "
+                        "else computed here")
+    parser.add_argument("--json", help="write the twin's report here")
+    args = parser.parse_args(argv)
+    if args.workers < 1 or args.threads < 1:
+        parser.error("--workers and --threads must be positive")
+    try:
+        result = run_plan(args.spec, workers=args.workers, threads=args.threads, checkpoint_dir=args.checkpoints,
+                          schedules=args.schedules, report=lambda line: print(line, flush=True))
+    except (ValueError, FileNotFoundError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    print(f"torch twin: {len(result['runs'])} runs in {result['wall_s']:.1f}s on {args.workers} workers × "
+          f"{args.threads} threads", flush=True)
+    if args.json:
+        from jaxformer.files import write_json_atomic
+
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(Path(args.json), result, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,67 @@
+"""`jaxformer export-hf RUN_DIR --out DIR`: a jaxformer model as a directory ``transformers`` loads.
+
+RUN_DIR is a training run (its newest checkpoint, read-only), an ``import-hf`` directory, or a
+Hugging Face directory / GGUF file (a round trip). DIR receives ``config.json``,
+``model.safetensors`` (float32) and ``tokenizer.json`` (the run's BPE, the byte tokenizer, or the
+imported one); ``transformers.AutoModelForCausalLM.from_pretrained(DIR)`` (AutoModelForMaskedLM /
+AutoModel for an encoder, AutoModelForSeq2SeqLM for an encoder–decoder) loads it, with the same
+logits as jaxformer. A model with no Hugging Face equivalent exits 2 naming the field.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("source", help="a training run directory, an import-hf directory or a Hugging Face checkpoint")
+    parser.add_argument("--out", required=True, help="the Hugging Face directory to write")
+
+
+def read_source(source: Path):
+    """``(cfg, params, tokenizer_json, source_config)`` of a run directory or any checkpoint `jaxformer.hf` reads."""
+    if (source / "config.yaml").is_file():
+        from jaxformer.hf.tokenizer import byte_tokenizer_json
+        from jaxformer.train.checkpoint import CheckpointError
+        from jaxformer.train.restore import load_run_config, restore_params
+
+        config = load_run_config(source)
+        try:
+            restored = restore_params(source, config)
+        except CheckpointError as error:
+            raise ValueError(str(error)) from None
+        if restored is None:
+            raise ValueError(f"{source} has no checkpoint to export yet")
+        print(f"restored {source} at step {restored[0]}", file=sys.stderr)
+        tokenizer_path = source / "tokenizer.json"
+        if config.data.tokenizer == "bpe":
+            if not tokenizer_path.is_file():
+                raise FileNotFoundError(f"{source} trained with data.tokenizer=bpe but has no tokenizer.json")
+            tokenizer_json = tokenizer_path.read_text()
+        elif not config.data.corpus.startswith("tokens:"):  # token ids of a .bin corpus have no tokenizer here
+            tokenizer_json = byte_tokenizer_json()
+        else:
+            tokenizer_json = None
+        return config.model, restored[1], tokenizer_json, {}
+    from jaxformer.hf import read_checkpoint
+
+    checkpoint = read_checkpoint(source)
+    return checkpoint.cfg, checkpoint.params, checkpoint.tokenizer_json, checkpoint.hf_config
+
+
+def run(args: argparse.Namespace) -> int:
+    from jaxformer.hf import save
+    from jaxformer.hf.families import auto_class, for_config
+
+    source, out = Path(args.source), Path(args.out)
+    if not source.exists():
+        raise FileNotFoundError(f"no run directory or checkpoint at {source}")
+    if out.exists() and any(out.iterdir()):
+        raise ValueError(f"--out {out} exists and is not empty")
+    cfg, params, tokenizer_json, source_config = read_source(source)
+    for_config(cfg).check_export(cfg)  # before writing anything
+    save(cfg, params, out, tokenizer_json=tokenizer_json, source_config=source_config)
+    print(f"exported {cfg.family} model -> {out} (transformers.{auto_class(cfg)}.from_pretrained({str(out)!r}))")
+    return 0

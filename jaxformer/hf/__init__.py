@@ -1,0 +1,14 @@
+"""Hugging Face checkpoints in and out: GPT-2, Llama/Mistral/Qwen2, BERT (MiniLM), Marian; GGUF files.
+
+``cfg, params = jaxformer.hf.load(path)`` reads a local ``transformers`` directory, a ``.gguf``
+file or an ``import-hf`` directory; ``apply(init_params(cfg, 0)[0], params, tokens)`` runs it.
+``jaxformer.hf.save(cfg, params, out)`` writes a directory that ``transformers`` loads. The
+layout changes between the two (RoPE's rotate-half permutation, fused QKV, transposed linear
+weights) live in `jaxformer.hf.layout`; each family's mapping in `jaxformer.hf.families`.
+
+This package sits above `jaxformer.models`; only the commands import it.
+"""
+
+from jaxformer.hf.convert import Checkpoint, load, read_checkpoint, read_config, save, write_imported
+
+__all__ = ["Checkpoint", "load", "read_checkpoint", "read_config", "save", "write_imported"]

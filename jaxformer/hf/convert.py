@@ -1,0 +1,253 @@
+"""Checkpoints in and out: `load` (Hugging Face directory, GGUF file, or an ``import-hf`` directory) and `save`.
+
+``load(path) -> (cfg, params)``: ``params`` is the ``nnx.State`` that `jaxformer.models.init_params`
+makes for ``cfg``, so ``apply(init_params(cfg, 0)[0], params, tokens)`` runs the checkpoint.
+``save(cfg, params, out)`` writes a directory that ``transformers`` loads (``config.json`` +
+``model.safetensors``, float32). Both go through the family's `Rule`s (`jaxformer.hf.layout`),
+so in → out → in reproduces every parameter bit for bit.
+
+An ``import-hf`` directory (`write_imported`) holds ``model.yaml`` (the ``model:`` section, usable
+as a config file by ``count``/``generate``/``train``), ``params.safetensors`` (jaxformer's
+parameter names), ``hf.json`` (the source's config.json) and ``tokenizer.json`` when there is one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import warnings
+from pathlib import Path
+from typing import Any, Mapping
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import yaml
+from flax import nnx
+
+from jaxformer.architecture import ModelConfig
+from jaxformer.files import write_text_atomic
+from jaxformer.hf import families
+from jaxformer.hf.tensors import read_safetensors, read_tensors, write_safetensors
+
+IMPORTED_PARAMS, IMPORTED_MODEL, IMPORTED_SOURCE = "params.safetensors", "model.yaml", "hf.json"
+TOKENIZER = "tokenizer.json"
+# token ids a source checkpoint's config carries, kept through an import and written on export
+TOKEN_ID_FIELDS = ("bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id", "forced_eos_token_id")
+
+
+@dataclasses.dataclass(frozen=True)
+class Checkpoint:
+    """What a checkpoint holds: the model, its parameters, the source config.json and a tokenizer (JSON text)."""
+
+    cfg: ModelConfig
+    params: nnx.State
+    hf_config: dict[str, Any]
+    tokenizer_json: str | None
+
+
+def _abstract_params(cfg: ModelConfig) -> nnx.State:
+    from jaxformer.models.pure import init_params
+
+    return nnx.eval_shape(lambda: init_params(cfg, 0))[1]
+
+
+def _dotted(path: tuple) -> str:
+    return ".".join(str(getattr(key, "key", getattr(key, "idx", key))) for key in path)
+
+
+def flat_params(params: nnx.State) -> dict[str, np.ndarray]:
+    """``{"decoder.blocks.0.attention.wq": array, …}`` of a params state (float32 numpy)."""
+    leaves = jax.tree_util.tree_flatten_with_path(nnx.to_pure_dict(params))[0]
+    return {_dotted(path): np.asarray(leaf, np.float32) for path, leaf in leaves}
+
+
+def params_from_flat(cfg: ModelConfig, flat: Mapping[str, np.ndarray], *, source: str) -> nnx.State:
+    """The params state of ``cfg`` filled from dotted names; a missing, extra or misshapen array raises."""
+    abstract = _abstract_params(cfg)
+    pure = nnx.to_pure_dict(abstract)
+    expected = {_dotted(path): leaf.shape for path, leaf in jax.tree_util.tree_flatten_with_path(pure)[0]}
+    missing, extra = sorted(expected.keys() - flat.keys()), sorted(flat.keys() - expected.keys())
+    if missing:
+        raise ValueError(f"{source}: no tensor for parameter {missing[0]} ({len(missing)} missing)")
+    if extra:
+        raise ValueError(f"{source}: parameter {extra[0]} is not part of this model ({len(extra)} extra)")
+    for name, shape in expected.items():
+        if tuple(flat[name].shape) != tuple(shape):
+            raise ValueError(f"{source}: {name} has shape {tuple(flat[name].shape)}, the model needs {tuple(shape)}")
+
+    def fill(node: dict, prefix: str) -> dict:
+        return {key: fill(value, f"{prefix}{key}.") if isinstance(value, dict)
+                else jnp.asarray(flat[f"{prefix}{key}"], jnp.float32) for key, value in node.items()}
+
+    nnx.replace_by_pure_dict(abstract, fill(pure, ""))
+    return abstract
+
+
+def _lookup(tensors: Mapping[str, np.ndarray], name: str, family) -> str | None:
+    """The checkpoint's name for ``name``: as is, without the base-model prefix, or an old alias."""
+    candidates = [name]
+    if family.PREFIX and name.startswith(family.PREFIX):
+        candidates.append(name[len(family.PREFIX):])
+    for new, old in getattr(family, "ALIASES", {}).items():
+        candidates += [c.replace(new, old) for c in candidates if new in c]
+    return next((c for c in candidates if c in tensors), None)
+
+
+def params_from_tensors(cfg: ModelConfig, family, tensors: Mapping[str, np.ndarray], *, source: str) -> nnx.State:
+    """Applies ``family``'s rules to checkpoint tensors (Hugging Face names); unused tensors are noted."""
+    flat: dict[str, np.ndarray] = {}
+    used: set[str] = set()
+    for rule in family.rules(cfg):
+        names = [_lookup(tensors, name, family) for name in rule.hf]
+        if None in names:
+            raise ValueError(f"{source}: the checkpoint has no tensor {rule.hf[names.index(None)]}")
+        used.update(names)
+        flat.update(zip(rule.ours, rule.load([tensors[name] for name in names])))
+    unused = sorted(name for name in tensors if name not in used and not any(part in name for part in family.IGNORED))
+    if unused:
+        warnings.warn(f"{source}: {len(unused)} tensors not used by the jaxformer model, e.g. {unused[0]}",
+                      stacklevel=2)
+    return params_from_flat(cfg, flat, source=source)
+
+
+def _is_imported(path: Path) -> bool:
+    return path.is_dir() and (path / IMPORTED_PARAMS).is_file() and (path / IMPORTED_MODEL).is_file()
+
+
+def _gguf_file(path: Path) -> Path | None:
+    if path.is_file() and path.suffix == ".gguf":
+        return path
+    if path.is_dir() and not (path / "config.json").is_file():
+        found = sorted(path.glob("*.gguf"))
+        if len(found) == 1:
+            return found[0]
+    return None
+
+
+def _open(path: Path) -> tuple[dict[str, Any], Mapping[str, np.ndarray], str | None, str]:
+    """``(config.json fields, lazy tensors by Hugging Face name, tokenizer.json, source name)`` of a
+    Hugging Face directory or a GGUF file."""
+    gguf_path = _gguf_file(path)
+    if gguf_path is not None:
+        from jaxformer.hf.gguf import read_gguf
+
+        hf_config, tensors, tokenizer_json = read_gguf(gguf_path)
+        return hf_config, tensors, tokenizer_json, str(gguf_path)
+    config_path = path / "config.json"
+    if not config_path.is_file():
+        raise FileNotFoundError(f"{path} is not a Hugging Face model directory (no config.json), "
+                                "a .gguf file or an import-hf directory")
+    tokenizer_path = path / TOKENIZER
+    return (json.loads(config_path.read_text()), read_tensors(path),
+            tokenizer_path.read_text() if tokenizer_path.is_file() else None, str(path))
+
+
+def _existing(path: str | Path) -> Path:
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"no checkpoint at {path}")
+    return path
+
+
+def read_config(path: str | Path) -> ModelConfig:
+    """The `ModelConfig` of a checkpoint `load` reads, without reading its tensors."""
+    path = _existing(path)
+    if _is_imported(path):
+        return _imported_config(path)
+    hf_config, tensors, _, _ = _open(path)
+    return families.for_model_type(hf_config.get("model_type")).to_config(hf_config, set(tensors))
+
+
+def read_checkpoint(path: str | Path) -> Checkpoint:
+    """Everything `load` reads, plus the source config.json and the tokenizer (see the module docstring)."""
+    path = _existing(path)
+    if _is_imported(path):
+        return _read_imported(path)
+    hf_config, tensors, tokenizer_json, source = _open(path)
+    family = families.for_model_type(hf_config.get("model_type"))
+    cfg = family.to_config(hf_config, set(tensors))
+    return Checkpoint(cfg, params_from_tensors(cfg, family, tensors, source=source), hf_config, tokenizer_json)
+
+
+def load(path: str | Path) -> tuple[ModelConfig, nnx.State]:
+    """``(cfg, params)`` of a Hugging Face model directory (``config.json`` with ``model.safetensors`` or
+    ``pytorch_model.bin``), a ``.gguf`` file (dequantised to float32) or an ``import-hf`` directory.
+
+    Families: GPT-2, Llama/Mistral/Qwen2, BERT, Marian. An unsupported ``model_type`` or option
+    raises ``ValueError`` in one line naming the config field.
+    """
+    checkpoint = read_checkpoint(path)
+    return checkpoint.cfg, checkpoint.params
+
+
+def hf_tensors(cfg: ModelConfig, params: nnx.State) -> dict[str, np.ndarray]:
+    """The Hugging Face tensors of a jaxformer model (the family's rules, saving direction)."""
+    family = families.for_config(cfg)
+    family.check_export(cfg)
+    flat = flat_params(params)
+    if family is families.marian and not cfg.logit_bias:  # Marian always has final_logits_bias: zeros are exact
+        flat["head.bias"] = np.zeros((cfg.vocab_size,), np.float32)
+        cfg = dataclasses.replace(cfg, logit_bias=True)
+    tensors: dict[str, np.ndarray] = {}
+    for rule in family.rules(cfg):
+        tensors.update(zip(rule.hf, rule.save([flat[name] for name in rule.ours])))
+    if getattr(family, "is_bare", lambda _: False)(cfg):  # a base-model class: names without its prefix
+        tensors = {name.removeprefix(family.PREFIX): array for name, array in tensors.items()}
+    return tensors
+
+
+def save(cfg: ModelConfig, params: nnx.State, out: str | Path, *, tokenizer_json: str | None = None,
+         source_config: dict[str, Any] | None = None) -> Path:
+    """Writes a ``transformers`` directory for the model: ``config.json``, ``model.safetensors``, and
+    ``tokenizer.json`` when given. ``source_config`` (an imported checkpoint's config.json) supplies
+    its special token ids. A model with no Hugging Face equivalent raises naming the field."""
+    out = Path(out)
+    family = families.for_config(cfg)
+    family.check_export(cfg)
+    tensors = hf_tensors(cfg, params)
+    config = family.hf_config(cfg)
+    for name in TOKEN_ID_FIELDS:
+        if source_config and source_config.get(name) is not None:
+            config[name] = source_config[name]
+    if cfg.family == "encoder_decoder":
+        config.setdefault("decoder_start_token_id", 0)  # what jaxformer.generate starts from
+        config.setdefault("pad_token_id", config["decoder_start_token_id"])
+    config["dtype"] = "float32"
+    out.mkdir(parents=True, exist_ok=True)
+    write_safetensors(out / "model.safetensors", tensors)
+    write_text_atomic(out / "config.json", json.dumps(config, indent=2, sort_keys=True) + "\n")
+    if tokenizer_json is not None:
+        write_text_atomic(out / TOKENIZER, tokenizer_json)
+    return out
+
+
+def write_imported(checkpoint: Checkpoint, out: str | Path) -> Path:
+    """An ``import-hf`` directory (module docstring)."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    write_safetensors(out / IMPORTED_PARAMS, flat_params(checkpoint.params))
+    write_text_atomic(out / IMPORTED_SOURCE, json.dumps(checkpoint.hf_config, indent=2, sort_keys=True) + "\n")
+    if checkpoint.tokenizer_json is not None:
+        write_text_atomic(out / TOKENIZER, checkpoint.tokenizer_json)
+    model = {"model": dataclasses.asdict(checkpoint.cfg)}
+    write_text_atomic(out / IMPORTED_MODEL, yaml.safe_dump(model, sort_keys=False))
+    return out
+
+
+def _imported_config(path: Path) -> ModelConfig:
+    from jaxformer.configs import load_yaml
+    from jaxformer.models.presets import model_config_from_dict
+
+    return model_config_from_dict(load_yaml(path / IMPORTED_MODEL)["model"])
+
+
+def _read_imported(path: Path) -> Checkpoint:
+    cfg = _imported_config(path)
+    tensors = read_safetensors(path / IMPORTED_PARAMS)
+    params = params_from_flat(cfg, {name: tensors[name] for name in tensors}, source=str(path))
+    source = path / IMPORTED_SOURCE
+    tokenizer = path / TOKENIZER
+    return Checkpoint(cfg, params, json.loads(source.read_text()) if source.is_file() else {},
+                      tokenizer.read_text() if tokenizer.is_file() else None)
+

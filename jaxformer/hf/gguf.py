@@ -1,0 +1,128 @@
+"""GGUF files (llama.cpp) through the ``gguf`` package: metadata -> config.json fields, tensors -> float32.
+
+Supported architectures: ``llama`` (Llama, Mistral, SmolLM…) and ``qwen2``. Quantised tensors
+are dequantised to float32 with ``gguf.quants.dequantize``. llama.cpp stores the ``llama``
+architecture's query/key rows in the adjacent-pair RoPE layout; they are put back in the
+rotate-half layout of the Hugging Face names here (`jaxformer.hf.layout.pairs_to_halves`), so
+the Llama family's rules apply unchanged (two exact permutations). The vocabulary becomes a
+``tokenizer.json`` (`jaxformer.hf.tokenizer`).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Iterator, Mapping
+
+import numpy as np
+
+from jaxformer.hf.layout import pairs_to_halves
+
+ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2"}  # GGUF general.architecture -> model_type
+TENSORS = {  # GGUF name (after blk.N.) -> Hugging Face name (after model.layers.N.)
+    "attn_norm.weight": "input_layernorm.weight", "ffn_norm.weight": "post_attention_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight", "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_v.weight": "self_attn.v_proj.weight", "attn_output.weight": "self_attn.o_proj.weight",
+    "attn_q.bias": "self_attn.q_proj.bias", "attn_k.bias": "self_attn.k_proj.bias",
+    "attn_v.bias": "self_attn.v_proj.bias",
+    "ffn_gate.weight": "mlp.gate_proj.weight", "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+}
+GLOBAL_TENSORS = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
+                  "output.weight": "lm_head.weight"}
+
+
+def _field(reader, key: str, default: Any = ...) -> Any:
+    if key not in reader.fields:
+        if default is ...:
+            raise ValueError(f"GGUF metadata: {key} is missing")
+        return default
+    return reader.fields[key].contents()
+
+
+class GGUFTensors(Mapping[str, np.ndarray]):
+    """Hugging Face name -> float32 array, dequantised when read."""
+
+    def __init__(self, reader, names: dict[str, Any], heads: int, kv_heads: int, permuted: bool) -> None:
+        self._reader, self._names = reader, names  # hf name -> gguf ReaderTensor
+        self._heads, self._kv_heads, self._permuted = heads, kv_heads, permuted
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        from gguf.quants import dequantize
+
+        tensor = self._names[name]
+        array = np.asarray(dequantize(tensor.data, tensor.tensor_type), np.float32)
+        array = array.reshape([int(n) for n in reversed(tensor.shape)])  # GGUF lists dimensions fastest first
+        if self._permuted and (".q_proj." in name or ".k_proj." in name):
+            heads = self._heads if ".q_proj." in name else self._kv_heads
+            rows = array.reshape(heads, -1, *array.shape[1:])  # [heads, head_dim, (E)]
+            array = pairs_to_halves(rows, axis=1).reshape(array.shape)
+        return array
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+
+def read_gguf(path: str | Path) -> tuple[dict[str, Any], GGUFTensors, str | None]:
+    """``(config.json fields, tensors by Hugging Face name, tokenizer.json or None)`` of a GGUF file."""
+    try:
+        from gguf import GGUFReader
+    except ImportError:
+        raise ValueError("reading GGUF files needs the gguf package (pip install gguf)") from None
+    from jaxformer.hf.tokenizer import gguf_tokenizer_json
+
+    reader = GGUFReader(str(path))
+    arch = _field(reader, "general.architecture")
+    if arch not in ARCHITECTURES:
+        raise ValueError(f"GGUF metadata: general.architecture={arch!r} is not supported "
+                         f"(supported: {', '.join(ARCHITECTURES)})")
+    names: dict[str, Any] = {}
+    for tensor in reader.tensors:
+        if tensor.name == "rope_freqs.weight":
+            raise ValueError("GGUF tensor rope_freqs.weight (per-frequency RoPE factors) is not supported")
+        match = re.fullmatch(r"blk\.(\d+)\.(.+)", tensor.name)
+        if match and match.group(2) in TENSORS:
+            names[f"model.layers.{match.group(1)}.{TENSORS[match.group(2)]}"] = tensor
+        elif tensor.name in GLOBAL_TENSORS:
+            names[GLOBAL_TENSORS[tensor.name]] = tensor
+        else:
+            names[f"gguf.{tensor.name}"] = tensor  # reported as unused by the importer
+    tokens = _field(reader, "tokenizer.ggml.tokens", [])
+    heads = int(_field(reader, f"{arch}.attention.head_count"))
+    kv_heads = int(_field(reader, f"{arch}.attention.head_count_kv", heads))
+    d_model = int(_field(reader, f"{arch}.embedding_length"))
+    head_dim = int(_field(reader, f"{arch}.attention.key_length", d_model // heads))
+    rope_dims = int(_field(reader, f"{arch}.rope.dimension_count", head_dim))
+    if rope_dims != head_dim:
+        raise ValueError(f"GGUF metadata: {arch}.rope.dimension_count={rope_dims} is not supported "
+                         f"(RoPE on the whole head, {head_dim})")
+    config: dict[str, Any] = {
+        "model_type": ARCHITECTURES[arch], "hidden_size": d_model, "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads, "head_dim": head_dim,
+        "num_hidden_layers": int(_field(reader, f"{arch}.block_count")),
+        "intermediate_size": int(_field(reader, f"{arch}.feed_forward_length")),
+        "max_position_embeddings": int(_field(reader, f"{arch}.context_length")),
+        "rms_norm_eps": float(_field(reader, f"{arch}.attention.layer_norm_rms_epsilon")),
+        "rope_theta": float(_field(reader, f"{arch}.rope.freq_base", 10000.0)),
+        "vocab_size": int(_field(reader, f"{arch}.vocab_size", len(tokens))),
+        "tie_word_embeddings": "lm_head.weight" not in names, "hidden_act": "silu",
+    }
+    scaling = _field(reader, f"{arch}.rope.scaling.type", "none")
+    if scaling == "linear":
+        config["rope_scaling"] = {"rope_type": "linear", "factor": float(_field(reader, f"{arch}.rope.scaling.factor"))}
+    elif scaling != "none":
+        raise ValueError(f"GGUF metadata: {arch}.rope.scaling.type={scaling!r} is not supported (none, linear)")
+    for key, name in (("bos_token_id", "bos"), ("eos_token_id", "eos"), ("pad_token_id", "padding")):
+        value = _field(reader, f"tokenizer.ggml.{name}_token_id", None)
+        if value is not None:
+            config[key] = int(value)
+    tokenizer_json = None
+    if tokens:
+        tokenizer_json = gguf_tokenizer_json(_field(reader, "tokenizer.ggml.model", ""),
+                                             _field(reader, "tokenizer.ggml.pre", None), tokens,
+                                             _field(reader, "tokenizer.ggml.merges", []),
+                                             _field(reader, "tokenizer.ggml.token_type", None))
+    return config, GGUFTensors(reader, names, heads, kv_heads, permuted=arch == "llama"), tokenizer_json

@@ -1,0 +1,124 @@
+"""Reading and writing checkpoint tensors: safetensors (single or sharded), ``pytorch_model.bin``.
+
+`TensorFile` is a lazy mapping name -> float32 numpy array over a Hugging Face directory's
+weights; tensors are read only when asked for. Writing produces one ``model.safetensors``
+(float32, ``format: pt`` metadata, which ``transformers`` expects), atomically.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Iterator, Mapping
+
+import numpy as np
+
+SAFETENSORS = "model.safetensors"
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+PYTORCH_BIN = "pytorch_model.bin"
+PYTORCH_INDEX = "pytorch_model.bin.index.json"
+
+
+class TensorFile(Mapping[str, np.ndarray]):
+    """Name -> float32 array of a checkpoint's tensors (integer buffers keep their dtype)."""
+
+    def __init__(self, files: dict[str, Path], loader) -> None:
+        self._files, self._loader = files, loader  # name -> file holding it; loader(file, name) -> array
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        if name not in self._files:
+            raise KeyError(name)
+        array = self._loader(self._files[name], name)
+        return array.astype(np.float32) if np.issubdtype(array.dtype, np.floating) else array
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._files)
+
+    def __len__(self) -> int:
+        return len(self._files)
+
+
+def _safetensors_loader():
+    from safetensors import safe_open
+
+    handles: dict[tuple[Path, str], object] = {}
+
+    def load(path: Path, name: str) -> np.ndarray:
+        def handle(framework: str):
+            if (path, framework) not in handles:
+                handles[(path, framework)] = safe_open(str(path), framework=framework)
+            return handles[(path, framework)]
+
+        if handle("numpy").get_slice(name).get_dtype() == "BF16":  # numpy has no bfloat16: through JAX
+            return np.asarray(handle("flax").get_tensor(name), np.float32)
+        return handle("numpy").get_tensor(name)
+
+    return load
+
+
+def _safetensors_names(path: Path) -> list[str]:
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="numpy") as f:
+        return list(f.keys())
+
+
+class _TorchFiles:
+    """``pytorch_model.bin`` files, each unpickled once (``weights_only``: tensors, no code)."""
+
+    def __init__(self) -> None:
+        try:
+            import torch
+        except ImportError:
+            raise ValueError(f"reading {PYTORCH_BIN} needs PyTorch (pip install torch), "
+                             "or give the checkpoint as model.safetensors") from None
+        self._torch, self._states = torch, {}
+
+    def state(self, path: Path) -> dict:
+        if path not in self._states:
+            self._states[path] = self._torch.load(str(path), map_location="cpu", weights_only=True)
+        return self._states[path]
+
+    def __call__(self, path: Path, name: str) -> np.ndarray:
+        tensor = self.state(path)[name]
+        return (tensor.float() if tensor.is_floating_point() else tensor).numpy()
+
+
+def read_tensors(directory: Path) -> TensorFile:
+    """The weights of a Hugging Face model directory: ``model.safetensors`` (or its sharded index),
+    else ``pytorch_model.bin`` (or its index). Raises ``FileNotFoundError`` naming what was looked for."""
+    directory = Path(directory)
+    for index_name, single, kind in ((SAFETENSORS_INDEX, SAFETENSORS, "safetensors"),
+                                     (PYTORCH_INDEX, PYTORCH_BIN, "torch")):
+        index, path = directory / index_name, directory / single
+        if index.is_file():
+            weight_map = json.loads(index.read_text())["weight_map"]
+            files = {name: directory / shard for name, shard in weight_map.items()}
+        elif path.is_file():
+            files = None
+        else:
+            continue
+        if kind == "safetensors":
+            return read_safetensors(path) if files is None else TensorFile(files, _safetensors_loader())
+        torch_files = _TorchFiles()
+        if files is None:
+            files = {name: path for name in torch_files.state(path)}
+        return TensorFile(files, torch_files)
+    raise FileNotFoundError(f"{directory} has no {SAFETENSORS} or {PYTORCH_BIN} (nor a sharded index of either)")
+
+
+def read_safetensors(path: Path) -> TensorFile:
+    """One safetensors file's tensors."""
+    return TensorFile({name: Path(path) for name in _safetensors_names(Path(path))}, _safetensors_loader())
+
+
+def write_safetensors(path: Path, tensors: dict[str, np.ndarray], metadata: dict[str, str] | None = None) -> None:
+    """Writes ``tensors`` to ``path`` atomically (a temporary file renamed into place)."""
+    from safetensors.numpy import save_file
+
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    save_file({name: np.ascontiguousarray(array) for name, array in tensors.items()}, str(tmp),
+              metadata={"format": "pt", **(metadata or {})})
+    os.replace(tmp, path)

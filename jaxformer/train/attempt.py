@@ -1,0 +1,58 @@
+"""One training attempt on a run directory, as the `train` command and the sweep workers make it.
+
+`attempt_run` loads the config, trains (or resumes), and turns the outcomes a user or a sweep
+must tell apart into an `Attempt`: ``done``, ``bad_input`` (one line naming the field; exit 2
+from the command) or ``failed`` (a non-finite loss or unreadable checkpoints; exit 1). A failed
+attempt leaves ``RUN_DIR/error.json`` — except bad input aimed at a directory that already
+holds a run (a refused resume, say), which writes nothing there.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+from typing import Literal
+
+from jaxformer.files import write_json_atomic
+from jaxformer.train.checkpoint import CheckpointError
+from jaxformer.train.config import load_config
+from jaxformer.train.loop import NonFiniteLoss, train
+
+
+@dataclasses.dataclass(frozen=True)
+class Attempt:
+    """What one attempt came to: the ``final.json`` record, or the error and its kind."""
+
+    status: Literal["done", "bad_input", "failed"]
+    record: dict | None = None
+    error: BaseException | None = None
+
+    @property
+    def kind(self) -> str:
+        return "bad_input" if self.status == "bad_input" else type(self.error).__name__
+
+
+def attempt_run(config_path: str | Path | None, overrides: list[str], run_dir: Path) -> Attempt:
+    """Trains the run ``config_path`` + ``overrides`` describe in ``run_dir`` (see the module docstring)."""
+    try:
+        config = load_config(config_path, overrides)
+        return Attempt("done", train(config, run_dir))
+    except (ValueError, FileNotFoundError) as error:
+        attempt = Attempt("bad_input", error=error)
+    except (NonFiniteLoss, CheckpointError) as error:
+        attempt = Attempt("failed", error=error)
+    write_error(run_dir, attempt)
+    return attempt
+
+
+def write_error(run_dir: Path, attempt: Attempt) -> None:
+    """``RUN_DIR/error.json`` for a failed attempt (best effort; never into a directory holding a run on bad input)."""
+    if attempt.status == "bad_input" and (run_dir / "config.yaml").is_file():
+        return
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(run_dir / "error.json", {"error": attempt.kind, "message": str(attempt.error),
+                                                   "time": time.time()})
+    except OSError:
+        pass

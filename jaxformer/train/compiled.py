@@ -1,0 +1,65 @@
+"""Compiled programs of a run — initial state, train step, eval pass — kept for every later run of the same
+program in this process.
+
+A sweep trains hundreds of short runs, most of them of a shape a worker has trained before;
+compiling costs more than training for the smallest. A step's program depends on the model
+(its graph, kernel included), the optimizer's settings, the compute dtype, the mesh and rules,
+and the batch shapes — not on the seed, the learning rate (an argument of every step) or the
+number of steps; the initial state's program takes the seed as an argument. `initial_state` and
+`compiled_steps` compile each such program once per process; JAX's
+persistent compilation cache (``train.compilation_cache``) serves other processes and relaunches.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+import numpy as np
+import optax
+
+from jaxformer.architecture import ModelConfig
+from jaxformer.functional.kernel import KernelConfig
+from jaxformer.parallel import Layout
+from jaxformer.train.optimizer import OptimizerConfig, transformation_settings
+from jaxformer.train.step import build_state, make_eval_pass, make_train_step
+
+_PROGRAMS: dict[tuple, tuple[Callable, Callable]] = {}
+_INITS: dict[tuple, tuple[Any, Callable]] = {}
+
+
+def _layout_key(layout: Layout) -> tuple:
+    return layout.mesh, repr(sorted(layout.rules.items()))
+
+
+def initial_state(model: ModelConfig, kernel: KernelConfig, optimizer_config: OptimizerConfig,
+                  optimizer: optax.GradientTransformation, seed: int, layout: Layout) -> tuple[Any, Any]:
+    """``(graphdef, state)`` of a fresh run, created sharded on ``layout`` (`Layout.materialize`'s way)
+    by a program compiled once per model, kernel, optimizer and layout; ``seed`` is its argument."""
+    key = (model, kernel, transformation_settings(optimizer_config), *_layout_key(layout))
+    if key not in _INITS:
+        def build(seed):
+            return build_state(model, seed, optimizer, kernel)
+
+        graphdef, abstract = jax.eval_shape(build, 0)
+        _INITS[key] = graphdef, jax.jit(lambda seed: build(seed)[1], out_shardings=layout.shardings(abstract))
+    graphdef, init = _INITS[key]
+    return graphdef, init(np.int32(seed))
+
+
+def compiled_steps(graphdef, optimizer_config: OptimizerConfig, optimizer: optax.GradientTransformation,
+                   compute_dtype: str, layout: Layout, state: Any, batch: jax.ShapeDtypeStruct,
+                   val_batches: jax.Array) -> tuple[Callable, Callable, bool]:
+    """``(train_step, eval_pass, reused)``: the run's compiled steps; ``reused`` when this process had them."""
+    key = (graphdef, transformation_settings(optimizer_config), compute_dtype, *_layout_key(layout),
+           batch.shape, batch.sharding, val_batches.shape, val_batches.sharding,
+           jax.tree.structure(state), tuple((x.shape, x.dtype) for x in jax.tree.leaves(state)))
+    if key in _PROGRAMS:
+        return (*_PROGRAMS[key], True)
+    state_sharding = layout.shardings(state)
+    train_step = make_train_step(graphdef, optimizer, compute_dtype, state_sharding=state_sharding,
+                                 batch_sharding=batch.sharding).lower(state, batch, np.float32(0.0)).compile()
+    eval_pass = make_eval_pass(graphdef, compute_dtype, params_sharding=state_sharding["params"],
+                               batch_sharding=val_batches.sharding).lower(state["params"], val_batches).compile()
+    _PROGRAMS[key] = train_step, eval_pass
+    return train_step, eval_pass, False

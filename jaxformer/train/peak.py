@@ -1,0 +1,71 @@
+"""The matmul peak MFU is measured against: probed once per machine and process layout, then cached.
+
+A probe is a few jitted ``[n, n] @ [n, n]`` products; run at the start of every run it gave
+numbers that moved with whatever else the machine was doing, so MFU figures could not be
+compared across runs. `machine_peak_flops` keeps the best probe per (CPU model, JAX version,
+backend, devices, XLA flags, dtype) in ``~/.cache/jaxformer/peak.json`` and reuses it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+
+from jaxformer.files import write_json_atomic
+
+PEAK_FILE = Path("~/.cache/jaxformer/peak.json").expanduser()
+
+
+def probe_matmul_peak(dtype: str = "float32", n: int = 1024, repeats: int = 10) -> float:
+    """FLOP/s of the best of ``repeats`` jitted ``[n, n] @ [n, n]`` products (2n³ FLOPs each)."""
+    a = jnp.ones((n, n), dtype=dtype)
+    matmul = jax.jit(lambda x, y: x @ y)
+    matmul(a, a).block_until_ready()  # compile
+    best = math.inf
+    for _ in range(repeats):
+        start = time.perf_counter()
+        matmul(a, a).block_until_ready()
+        best = min(best, time.perf_counter() - start)
+    return 2.0 * n**3 / best
+
+
+def cpu_model() -> str:
+    """The CPU's model name (``lscpu``'s "Model name"), or the platform's processor string."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine_key(dtype: str) -> str:
+    """What the peak depends on: the chip, the software, the devices and threads this process was given."""
+    devices = jax.local_devices()
+    return " | ".join([cpu_model(), f"jax {jax.__version__}", jax.default_backend(), devices[0].device_kind,
+                       f"{len(devices)} devices", os.environ.get("XLA_FLAGS", ""), dtype])
+
+
+def machine_peak_flops(dtype: str = "float32", path: Path = PEAK_FILE) -> float:
+    """The cached peak of this machine and layout for ``dtype``, probing (and caching) it the first time."""
+    key = machine_key(dtype)
+    try:
+        cache = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        cache = {}
+    if key not in cache:
+        cache[key] = probe_matmul_peak(dtype)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_json_atomic(path, cache)
+        except OSError:  # an unwritable cache only costs the next run a probe
+            pass
+    return float(cache[key])

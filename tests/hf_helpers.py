@@ -1,0 +1,82 @@
+"""Small random-weight ``transformers`` models of every family jaxformer converts (the peers of tests/test_hf*.py)."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing is downloaded: every model here is built from a config
+
+import numpy as np
+import torch
+import transformers
+
+VOCAB = 96
+
+CONFIGS = {
+    # GPT-2 as published: tanh GELU (gelu_new); a second with the exact GELU
+    "gpt2": (transformers.GPT2LMHeadModel, dict(model_type="gpt2", n_embd=32, n_layer=2, n_head=4, n_positions=40,
+                                                vocab_size=VOCAB, activation_function="gelu_new")),
+    "gpt2-exact-gelu": (transformers.GPT2LMHeadModel, dict(model_type="gpt2", n_embd=32, n_layer=1, n_head=2,
+                                                           n_positions=40, vocab_size=VOCAB, n_inner=48,
+                                                           activation_function="gelu")),
+    # Llama 3.1: GQA, RoPE (rotate-half) with llama3 rope_scaling, SwiGLU, RMSNorm, untied head
+    "llama": (transformers.LlamaForCausalLM, dict(
+        model_type="llama", hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=VOCAB, max_position_embeddings=40, rms_norm_eps=1e-5,
+        rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                      "original_max_position_embeddings": 32})),
+    # a tied Llama with every bias (attention_bias = mlp_bias) and linear RoPE scaling
+    "llama-bias-tied": (transformers.LlamaForCausalLM, dict(
+        model_type="llama", hidden_size=32, intermediate_size=48, num_hidden_layers=1, num_attention_heads=2,
+        vocab_size=VOCAB, max_position_embeddings=40, attention_bias=True, mlp_bias=True, tie_word_embeddings=True,
+        rope_scaling={"rope_type": "linear", "factor": 2.0})),
+    "mistral": (transformers.MistralForCausalLM, dict(
+        model_type="mistral", hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=1, head_dim=16, vocab_size=VOCAB, max_position_embeddings=40, sliding_window=5)),
+    "qwen2": (transformers.Qwen2ForCausalLM, dict(
+        model_type="qwen2", hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=VOCAB, max_position_embeddings=40, tie_word_embeddings=True,
+        rope_theta=1e5)),
+    "bert": (transformers.BertForMaskedLM, dict(
+        model_type="bert", hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=48,
+        vocab_size=VOCAB, max_position_embeddings=40, type_vocab_size=2)),
+    "bert-base-model": (transformers.BertModel, dict(
+        model_type="bert", hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=48,
+        vocab_size=VOCAB, max_position_embeddings=40, type_vocab_size=3, hidden_act="gelu_new")),
+    # OPUS-MT's layout: √d embedding scale, swish, split sinusoids, final_logits_bias, post-LayerNorm
+    "marian": (transformers.MarianMTModel, dict(
+        model_type="marian", d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=48, decoder_ffn_dim=48, vocab_size=VOCAB,
+        max_position_embeddings=40, activation_function="swish", scale_embedding=True, pad_token_id=VOCAB - 1,
+        decoder_start_token_id=VOCAB - 1, eos_token_id=0, forced_eos_token_id=None)),
+}
+
+
+def hf_model(name: str, seed: int = 0) -> torch.nn.Module:
+    """The family ``name`` with random weights large enough that every parameter moves the logits.
+
+    Weights ~ N(0, 0.2²); norm scales ~ 1 + N(0, 0.1²); Marian's (buffer) logit bias random too.
+    """
+    cls, kwargs = CONFIGS[name]
+    kwargs = dict(kwargs)
+    config = transformers.AutoConfig.for_model(kwargs.pop("model_type"), **kwargs)
+    torch.manual_seed(seed)
+    model = cls(config).eval()
+    with torch.no_grad():
+        for param_name, param in model.named_parameters():
+            if not param.requires_grad:  # Marian's sinusoid tables
+                continue
+            named_norm = "norm" in param_name.lower() or ".ln_" in param_name
+            is_scale = param.ndim == 1 and named_norm and "bias" not in param_name
+            param.copy_(1.0 + 0.1 * torch.randn_like(param) if is_scale else 0.2 * torch.randn_like(param))
+        if hasattr(model, "final_logits_bias"):
+            model.final_logits_bias.copy_(torch.randn_like(model.final_logits_bias))
+    return model
+
+
+def tokens(batch: int, length: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).integers(1, VOCAB - 1, (batch, length)).astype(np.int64)
+
+
+def attention_mask(lengths, length: int) -> np.ndarray:
+    return (np.arange(length)[None, :] < np.asarray(lengths)[:, None]).astype(np.int64)

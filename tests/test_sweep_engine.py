@@ -1,0 +1,86 @@
+"""The sweep engine: warm workers reuse compiled programs, the data and the peak; a dead worker is replaced."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jax
+import pytest
+import yaml
+
+from jaxformer.train.config import load_config
+from jaxformer.train.loop import train
+from jaxformer.train.peak import machine_peak_flops
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ["model.d_model=32", "model.num_layers=1", "model.num_heads=2", "model.max_seq_len=64",
+        "data.corpus=synthetic-markov", "data.markov.bytes=200000", "train.batch_size=8", "train.seq_len=32",
+        "train.tokens=8192", "train.eval_tokens=2048", "checkpoint.interval=10", "logging.progress=none",
+        "logging.tensorboard=false", "train.compilation_cache=", "train.peak_flops=1e10"]
+
+
+def test_a_process_compiles_a_shape_once_for_every_run_of_it(tmp_path):
+    compiles = []
+    jax.monitoring.register_event_duration_secs_listener(
+        lambda event, seconds, **kw: compiles.append(event) if event == "/jax/core/compile/backend_compile_duration"
+        else None)
+    first = train(load_config(None, TINY), tmp_path / "a")
+    before = len(compiles)
+    second = train(load_config(None, [*TINY, "train.seed=1", "optimizer.lr=1e-3"]), tmp_path / "b")
+    assert before > 0 and len(compiles) == before  # the second run of the shape compiled nothing
+    assert second["compiled"] == "reused in this process" and first["compiled"] != second["compiled"]
+    assert second["time"]["data_s"] < first["time"]["data_s"] and second["time"]["startup_s"] == 0.0
+    assert second["val_loss"] != first["val_loss"]  # another seed and learning rate: another run
+    times = second["time"]
+    parts = sum(v for k, v in times.items() if k not in ("total_s", "startup_s"))
+    assert parts == pytest.approx(times["total_s"], rel=1e-9) and times["train_s"] > 0
+
+
+def test_the_matmul_peak_is_probed_once_per_machine_and_layout(tmp_path, monkeypatch):
+    path = tmp_path / "peak.json"
+    first = machine_peak_flops("float32", path)
+    assert first > 1e8 and len(json.loads(path.read_text())) == 1
+
+    def no_probe(*args, **kwargs):
+        raise AssertionError("probed again")
+
+    monkeypatch.setattr("jaxformer.train.peak.probe_matmul_peak", no_probe)
+    assert machine_peak_flops("float32", path) == first
+
+
+def _spec(tmp_path: Path) -> Path:
+    spec = yaml.safe_load((ROOT / "sweeps" / "tiny.yaml").read_text())
+    spec.update(name="engine", isoflop={"budgets": [3e9], "params": [8e3, 16e3]})
+    spec["base"]["checkpoint"] = {"interval": 5}
+    path = tmp_path / "engine.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+@pytest.mark.slow
+def test_a_worker_killed_mid_run_is_replaced_and_its_run_resumes(tmp_path):
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "jaxformer.cli", "sweep", str(_spec(tmp_path)), "--out", str(out), "--workers", "1"]
+    sweep = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline, victim = time.time() + 300, None
+    while victim is None and time.time() < deadline:  # the first run's first checkpoint: kill its worker
+        for run in (out / "runs").glob("*") if (out / "runs").is_dir() else []:
+            if any(p.name.isdigit() for p in (run / "checkpoints").glob("*")) and not (run / "final.json").exists():
+                victim = run.name
+        time.sleep(0.05)
+    assert victim is not None
+    pid = int((out / "locks" / f"{victim}.lock").read_text())  # the worker holds the run's lock
+    os.kill(pid, signal.SIGKILL)
+    output, _ = sweep.communicate(timeout=600)
+    assert sweep.returncode == 0, output
+    finals = {p.parent.name: json.loads(p.read_text()) for p in (out / "runs").glob("*/final.json")}
+    assert len(finals) == 2
+    assert finals[victim]["resumed_from"] is not None  # the new worker went on from the checkpoint
+    log = (out / "logs" / f"{victim}.log").read_text()
+    assert log.count("$ ") == 2 and f"(worker {pid})" in log
+    other = next(name for name in finals if name != victim)
+    assert (out / "logs" / f"{other}.log").read_text().count("$ ") == 1
