@@ -33,7 +33,7 @@ import yaml
 from jaxformer.accounting import count_params, training_flops, training_flops_per_token
 from jaxformer.parallel import Layout
 from jaxformer.parallel import initialize as initialize_distributed
-from jaxformer.runtime import process_startup_s
+from jaxformer.runtime import enable_compilation_cache, process_startup_s
 from jaxformer.files import write_json_atomic, write_text_atomic
 from jaxformer.train.checkpoint import Checkpointer, has_checkpoints
 from jaxformer.train.config import TrainConfig, config_to_dict, resume_conflict
@@ -48,15 +48,6 @@ from jaxformer.train.step import empty_sums
 
 class NonFiniteLoss(RuntimeError):
     """The loss or gradient norm became NaN or infinite; the last good checkpoint is kept."""
-
-
-def enable_compilation_cache(directory: str) -> None:
-    """JAX's persistent compilation cache in ``directory`` ("" leaves it off)."""
-    if directory:
-        path = Path(directory).expanduser()
-        path.mkdir(parents=True, exist_ok=True)
-        jax.config.update("jax_compilation_cache_dir", str(path))
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 
 
 def check_resume(config: TrainConfig, run_dir: Path) -> bool:
