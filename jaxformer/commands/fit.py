@@ -21,6 +21,9 @@ from jaxformer.scaling.bootstrap import REFERENCE_BUDGET
 from jaxformer.scaling.report import APPROACHES, fit_table, jsonable
 from jaxformer.scaling.table import load_table
 
+# every file is written before run returns and no thread is left working: `jaxformer.cli` skips teardown
+EXIT_AT_ONCE = True
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("results", help="table of runs (.csv, .parquet, .jsonl) or a sweep directory")

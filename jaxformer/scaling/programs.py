@@ -62,7 +62,11 @@ def load_or_compile(lower: Callable[[], Any], args: Any, *, parts: Sequence[str]
             # JAX's cache held it, and XLA:CPU cannot serialize an executable it loaded: compile it afresh once,
             # under an inert option (it changes JAX's key, not the code), so that later processes load this one
             hits = _cache_hits()
-            compiled = lowered.compile(INERT_OPTION)
+            try:
+                compiled = lowered.compile(INERT_OPTION)
+            except Exception as error:  # noqa: BLE001 - keep the loaded one, store nothing
+                _log.warning("could not recompile program %s to store it: %s", path.name, error)
+                hits = -1
         if _cache_hits() == hits:  # compiled here, so its serialization loads
             _store(path, compiled)
     _LOADED[key] = compiled
