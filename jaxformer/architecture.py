@@ -4,7 +4,7 @@ Everything a parameter count, a FLOP count or a module constructor needs is here
 the count of a config and the parameters of the model built from it cannot drift.
 Unset (``None``) sizes are resolved on construction: ``num_kv_heads = num_heads``,
 ``head_dim = d_model / num_heads``, ``d_ff = 4·d_model`` (GELU/ReLU) or ``8/3·d_model``
-rounded up to a multiple of 32 (SwiGLU, Llama's rule that keeps the FFN near 8d²).
+rounded up to a multiple of 32 (gated: SwiGLU/GEGLU, Llama's rule that keeps the FFN near 8d²).
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from typing import Literal
 from jaxformer.configs import NON_NEGATIVE, POSITIVE, SIZE, Section, setting
 
 Family = Literal["decoder", "encoder", "encoder_decoder"]
-Activation = Literal["relu", "gelu", "gelu_tanh", "silu", "swiglu"]
+Activation = Literal["relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu", "geglu_tanh"]
 Norm = Literal["layernorm", "rmsnorm"]
 NormPosition = Literal["pre", "post", "sandwich"]
-Position = Literal["learned", "sinusoidal", "rope", "alibi", "none"]
+Position = Literal["learned", "sinusoidal", "rope", "alibi", "relative_bias", "none"]
 RopeScaling = Literal["none", "llama3"]
 SinusoidalLayout = Literal["interleaved", "split"]
 
@@ -40,7 +40,15 @@ class ModelConfig(Section):
       (`jaxformer.train.step.next_token_loss`); the models return that loss unweighted.
     sliding_window: if set, self-attention sees only the last ``sliding_window`` tokens.
     activation: ``gelu`` is the exact (erf) GELU, ``gelu_tanh`` its tanh approximation
-      (GPT-2's ``gelu_new``), ``silu`` the ungated SiLU (Marian's ``swish``), ``swiglu`` gated.
+      (GPT-2's ``gelu_new``), ``silu`` the ungated SiLU (Marian's ``swish``); gated: ``swiglu`` (a SiLU
+      gate), ``geglu`` (an exact-GELU gate), ``geglu_tanh`` (a tanh-GELU gate: T5 v1.1's ``gated-gelu``).
+    position: ``relative_bias`` is T5's: no position signal in the embedding; every self-attention
+      adds a learned ``[relative_attention_num_buckets, num_heads]`` bias of the bucketed query–key
+      distance (bidirectional buckets in an encoder, causal ones in a decoder; none in
+      cross-attention), one table per stack shared by its layers
+      (`jaxformer.functional.relative_position_bias`), with distances from
+      ``relative_attention_max_distance`` on sharing the last bucket.
+    attention_scale: multiplies the query–key scores; ``None`` is ``1/√head_dim`` (T5: 1.0, unscaled).
     qkv_bias: biases on the query/key/value projections; ``None`` follows ``use_bias``
       (Qwen2: ``use_bias=False, qkv_bias=True``, so no output-projection or FFN biases).
     rope_scaling: ``llama3`` rescales RoPE's frequencies as Llama 3.1 does (``rope_scaling_factor``,
@@ -53,6 +61,8 @@ class ModelConfig(Section):
     scale_embeddings: token embeddings are multiplied by √d_model before positions are added (Marian).
     logit_bias: a ``[V]`` bias on the output logits (decoder, encoder–decoder; Marian's
       ``final_logits_bias``); the masked-LM head has its own with ``use_bias``.
+    scale_head_inputs: decoder, encoder–decoder: the final hidden states are multiplied by
+      ``d_model**-0.5`` before the output head (T5's ``scale_decoder_outputs``, set when its head is tied).
     mlm_head: ``encoder`` only: the masked-LM head; without it the model's output is the
       encoder's final hidden states (a bare BERT, a sentence encoder).
     pooler: ``encoder`` only: BERT's pooler, a dense ``[E, E]`` layer with tanh on the first
@@ -106,6 +116,10 @@ class ModelConfig(Section):
     logit_bias: bool = False
     mlm_head: bool = True
     pooler: bool = False
+    relative_attention_num_buckets: int = setting(32, SIZE)
+    relative_attention_max_distance: int = setting(128, SIZE)
+    attention_scale: float | None = setting(None, POSITIVE)
+    scale_head_inputs: bool = False
     init_from: str | None = None
 
     def check(self) -> None:
@@ -120,7 +134,7 @@ class ModelConfig(Section):
             raise ValueError(
                 f"model.num_heads ({self.num_heads}) must be a multiple of model.num_kv_heads ({self.num_kv_heads})"
             )
-        default_d_ff = -(-8 * self.d_model // 3 // 32) * 32 if self.activation == "swiglu" else 4 * self.d_model
+        default_d_ff = -(-8 * self.d_model // 3 // 32) * 32 if self.is_gated else 4 * self.d_model
         self._resolve("d_ff", default_d_ff)
         self._resolve("expert_d_ff", self.d_ff)
         if self.position == "rope" and self.head_dim % 2:
@@ -139,6 +153,15 @@ class ModelConfig(Section):
         if self.family == "encoder" and self.logit_bias:
             raise ValueError("model.logit_bias is for decoder and encoder_decoder heads; an encoder's masked-LM "
                              "head has its bias with model.use_bias")
+        if self.family == "encoder" and self.scale_head_inputs:
+            raise ValueError("model.scale_head_inputs is for decoder and encoder_decoder heads")
+        if self.position == "relative_bias" and (self.relative_attention_num_buckets < 4 or
+                                                 self.relative_attention_max_distance <=
+                                                 self.relative_attention_num_buckets // 2):
+            raise ValueError(
+                f"model.relative_attention_max_distance ({self.relative_attention_max_distance}) must be above "
+                f"half of model.relative_attention_num_buckets ({self.relative_attention_num_buckets}, at least 4)"
+            )
         if self.pooler and self.family != "encoder":
             raise ValueError(f"model.pooler needs family encoder, got family={self.family!r}")
         if not self.mlm_head and self.family != "encoder":
@@ -159,7 +182,7 @@ class ModelConfig(Section):
 
     @property
     def is_gated(self) -> bool:
-        return self.activation == "swiglu"
+        return self.activation in ("swiglu", "geglu", "geglu_tanh")
 
     @property
     def has_qkv_bias(self) -> bool:

@@ -7,6 +7,7 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing is downloaded: every model here is built from a config
 
 import numpy as np
+import pytest
 import torch
 import transformers
 
@@ -49,26 +50,44 @@ CONFIGS = {
         decoder_attention_heads=4, encoder_ffn_dim=48, decoder_ffn_dim=48, vocab_size=VOCAB,
         max_position_embeddings=40, activation_function="swish", scale_embedding=True, pad_token_id=VOCAB - 1,
         decoder_start_token_id=VOCAB - 1, eos_token_id=0, forced_eos_token_id=None)),
+    # T5 v1.0: relative position buckets (8, up to distance 6: the padded batches reach the log buckets),
+    # unscaled attention, RMSNorm, ReLU, no biases, the tied head's input scaled by d_model**-0.5
+    "t5": (transformers.T5ForConditionalGeneration, dict(
+        model_type="t5", d_model=32, d_kv=8, d_ff=48, num_layers=2, num_decoder_layers=2, num_heads=4,
+        vocab_size=VOCAB, relative_attention_num_buckets=8, relative_attention_max_distance=6,
+        decoder_start_token_id=0)),
+    # T5 v1.1 / Flan-T5: gated-gelu, an untied head without the rescale, more decoder than encoder layers
+    "t5-v1_1": (transformers.T5ForConditionalGeneration, dict(
+        model_type="t5", d_model=32, d_kv=16, d_ff=40, num_layers=1, num_decoder_layers=2, num_heads=4,
+        vocab_size=VOCAB, feed_forward_proj="gated-gelu", tie_word_embeddings=False, layer_norm_epsilon=1e-5,
+        decoder_start_token_id=0, untie_head=True)),
 }
 
 
 def hf_model(name: str, seed: int = 0) -> torch.nn.Module:
     """The family ``name`` with random weights large enough that every parameter moves the logits.
 
-    Weights ~ N(0, 0.2²); norm scales ~ 1 + N(0, 0.1²); Marian's (buffer) logit bias random too.
+    Weights ~ N(0, 0.2²) (T5's shared embedding N(0, 1)); norm scales ~ 1 + N(0, 0.1²); Marian's (buffer)
+    logit bias random too.
+    ``untie_head``: a head of its own (transformers 5 ties T5's whatever the config says; Flan-T5's is not).
     """
     cls, kwargs = CONFIGS[name]
     kwargs = dict(kwargs)
+    untie_head = kwargs.pop("untie_head", False)
     config = transformers.AutoConfig.for_model(kwargs.pop("model_type"), **kwargs)
     torch.manual_seed(seed)
     model = cls(config).eval()
+    if untie_head:
+        model.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.detach().clone())
+        model.all_tied_weights_keys.pop("lm_head.weight")
     with torch.no_grad():
         for param_name, param in model.named_parameters():
             if not param.requires_grad:  # Marian's sinusoid tables
                 continue
             named_norm = "norm" in param_name.lower() or ".ln_" in param_name
             is_scale = param.ndim == 1 and named_norm and "bias" not in param_name
-            param.copy_(1.0 + 0.1 * torch.randn_like(param) if is_scale else 0.2 * torch.randn_like(param))
+            std = 1.0 if param_name == "shared.weight" else 0.2  # T5's own N(0, 1): its tied head scales by d**-0.5
+            param.copy_(1.0 + 0.1 * torch.randn_like(param) if is_scale else std * torch.randn_like(param))
         if hasattr(model, "final_logits_bias"):
             model.final_logits_bias.copy_(torch.randn_like(model.final_logits_bias))
     return model
@@ -80,3 +99,19 @@ def tokens(batch: int, length: int, seed: int = 0) -> np.ndarray:
 
 def attention_mask(lengths, length: int) -> np.ndarray:
     return (np.arange(length)[None, :] < np.asarray(lengths)[:, None]).astype(np.int64)
+
+
+def assert_refused_in_one_line(source, out, message: str, capsys) -> None:
+    """``hf.load`` and ``jaxformer import-hf`` refuse ``source`` with ``message``: one line, exit 2, nothing written."""
+    import re
+
+    from jaxformer import hf
+    from jaxformer.cli import main
+
+    capsys.readouterr()
+    with pytest.raises(ValueError, match="^" + re.escape(message)):
+        hf.load(source)
+    assert main(["import-hf", str(source), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"jaxformer import-hf: error: {message}") and len(err.strip().splitlines()) == 1
+    assert not out.exists()

@@ -33,7 +33,8 @@ def test_gpt2_small_exact_count_and_breakdown():
 
 
 @pytest.mark.parametrize(("name", "published"), [("gpt2-medium", 354_823_168), ("llama2-7b", 6_738_415_616),
-                                                 ("llama3-8b", 8_030_261_248), ("mistral-7b", 7_241_732_096)])
+                                                 ("llama3-8b", 8_030_261_248), ("mistral-7b", 7_241_732_096),
+                                                 ("t5-small", 60_506_624)])
 def test_published_parameter_counts(name, published):
     assert count_params(get_preset(name)).total == published
 
@@ -145,6 +146,10 @@ def test_every_preset_counts_and_family_extras():
     ({"pooler": True}, "model.pooler needs family encoder"),
     ({"mlm_head": False}, "model.mlm_head=false needs family encoder"),
     ({"activation": "gelu_new"}, "model.activation"),
+    ({"family": "encoder", "scale_head_inputs": True}, "model.scale_head_inputs"),
+    ({"position": "relative_bias", "relative_attention_num_buckets": 32, "relative_attention_max_distance": 16},
+     r"model.relative_attention_max_distance \(16\) must be above half of model.relative_attention_num_buckets"),
+    ({"attention_scale": 0.0}, "model.attention_scale"),
 ])
 def test_model_config_rejects_bad_values(kwargs, message):
     with pytest.raises(ValueError, match=message):
@@ -170,6 +175,16 @@ def test_hugging_face_options_are_counted_and_leave_the_presets_alone():
     assert count_params(qwen).total - base.total == 2 * (64 + 2 * 32) + 100
     for name, cfg in PRESETS.items():  # the new options default off
         assert count_params(cfg).breakdown.get("token_type_embedding", 0) == 0, name
+
+
+def test_t5_relative_bias_tables_and_gated_gelu_are_counted():
+    """One [buckets, heads] table per stack (an embedding, like the position tables); GEGLU's third matrix."""
+    t5 = count_params(get_preset("t5-small"))
+    assert t5.breakdown["relative_bias"] == 2 * 32 * 8 and t5.breakdown["output_head"] == 0
+    assert t5.non_embedding == t5.total - 32128 * 512 - 2 * 32 * 8
+    assert t5.per_layer["encoder.total"] == 4 * 512 * 512 + 2 * 512 * 2048 + 2 * 512  # no biases, RMSNorm
+    v1_1 = dataclasses.replace(get_preset("t5-small"), activation="geglu_tanh", tie_embeddings=False)
+    assert count_params(v1_1).total - t5.total == 12 * 512 * 2048 + 32128 * 512
 
 
 def test_count_cli_prints_gpt2(capsys):

@@ -49,6 +49,8 @@ def _assert_paths_agree(results):
             np.testing.assert_allclose(grad, grad_ref, atol=TOL, rtol=0, err_msg=f"{impl} d{name}")
 
 
+RELATIVE = jax.random.normal(jax.random.key(7), (8, 4))  # T5's relative bias table: 8 buckets, 4 heads
+
 # (B, T, S, H, K) and the structured arguments; block_size is 4, so S = 11, 13, 14 leave a ragged tile
 CASES = {
     "causal_mha_alibi": ((2, 12, 12, 4, 4), dict(causal=True, alibi_slopes=F.alibi_slopes(4))),
@@ -57,6 +59,13 @@ CASES = {
     "sliding_window_ragged": ((1, 13, 13, 4, 2), dict(window=3)),
     "cross_attention_ragged": ((2, 5, 11, 4, 1), dict(key_lengths=jnp.array([11, 6]))),
     "decode_offset_alibi": ((2, 3, 14, 4, 2), dict(causal=True, q_offset=11, alibi_slopes=F.alibi_slopes(4))),
+    # T5: a [buckets, heads] bias table, unscaled scores; distances past 6 share the log buckets' last one
+    "bidirectional_padding_relative": ((2, 9, 11, 4, 2), dict(key_lengths=jnp.array([11, 5]), relative_bias=RELATIVE,
+                                                              relative_max_distance=6, scale=1.0)),
+    "causal_relative": ((2, 12, 12, 4, 4), dict(causal=True, relative_bias=RELATIVE, relative_bidirectional=False,
+                                                relative_max_distance=6)),
+    "decode_offset_relative": ((2, 3, 14, 4, 2), dict(causal=True, q_offset=11, relative_bias=RELATIVE,
+                                                      relative_bidirectional=False, relative_max_distance=6)),
 }
 
 
@@ -66,7 +75,7 @@ def test_blockwise_and_xla_match_naive(case):
     _assert_paths_agree(_outputs_and_grads(shape, **kwargs))
 
 
-@pytest.mark.parametrize("case", ["causal_mha_alibi", "causal_gqa_padding", "sliding_window_ragged"])
+@pytest.mark.parametrize("case", ["causal_mha_alibi", "causal_gqa_padding", "sliding_window_ragged", "causal_relative"])
 def test_causal_query_blocks_match_the_whole_causal_pass(case):
     """Every path in blocks of 3 queries (T = 12 or 13: even, or a 1-query remainder) against naive in one block."""
     shape, kwargs = CASES[case]
@@ -153,6 +162,28 @@ def test_alibi_slope_gradient_matches_naive():
     np.testing.assert_allclose(d_slopes_blockwise, d_slopes_naive, atol=TOL, rtol=0)
 
 
+@pytest.mark.parametrize("bidirectional", [True, False])
+def test_relative_bias_table_gradient_matches_naive(bidirectional):
+    q, k, v, cotangent = _inputs(2, 9, 9, 4, 2)
+
+    @jax.jit
+    def table_grads(table):
+        def loss(t, impl):
+            out = F.attention(q, k, v, impl=impl, causal=not bidirectional, key_lengths=jnp.array([9, 6]),
+                              relative_bias=t, relative_bidirectional=bidirectional, relative_max_distance=6,
+                              block_size=4, query_block_size=4)
+            return jnp.sum(out * cotangent)
+        return [jax.grad(loss)(table, impl) for impl in IMPLS]
+
+    d_naive, *others = table_grads(RELATIVE)
+    distances = np.arange(9)[:, None] - np.arange(9)[None, :]
+    reached = np.unique(F.relative_position_buckets(distances, num_buckets=8, max_distance=6,
+                                                    bidirectional=bidirectional))
+    assert np.array_equal(np.nonzero(np.abs(d_naive).sum(axis=1))[0], reached)  # exactly the buckets used
+    for d_table in others:
+        np.testing.assert_allclose(d_table, d_naive, atol=TOL, rtol=0)
+
+
 def _arrays_in(jaxpr):
     """Shapes of every intermediate in a jaxpr, nested scan/custom_vjp/pjit bodies included."""
     for eqn in jaxpr.eqns:
@@ -201,5 +232,7 @@ def test_bad_input_is_one_line_value_error():
         F.attention(q, k, v, impl="blockwise", key_lengths=jnp.array([4]))
     with pytest.raises(ValueError, match="alibi_slopes must have shape"):
         F.attention(q, k, v, impl="xla", alibi_slopes=jnp.ones(3))
+    with pytest.raises(ValueError, match=r"relative_bias must have shape \[buckets, heads\] = \(P, 2\)"):
+        F.attention(q, k, v, impl="blockwise", relative_bias=jnp.ones((8, 3)))
     with pytest.raises(ValueError, match="block_size must be positive, got 0"):
         F.blockwise_attention(q, k, v, block_size=0)

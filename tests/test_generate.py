@@ -36,6 +36,9 @@ def decode_in_steps(extend, x_BT, cache, prefill, *context):
     dict(position="learned", norm_position="post", use_bias=True),
     # MoE at the default capacity_factor (1.25): inference never drops, so routing does not depend on the batch
     dict(position="alibi", num_experts=4, experts_per_token=2, norm_position="sandwich"),
+    # T5's causal relative buckets (distances past 6 share one), unscaled scores, a rescaled head
+    dict(position="relative_bias", relative_attention_num_buckets=8, relative_attention_max_distance=6,
+         attention_scale=1.0, norm="rmsnorm", activation="geglu_tanh", scale_head_inputs=True),
 ])
 def test_cached_decoding_equals_full_recomputation(overrides):
     cfg = tiny(num_layers=2, **overrides)

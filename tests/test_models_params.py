@@ -37,6 +37,8 @@ def component(path: tuple) -> str:
                 "token_types": "token_type_embedding", "norm": "embedding_norm"}[names[1]]
     if names[0] == "pooler":
         return "pooler"
+    if names[-1] == "relative_bias":  # T5: one table per stack
+        return "relative_bias"
     if names[0] == "head":
         if names == ["head", "bias"]:
             return "logit_bias"
@@ -77,6 +79,11 @@ def test_modules_hold_the_accounted_parameters_component_by_component(name):
          tie_embeddings=False),
     dict(family="encoder_decoder", num_encoder_layers=2, position="sinusoidal", sinusoidal_layout="split",
          logit_bias=True, norm_position="post"),
+    # T5 v1.1: relative position bias tables, gated GELU, no biases, an untied rescaled head
+    dict(family="encoder_decoder", num_encoder_layers=3, position="relative_bias", relative_attention_num_buckets=16,
+         activation="geglu_tanh", use_bias=False, norm="rmsnorm", tie_embeddings=False, scale_head_inputs=True,
+         attention_scale=1.0),
+    dict(position="relative_bias", activation="geglu", use_bias=False),  # a decoder LM with T5's biases
 ])
 def test_variants_hold_the_accounted_parameters(overrides):
     base = "moe-8x-top2" if "num_shared_experts" in overrides else "gpt2"

@@ -18,7 +18,7 @@ def test_kernel_runs_this_interpreter():
                      sys.executable}
 
 
-@pytest.mark.parametrize("name, figures", [("attention_walkthrough", 0), ("fit_scaling_laws", 5)])
+@pytest.mark.parametrize("name, figures", [("attention_walkthrough", 0), ("fit_scaling_laws", 5), ("committed_study", 3)])
 def test_notebook_executes(name, figures):
     nb = nbformat.read(NOTEBOOKS / f"{name}.ipynb", as_version=4)
     nbclient.NotebookClient(nb, kernel_name="python3", timeout=600,

@@ -31,9 +31,24 @@ def test_isoflop_groups_by_c_without_labels_and_warns_at_the_edge():
     shifted = t.N * np.repeat([1.0, 10 ** 0.45], 5)  # second budget's sizes all above its optimum
     unlabeled = RunTable.from_arrays(shifted, LAW.loss(shifted, t.C / (6 * shifted)), C=t.C)
     assert [len(g) for g in group_budgets(unlabeled)] == [5, 5]
-    fit = fit_isoflop(unlabeled)
+    fit = fit_isoflop(unlabeled, keep_edges=True)
     assert len(fit.warnings) == 1 and "C=1e+20: minimum at the edge" in fit.warnings[0]
     assert [p.bracketed for p in fit.profiles] == [True, False]
+    with pytest.raises(ValueError, match=r"got 1 \(C=1e\+19\); 1 more with their minimum at an edge"):
+        fit_isoflop(unlabeled)
+
+
+def test_edge_minima_are_left_out_of_the_power_laws():
+    """A budget whose sizes all lie above its optimum would drag a; by default its minimum is drawn, not fitted."""
+    t = isoflop_sweep(LAW, BUDGETS, noise=0.0)
+    last = t.budget == BUDGETS[-1]
+    shifted = np.where(last, t.N * 10 ** 1.0, t.N)
+    edge = RunTable.from_arrays(shifted, LAW.loss(shifted, t.C / (6 * shifted)), C=t.C, budget=t.budget)
+    fit, kept = fit_isoflop(edge), fit_isoflop(edge, keep_edges=True)
+    assert [p.bracketed for p in fit.profiles] == [True] * (len(BUDGETS) - 1) + [False]
+    assert "left out of the power laws" in fit.warnings[0] and "kept" in kept.warnings[0]
+    assert fit.allocation.a == pytest.approx(LAW.a, abs=0.01)  # the bracketed budgets alone recover the law
+    assert abs(kept.allocation.a - LAW.a) > 3 * abs(fit.allocation.a - LAW.a)  # the edge minimum, kept, pulls it off
 
 
 def test_isoflop_single_budget_is_an_error():
@@ -54,3 +69,42 @@ def test_envelope_needs_curves():
     t = RunTable.from_arrays([1e8, 2e8, 4e8], [3.0, 2.9, 2.8], D=[1e9, 1e9, 1e9])
     with pytest.raises(ValueError, match="Approach 1 needs training curves"):
         fit_envelope(t)
+
+
+def test_frontier_bands_hold_each_law_and_widen_beyond_the_data():
+    """The shaded N_opt bands of the plot: percentiles over each approach's bootstrap laws."""
+    from jaxformer.scaling.report import fit_table
+
+    report = fit_table(isoflop_sweep(LAW, BUDGETS, noise=0.002), "all", resamples=100, seed=0)
+    C = np.geomspace(1e18, 1e25, 8)
+    bands = report.frontier_bands(C)
+    assert set(bands) == {"Approach 2", "Approach 3"}
+    for label, (low, high) in bands.items():
+        n_opt = report.laws()[label].n_opt(C)
+        assert np.all(low < n_opt) and np.all(n_opt < high), label
+        inside, beyond = high[1] / low[1], high[-1] / low[-1]  # 1e19 (in the data) and 1e25 (extrapolated)
+        assert 1 < inside < beyond, label
+    s = report.approach2.samples
+    expected = np.percentile(s["k_N"] * 1e25 ** s["a"], [2.5, 97.5])
+    assert bands["Approach 2"][0][-1] == pytest.approx(expected[0]) and bands["Approach 2"][1][-1] == pytest.approx(expected[1])
+
+
+def test_residual_bootstrap_matches_the_spread_over_repeated_studies():
+    """Five sizes per budget, as a small study has: over 20 studies, the fixed-design (residual) bootstrap's 95%
+    interval on a is about as wide as the spread of a over 200 independent repetitions of the study, and covers
+    the true a about 95% of the time; drawing runs makes it several times too wide."""
+    def study(seed):
+        return isoflop_sweep(LAW, BUDGETS[::2], sizes=5, span=0.5, noise=0.003, seed=seed)
+
+    low, high = np.percentile([fit_isoflop(study(s), keep_edges=True).allocation.a for s in range(100, 300)], [2.5, 97.5])
+    widths, covered = {"residuals": [], "runs": []}, 0
+    for seed in range(20):
+        for resample in widths:
+            a = fit_isoflop(study(seed), resamples=1000, seed=seed, keep_edges=True, resample=resample).stats["a"]
+            widths[resample].append((a.high - a.low) / (high - low))
+            covered += resample == "residuals" and a.low < LAW.a < a.high
+    assert 0.7 < np.median(widths["residuals"]) < 1.5, widths["residuals"]
+    assert np.median(widths["runs"]) > 2 * np.median(widths["residuals"])
+    assert covered >= 16
+    with pytest.raises(ValueError, match="runs or residuals"):
+        fit_isoflop(study(0), resamples=10, resample="seeds")

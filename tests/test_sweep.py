@@ -209,3 +209,50 @@ def test_sizes_centred_per_budget_follow_the_prior_law(tmp_path):
     bad = variant(tmp_path, "both", isoflop={"budgets": [1e9], "params": [8e3], "center": {"n_opt": 1e4, "budget": 1e9}})
     with pytest.raises(ValueError, match="exactly one of params"):
         load_spec(bad)
+
+
+def test_held_out_run_and_seed_repeats_after_the_fit(tmp_path):
+    """``verify:`` trains the compute-optimal run the fitted law predicts at 2× the largest budget and compares
+    its loss with the law's; ``isoflop.repeat`` adds a second seed at one budget and the fit reports the noise.
+
+    The sweep's own runs are given final losses from a known law (so the fit and its N_opt are known); the
+    held-out run is planned from that fit and trained for real.
+    """
+    from jaxformer.scaling.allocation import ParametricLaw
+    from jaxformer.sweep.verify import TOLERANCE
+
+    truth = ParametricLaw(E=1.0, A=200.0, B=168.5, alpha=0.35, beta=0.35)  # N_opt 16K at 1e9 … 47K at 8e9
+    spec = variant(tmp_path, "verified", isoflop={"budgets": [1e9, 2e9, 4e9], "params": [8e3, 16e3, 32e3, 64e3],
+                                                  "flops": "6ND", "repeat": {"budget": 2e9, "seeds": [1]}},
+                   fit={"approaches": [2, 3], "bootstrap": 20}, verify={"factor": 2})
+    runs = plan_runs(load_spec(spec))
+    assert len(runs) == 16 and sorted(run.seed for run in runs if run.budget == 2e9) == [0] * 4 + [1] * 4
+    out = tmp_path / "out"
+    for k, run in enumerate(runs):  # "trained": final losses of the known law, 0.3% apart between seeds
+        loss = float(truth.loss(run.N, run.D)) * (1 + 0.003 * run.seed * (-1) ** k)
+        final = {"params": run.N, "params_non_embedding": run.N_non_embedding, "tokens": run.D,
+                 "flops_exact": run.C_exact, "flops_6nd": run.C_6nd, "val_loss": loss}
+        (out / "runs" / run.name).mkdir(parents=True)
+        (out / "runs" / run.name / "final.json").write_text(json.dumps(final))
+    result = jaxformer("sweep", spec, "--out", out, "--workers", 2)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "0 to train" in result.stdout and "seed noise: 4 shapes trained with several seeds" in result.stdout
+    fit = json.loads((out / "fit" / "fit.json").read_text())
+    law = ParametricLaw.from_dict(fit["approach3"]["params"])
+    assert law.a == pytest.approx(truth.a, abs=0.02) and fit["warnings"] == []
+    verify = json.loads((out / "fit" / "verify.json").read_text())
+    assert verify["budget"] == 8e9 and verify["run"].startswith("verify-C8e09-N")
+    assert abs(verify["N"] / float(law.n_opt(8e9)) - 1) <= 0.25  # the size rule's nearest shape
+    assert verify["D"] * 6 * verify["N"] == pytest.approx(8e9, rel=0.03)  # whole steps of the budget's tokens
+    assert verify["predicted"]["loss"] == pytest.approx(float(law.loss(verify["N"], verify["D"])), rel=1e-12)
+    low, high = verify["predicted"]["interval"]
+    assert low < verify["predicted"]["loss"] < high
+    final = json.loads((out / "runs" / verify["run"] / "final.json").read_text())  # trained here, for real
+    assert verify["measured_loss"] == final["val_loss"] and final["tokens"] == verify["D"]
+    assert verify["within_tolerance"] == (abs(final["val_loss"] / verify["predicted"]["loss"] - 1) <= TOLERANCE)
+    assert verify["inside_interval"] == (low <= final["val_loss"] <= high)
+    assert f"held-out run {verify['run']}" in result.stdout
+    assert verify["run"] not in (out / "results.csv").read_text()  # held out: no table or fit of the sweep has it
+    again = jaxformer("sweep", spec, "--out", out)
+    assert again.returncode == 0 and "is done" in again.stdout, again.stdout
+    assert json.loads((out / "fit" / "verify.json").read_text()) == verify

@@ -17,8 +17,9 @@ class ParamCount:
     """Parameter counts (numbers of scalars).
 
     total: everything the model holds.
-    non_embedding: total less the token, position and token-type embedding tables (Kaplan
-      et al.'s N; an untied output head, the embedding norm and a logit bias count as non-embedding).
+    non_embedding: total less the token, position and token-type embedding tables and T5's
+      relative-position bias tables (Kaplan et al.'s N; an untied output head, the embedding
+      norm and a logit bias count as non-embedding).
     active: parameters used for one token (MoE: only ``experts_per_token`` routed experts).
     breakdown: component -> count over the whole model (sums to ``total``).
     per_layer: component -> count for one layer of each stack (``encoder.*``/``decoder.*``).
@@ -102,6 +103,9 @@ def count_params(cfg: ModelConfig) -> ParamCount:
             "position_embedding": cfg.max_seq_len * cfg.d_model if cfg.position == "learned" else 0,
             "token_type_embedding": cfg.num_token_types * cfg.d_model,
             "embedding_norm": norm_params(cfg) if cfg.embedding_norm else 0,
+            # T5: one [buckets, heads] table per stack, shared by its layers
+            "relative_bias": (len(stacks) * cfg.relative_attention_num_buckets * cfg.num_heads
+                              if cfg.position == "relative_bias" else 0),
         }
         per_layer: dict[str, int] = {}
         for stack, (layers, cross) in stacks.items():
@@ -126,7 +130,8 @@ def count_params(cfg: ModelConfig) -> ParamCount:
 
     breakdown, per_layer = model_total(active=False)
     active_breakdown, _ = model_total(active=True)
-    embedding = breakdown["token_embedding"] + breakdown["position_embedding"] + breakdown["token_type_embedding"]
+    embedding = sum(breakdown[name] for name in ("token_embedding", "position_embedding", "token_type_embedding",
+                                                 "relative_bias"))
     total, active = sum(breakdown.values()), sum(active_breakdown.values())
     return ParamCount(
         total=total,

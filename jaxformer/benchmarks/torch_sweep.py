@@ -88,6 +88,10 @@ def unsupported(config) -> str | None:
         return f"model.position={model.position!r} (the twin has {', '.join(POSITIONS)})"
     if model.sliding_window:
         return f"model.sliding_window={model.sliding_window} (the twin attends to the whole context)"
+    if model.activation in ("geglu", "geglu_tanh"):
+        return f"model.activation={model.activation!r} (the twin's gate is SiLU)"
+    if model.attention_scale is not None or model.scale_head_inputs:
+        return "model.attention_scale / scale_head_inputs (the twin scales as GPT-2 does)"
     if config.train.compute_dtype != "float32":
         return f"train.compute_dtype={config.train.compute_dtype!r} (the twin computes in float32)"
     return None

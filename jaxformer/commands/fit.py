@@ -44,6 +44,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="FLOP budgets at which to report tokens per parameter (default 5.76e23)")
     parser.add_argument("--budget-tol", type=float, default=0.1,
                         help="Approach 2 without budget labels: runs within this relative C are one budget")
+    parser.add_argument("--keep-edges", action="store_true",
+                        help="Approach 2: fit the power laws to minima at the edge of their sizes too (default: leave them out)")
+    parser.add_argument("--approach2-resample", default="runs", choices=("runs", "residuals"),
+                        help="Approach 2's bootstrap: draw each budget's runs (default) or its parabola's residuals")
     parser.add_argument("--bootstrap-starts", type=int, default=4,
                         help="Approach 3 starts per resample: the point optimum and the best grid starts")
     for role, flag in (("N", "--n-col"), ("D", "--d-col"), ("C", "--c-col"), ("loss", "--loss-col"),
@@ -62,7 +66,8 @@ def run(args: argparse.Namespace) -> int:
     table = table.exclude_highest_loss(args.exclude_highest_loss)
     enable_compilation_cache()  # the solver's programs compile once per machine, not once per fit
     report = fit_table(table, args.approach, resamples=args.bootstrap, seed=args.seed, level=args.level,
-                       budgets=args.budgets, budget_tol=args.budget_tol, bootstrap_starts=args.bootstrap_starts)
+                       budgets=args.budgets, budget_tol=args.budget_tol, bootstrap_starts=args.bootstrap_starts,
+                       keep_edges=args.keep_edges, resample2=args.approach2_resample)
     if args.plots:
         paths = report.write_plots(args.plots)
         print(f"wrote {len(paths)} figures to {args.plots}", file=sys.stderr)

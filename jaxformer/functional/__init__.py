@@ -20,7 +20,7 @@ second meaning, and a new letter is added here first.
 - ``L`` keys per tile of blockwise attention (``block_size``)
 - ``M`` key tiles of blockwise attention, ``ceil(S / L)``
 - ``N`` flattened tokens: ``B·T`` (or all leading axes) merged into one axis
-- ``P`` rows of a position table (``max_seq_len``)
+- ``P`` rows of a position table: positions (``max_seq_len``), or T5's relative-position buckets
 - ``Q`` parameters of a fitted law (``jaxformer.scaling``: log A, log B, log E, alpha, beta)
 - ``R`` routed experts per token, the router's top-``k`` (``experts_per_token``)
 - ``S`` key/value length: keys attended to, the encoder's source or context length
@@ -49,7 +49,8 @@ from jaxformer.functional.masks import attention_mask, causal_mask, padding_mask
 from jaxformer.functional.moe import load_balancing_loss, moe_feed_forward, route
 from jaxformer.functional.norms import layer_norm, rms_norm
 from jaxformer.functional.pooling import l2_normalize, mean_pool
-from jaxformer.functional.positions import (alibi_bias, alibi_bias_from_slopes, alibi_slopes, apply_rope, rope_frequencies,
+from jaxformer.functional.positions import (alibi_bias, alibi_bias_from_slopes, alibi_slopes, apply_rope,
+                                            relative_position_bias, relative_position_buckets, rope_frequencies,
                                             sinusoidal_positions)
 from jaxformer.functional.sampling import sample_logits, sampling_distribution
 
@@ -72,6 +73,8 @@ __all__ = [
     "mean_pool",
     "moe_feed_forward",
     "padding_mask",
+    "relative_position_bias",
+    "relative_position_buckets",
     "rms_norm",
     "rope_frequencies",
     "route",

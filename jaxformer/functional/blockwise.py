@@ -7,9 +7,10 @@ held is ``[B, H, T, L]`` (``L = block_size``), never ``[B, H, T, S]``. The backw
 tile's scores, as FlashAttention does; autodiff through the scan would instead keep every
 tile's probabilities, i.e. the whole ``T × S`` matrix.
 
-Masks and ALiBi biases come from structured arguments and are built per tile with the same
-functions the plain path uses (:func:`~jaxformer.functional.masks.attention_mask`,
-:func:`~jaxformer.functional.positions.alibi_bias_from_slopes`), shifted by the tile's
+Masks, ALiBi and T5 relative biases come from structured arguments and are built per tile with
+the same functions the plain path uses (:func:`~jaxformer.functional.masks.attention_mask`,
+:func:`~jaxformer.functional.positions.alibi_bias_from_slopes`,
+:func:`~jaxformer.functional.positions.relative_position_bias`), shifted by the tile's
 first key position. Shape letters as in the legend of :mod:`jaxformer.functional`; here
 ``L`` is the keys per tile (``block_size``) and ``M`` the number of tiles.
 """
@@ -26,7 +27,7 @@ import jax.numpy as jnp
 from jaxformer.checks import require_positive
 from jaxformer.functional.dot_product import group_heads, validate_qkv
 from jaxformer.functional.masks import attention_mask
-from jaxformer.functional.positions import alibi_bias_from_slopes
+from jaxformer.functional.positions import alibi_bias_from_slopes, relative_position_bias
 
 
 class _Static(NamedTuple):
@@ -35,9 +36,11 @@ class _Static(NamedTuple):
     causal: bool
     window: int | None
     scale: float
+    relative_bidirectional: bool = True
+    relative_max_distance: int = 128
 
 
-def check_structured_args(q_BTHD: jax.Array, key_lengths, window, alibi_slopes) -> None:
+def check_structured_args(q_BTHD: jax.Array, key_lengths, window, alibi_slopes, relative_bias=None) -> None:
     """Shape checks shared by every attention path; raises one-line ``ValueError``s."""
     B, _, H, _ = q_BTHD.shape
     if key_lengths is not None and jnp.shape(key_lengths) != (B,):
@@ -46,9 +49,11 @@ def check_structured_args(q_BTHD: jax.Array, key_lengths, window, alibi_slopes) 
         require_positive("window", window)
     if alibi_slopes is not None and jnp.shape(alibi_slopes) != (H,):
         raise ValueError(f"alibi_slopes must have shape [heads] = ({H},), got {jnp.shape(alibi_slopes)}")
+    if relative_bias is not None and (jnp.ndim(relative_bias) != 2 or jnp.shape(relative_bias)[1] != H):
+        raise ValueError(f"relative_bias must have shape [buckets, heads] = (P, {H}), got {jnp.shape(relative_bias)}")
 
 
-def _tile_logits(static: _Static, q_BTKGD, k_BLKD, slopes_H, j0, q_offset, lengths_B) -> jax.Array:
+def _tile_logits(static: _Static, q_BTKGD, k_BLKD, slopes_H, table_PH, j0, q_offset, lengths_B) -> jax.Array:
     """``[B, K, G, T, L]`` scaled, biased scores of every query against keys ``j0 .. j0+L-1``; -inf where masked."""
     B, T, K, G, _ = q_BTKGD.shape
     L = k_BLKD.shape[1]
@@ -58,6 +63,10 @@ def _tile_logits(static: _Static, q_BTKGD, k_BLKD, slopes_H, j0, q_offset, lengt
     offset = q_offset - j0  # query i sits at i + q_offset; tile key l at j0 + l
     if slopes_H is not None:
         bias_HTL = alibi_bias_from_slopes(slopes_H, T, L, offset=offset)
+        logits_BKGTL = logits_BKGTL + bias_HTL.reshape(K, G, T, L).astype(compute_dtype)
+    if table_PH is not None:
+        bias_HTL = relative_position_bias(table_PH, T, L, offset=offset, bidirectional=static.relative_bidirectional,
+                                          max_distance=static.relative_max_distance)
         logits_BKGTL = logits_BKGTL + bias_HTL.reshape(K, G, T, L).astype(compute_dtype)
     tile_lengths_B = None if lengths_B is None else lengths_B - j0
     mask_B11TL = attention_mask(T, L, causal=static.causal, window=static.window, key_lengths=tile_lengths_B, offset=offset)
@@ -72,7 +81,7 @@ def _tile_starts(k_MBLKD: jax.Array) -> jax.Array:
     return jnp.arange(M) * L
 
 
-def _forward(static, q_BTKGD, k_MBLKD, v_MBLKD, slopes_H, q_offset, lengths_B):
+def _forward(static, q_BTKGD, k_MBLKD, v_MBLKD, slopes_H, table_PH, q_offset, lengths_B):
     """Online softmax over key tiles: returns ``out [B, T, K, G, D]`` and ``logsumexp [B, K, G, T]``."""
     B, T, K, G, _ = q_BTKGD.shape
     D_v = v_MBLKD.shape[-1]
@@ -81,7 +90,7 @@ def _forward(static, q_BTKGD, k_MBLKD, v_MBLKD, slopes_H, q_offset, lengths_B):
     def step(carry, tile):
         acc_BKGTD, max_BKGT, total_BKGT = carry
         k_BLKD, v_BLKD, j0 = tile
-        logits_BKGTL = _tile_logits(static, q_BTKGD, k_BLKD, slopes_H, j0, q_offset, lengths_B)
+        logits_BKGTL = _tile_logits(static, q_BTKGD, k_BLKD, slopes_H, table_PH, j0, q_offset, lengths_B)
         new_max_BKGT = jnp.maximum(max_BKGT, jnp.max(logits_BKGTL, axis=-1))
         # a row that has seen no visible key yet keeps max -inf; shift by 0 so exp gives 0, not NaN
         shift_BKGT = jnp.where(jnp.isfinite(new_max_BKGT), new_max_BKGT, 0.0)
@@ -108,44 +117,49 @@ def _forward(static, q_BTKGD, k_MBLKD, v_MBLKD, slopes_H, q_offset, lengths_B):
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _blockwise(static, q_BTKGD, k_MBLKD, v_MBLKD, slopes_H, q_offset, lengths_B):
-    return _forward(static, q_BTKGD, k_MBLKD, v_MBLKD, slopes_H, q_offset, lengths_B)[0]
+def _blockwise(static, q_BTKGD, k_MBLKD, v_MBLKD, slopes_H, table_PH, q_offset, lengths_B):
+    return _forward(static, q_BTKGD, k_MBLKD, v_MBLKD, slopes_H, table_PH, q_offset, lengths_B)[0]
 
 
-def _blockwise_fwd(static, q_BTKGD, k_MBLKD, v_MBLKD, slopes_H, q_offset, lengths_B):
-    out_BTKGD, logsumexp_BKGT = _forward(static, q_BTKGD, k_MBLKD, v_MBLKD, slopes_H, q_offset, lengths_B)
-    return out_BTKGD, (q_BTKGD, k_MBLKD, v_MBLKD, slopes_H, q_offset, lengths_B, out_BTKGD, logsumexp_BKGT)
+def _blockwise_fwd(static, q_BTKGD, k_MBLKD, v_MBLKD, slopes_H, table_PH, q_offset, lengths_B):
+    out_BTKGD, logsumexp_BKGT = _forward(static, q_BTKGD, k_MBLKD, v_MBLKD, slopes_H, table_PH, q_offset, lengths_B)
+    return out_BTKGD, (q_BTKGD, k_MBLKD, v_MBLKD, slopes_H, table_PH, q_offset, lengths_B, out_BTKGD, logsumexp_BKGT)
 
 
 def _blockwise_bwd(static, residuals, d_out_BTKGD):
     """FlashAttention-2's backward: per tile, recompute ``P = exp(S - lse)`` and accumulate dQ; emit dK, dV."""
-    q_BTKGD, k_MBLKD, v_MBLKD, slopes_H, q_offset, lengths_B, out_BTKGD, logsumexp_BKGT = residuals
+    q_BTKGD, k_MBLKD, v_MBLKD, slopes_H, table_PH, q_offset, lengths_B, out_BTKGD, logsumexp_BKGT = residuals
     compute_dtype = jnp.promote_types(q_BTKGD.dtype, jnp.float32)
     d_out_BKGTD = jnp.moveaxis(d_out_BTKGD, 1, 3).astype(compute_dtype)
     # Δ_i = Σ_d dO_id·O_id = Σ_j P_ij·dP_ij, the softmax Jacobian's correction term
     delta_BKGT = jnp.sum(d_out_BKGTD * jnp.moveaxis(out_BTKGD, 1, 3).astype(compute_dtype), axis=-1)
 
     def step(carry, tile):
-        d_q_BTKGD, d_slopes_H = carry
+        d_q_BTKGD, d_slopes_H, d_table_PH = carry
         k_BLKD, v_BLKD, j0 = tile
         logits_BKGTL, logits_vjp = jax.vjp(
-            lambda q, k, slopes: _tile_logits(static, q, k, slopes, j0, q_offset, lengths_B), q_BTKGD, k_BLKD, slopes_H
+            lambda q, k, slopes, table: _tile_logits(static, q, k, slopes, table, j0, q_offset, lengths_B),
+            q_BTKGD, k_BLKD, slopes_H, table_PH,
         )
         probs_BKGTL = jnp.exp(logits_BKGTL - logsumexp_BKGT[..., None])
         d_v_BLKD = jnp.einsum("bkgtl,bkgtd->blkd", probs_BKGTL, d_out_BKGTD)
         d_probs_BKGTL = jnp.einsum("bkgtd,blkd->bkgtl", d_out_BKGTD, v_BLKD.astype(compute_dtype))
         d_logits_BKGTL = probs_BKGTL * (d_probs_BKGTL - delta_BKGT[..., None])
-        d_q_tile, d_k_BLKD, d_slopes_tile = logits_vjp(d_logits_BKGTL)
+        d_q_tile, d_k_BLKD, d_slopes_tile, d_table_tile = logits_vjp(d_logits_BKGTL)
         if d_slopes_H is not None:
             d_slopes_H = d_slopes_H + d_slopes_tile
-        return (d_q_BTKGD + d_q_tile.astype(compute_dtype), d_slopes_H), (d_k_BLKD, d_v_BLKD.astype(v_BLKD.dtype))
+        if d_table_PH is not None:
+            d_table_PH = d_table_PH + d_table_tile
+        carry = (d_q_BTKGD + d_q_tile.astype(compute_dtype), d_slopes_H, d_table_PH)
+        return carry, (d_k_BLKD, d_v_BLKD.astype(v_BLKD.dtype))
 
-    init = (jnp.zeros(q_BTKGD.shape, compute_dtype), None if slopes_H is None else jnp.zeros_like(slopes_H))
-    (d_q_BTKGD, d_slopes_H), (d_k_MBLKD, d_v_MBLKD) = jax.lax.scan(
+    init = (jnp.zeros(q_BTKGD.shape, compute_dtype), None if slopes_H is None else jnp.zeros_like(slopes_H),
+            None if table_PH is None else jnp.zeros_like(table_PH))
+    (d_q_BTKGD, d_slopes_H, d_table_PH), (d_k_MBLKD, d_v_MBLKD) = jax.lax.scan(
         step, init, (k_MBLKD, v_MBLKD, _tile_starts(k_MBLKD))
     )
     # integer inputs (offset, lengths) have no cotangent
-    return d_q_BTKGD.astype(q_BTKGD.dtype), d_k_MBLKD, d_v_MBLKD, d_slopes_H, None, None
+    return d_q_BTKGD.astype(q_BTKGD.dtype), d_k_MBLKD, d_v_MBLKD, d_slopes_H, d_table_PH, None, None
 
 
 _blockwise.defvjp(_blockwise_fwd, _blockwise_bwd)
@@ -161,6 +175,9 @@ def blockwise_attention(
     key_lengths: jax.Array | None = None,
     window: int | None = None,
     alibi_slopes: jax.Array | None = None,
+    relative_bias: jax.Array | None = None,
+    relative_bidirectional: bool = True,
+    relative_max_distance: int = 128,
     scale: float | None = None,
     block_size: int = 128,
 ) -> jax.Array:
@@ -174,20 +191,24 @@ def blockwise_attention(
       key_lengths: ``[B]`` int; keys ``j >= key_lengths[b]`` are padding.
       window: causal sliding window, keys ``0 <= (i + q_offset) - j < window`` (implies causal).
       alibi_slopes: ``[H]``; adds ``-slope_h·|i + q_offset - j|`` after scaling (differentiable).
+      relative_bias: ``[P, H]`` T5 bias table, ``relative_bias[bucket(i + q_offset - j), h]`` added after
+        scaling (differentiable; buckets ``relative_bidirectional`` up to ``relative_max_distance``).
       scale: multiplies the scores; defaults to ``1/sqrt(D)``.
       block_size: keys per tile; S need not be a multiple (the last tile is padded and masked).
 
     Returns ``[B, T, H, D]`` in q's dtype; rows with no visible key are zeros, as in the plain path.
     """
     q, k, v, unbatched = validate_qkv(q, k, v)
-    check_structured_args(q, key_lengths, window, alibi_slopes)
+    check_structured_args(q, key_lengths, window, alibi_slopes, relative_bias)
     require_positive("block_size", block_size)
     B, T, H, D = q.shape
     S, K = k.shape[1], k.shape[2]
     L = min(int(block_size), S)
     M = -(-S // L)
     static = _Static(causal=bool(causal), window=None if window is None else int(window),
-                     scale=1.0 / math.sqrt(D) if scale is None else float(scale))
+                     scale=1.0 / math.sqrt(D) if scale is None else float(scale),
+                     relative_bidirectional=bool(relative_bidirectional),
+                     relative_max_distance=int(relative_max_distance))
     lengths_B = None if key_lengths is None else jnp.minimum(jnp.asarray(key_lengths, jnp.int32), S)
     if M * L != S and lengths_B is None:
         lengths_B = jnp.full((B,), S, jnp.int32)  # hides the padding keys of the last tile
@@ -203,6 +224,7 @@ def blockwise_attention(
         tiles(k),
         tiles(v),
         None if alibi_slopes is None else jnp.asarray(alibi_slopes),
+        None if relative_bias is None else jnp.asarray(relative_bias),
         jnp.asarray(q_offset, jnp.int32),
         lengths_B,
     )

@@ -1,7 +1,7 @@
 """One attention entry point over three implementations, chosen by ``impl`` (a run's ``kernel.attention_impl``).
 
 - ``naive``: :func:`~jaxformer.functional.dot_product.dot_product_attention` with the full
-  ``[B, H, T, S]`` mask and ALiBi bias built from the structured arguments; the reference.
+  ``[B, H, T, S]`` mask and ALiBi / T5 relative bias built from the structured arguments; the reference.
 - ``blockwise``: :func:`~jaxformer.functional.blockwise.blockwise_attention`, exact, in key
   tiles, O(T·block_size) memory in both passes.
 - ``xla``: ``jax.nn.dot_product_attention``, given the structured arguments it understands
@@ -25,7 +25,7 @@ import jax.numpy as jnp
 from jaxformer.functional.dot_product import dot_product_attention, validate_qkv
 from jaxformer.functional.blockwise import blockwise_attention, check_structured_args
 from jaxformer.functional.masks import attention_mask
-from jaxformer.functional.positions import alibi_bias_from_slopes
+from jaxformer.functional.positions import alibi_bias_from_slopes, relative_position_bias
 
 IMPLEMENTATIONS = ("naive", "blockwise", "xla")
 
@@ -76,6 +76,9 @@ def attention(
     key_lengths: jax.Array | None = None,
     window: int | None = None,
     alibi_slopes: jax.Array | None = None,
+    relative_bias: jax.Array | None = None,
+    relative_bidirectional: bool = True,
+    relative_max_distance: int = 128,
     scale: float | None = None,
     block_size: int = 128,
     query_block_size: int | None = None,
@@ -90,6 +93,9 @@ def attention(
       key_lengths: ``[B]`` int; keys ``j >= key_lengths[b]`` are padding.
       window: causal sliding window, keys ``0 <= (i + q_offset) - j < window`` (implies causal).
       alibi_slopes: ``[H]``; adds ``-slope_h·|i + q_offset - j|`` after scaling.
+      relative_bias: ``[P, H]`` T5 bias table; adds ``relative_bias[bucket(i + q_offset - j), h]``
+        after scaling (:func:`~jaxformer.functional.positions.relative_position_bias`, with
+        ``relative_bidirectional`` buckets up to ``relative_max_distance``).
       scale: multiplies the scores; defaults to ``1/sqrt(D)``.
       block_size: keys per tile (blockwise only).
       query_block_size: for causal self-attention (``T == S``, ``q_offset == 0``, causal or
@@ -105,17 +111,24 @@ def attention(
     causal_self = (causal or window is not None) and isinstance(q_offset, int) and q_offset == 0 and T == k.shape[-3]
     if query_block_size is not None and T > query_block_size and causal_self:
         return _causal_query_blocks(q, k, v, impl=impl, key_lengths=key_lengths, window=window,
-                                    alibi_slopes=alibi_slopes, scale=scale, block_size=block_size,
-                                    query_block_size=int(query_block_size))
+                                    alibi_slopes=alibi_slopes, relative_bias=relative_bias,
+                                    relative_bidirectional=relative_bidirectional,
+                                    relative_max_distance=relative_max_distance, scale=scale,
+                                    block_size=block_size, query_block_size=int(query_block_size))
     if impl == "blockwise":
         return blockwise_attention(
             q, k, v, causal=causal, q_offset=q_offset, key_lengths=key_lengths, window=window,
-            alibi_slopes=alibi_slopes, scale=scale, block_size=block_size,
+            alibi_slopes=alibi_slopes, relative_bias=relative_bias, relative_bidirectional=relative_bidirectional,
+            relative_max_distance=relative_max_distance, scale=scale, block_size=block_size,
         )
     q, k, v, unbatched = validate_qkv(q, k, v)
-    check_structured_args(q, key_lengths, window, alibi_slopes)
+    check_structured_args(q, key_lengths, window, alibi_slopes, relative_bias)
     T, S = q.shape[1], k.shape[1]
     bias_HTS = None if alibi_slopes is None else alibi_bias_from_slopes(alibi_slopes, T, S, offset=q_offset)
+    if relative_bias is not None:
+        relative_HTS = relative_position_bias(relative_bias, T, S, offset=q_offset,
+                                              bidirectional=relative_bidirectional, max_distance=relative_max_distance)
+        bias_HTS = relative_HTS if bias_HTS is None else bias_HTS + relative_HTS
     if impl == "naive":
         mask_B1TS = attention_mask(T, S, causal=causal, window=window, key_lengths=key_lengths, offset=q_offset)
         out_BTHD = dot_product_attention(q, k, v, mask=mask_B1TS, bias=bias_HTS, scale=scale)

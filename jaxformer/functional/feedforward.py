@@ -1,4 +1,4 @@
-"""Position-wise feed-forward networks: ReLU, GELU (exact or tanh), SiLU and the gated SwiGLU."""
+"""Position-wise feed-forward networks: ReLU, GELU (exact or tanh), SiLU and the gated SwiGLU and GEGLU."""
 
 from __future__ import annotations
 
@@ -14,8 +14,10 @@ ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
     "gelu_tanh": lambda x: jax.nn.gelu(x, approximate=True),  # GPT-2's gelu_new
     "silu": jax.nn.silu,
     "swiglu": jax.nn.silu,  # the gate's nonlinearity; the up branch stays linear
+    "geglu": lambda x: jax.nn.gelu(x, approximate=False),  # GEGLU (Shazeer 2020): an exact-GELU gate
+    "geglu_tanh": lambda x: jax.nn.gelu(x, approximate=True),  # T5 v1.1's gated-gelu (a gelu_new gate)
 }
-GATED = frozenset({"swiglu"})
+GATED = frozenset({"swiglu", "geglu", "geglu_tanh"})
 
 
 def check_activation(activation: str) -> None:
@@ -34,9 +36,10 @@ def feed_forward(
     b_gate_F: jax.Array | None = None,
     b_out_E: jax.Array | None = None,
 ) -> jax.Array:
-    """``act(x·W_in + b_in)·W_out + b_out``; gated: ``(silu(x·W_gate + b_gate) ⊙ (x·W_in + b_in))·W_out + b_out``.
+    """``act(x·W_in + b_in)·W_out + b_out``; gated: ``(act(x·W_gate + b_gate) ⊙ (x·W_in + b_in))·W_out + b_out``.
 
-    E is the model width, F the hidden width. SwiGLU (Shazeer 2020) needs ``w_gate_EF``.
+    E is the model width, F the hidden width. The gated ones (Shazeer 2020: SwiGLU's SiLU gate,
+    GEGLU's GELU gate) need ``w_gate_EF``.
     """
     check_activation(activation)
     hidden_BTF = dense(x_BTE, w_in_EF)

@@ -1,4 +1,4 @@
-"""Position signals: absolute sinusoids, rotary embeddings (RoPE) and ALiBi biases."""
+"""Position signals: absolute sinusoids, rotary embeddings (RoPE), ALiBi biases and T5's relative position buckets."""
 
 from __future__ import annotations
 
@@ -138,3 +138,58 @@ def alibi_bias_from_slopes(slopes_H: jax.Array, q_len: int, k_len: int, *, offse
     slopes_H = slopes_H.astype(jnp.promote_types(slopes_H.dtype, jnp.float32))
     distance_TS = jnp.abs(jnp.arange(q_len)[:, None] + offset - jnp.arange(k_len)[None, :])
     return -slopes_H[:, None, None] * distance_TS[None].astype(slopes_H.dtype)
+
+
+def _bucket_table(num_buckets: int, max_distance: int) -> np.ndarray:
+    """``[max_distance + 1]`` buckets of distances ``0 … max_distance`` within one direction (a constant).
+
+    The first ``num_buckets // 2`` distances have a bucket each; the rest are spaced logarithmically up to
+    ``max_distance``, and every distance from there on shares the last bucket. Computed once in float64,
+    so a distance whose bucket boundary is exact (16 of 128 with 16 buckets) never lands one below it.
+    """
+    exact = num_buckets // 2
+    if exact < 1 or max_distance <= exact:
+        raise ValueError(f"relative position buckets: {num_buckets} per direction need max_distance above "
+                         f"{max(exact, 0)} and at least 2 buckets, got max_distance={max_distance}")
+    n = np.arange(max_distance + 1)
+    with np.errstate(divide="ignore"):
+        large = exact + (np.log(np.maximum(n, 1) / exact) / math.log(max_distance / exact)
+                         * (num_buckets - exact)).astype(np.int64)
+    return np.where(n < exact, n, np.minimum(large, num_buckets - 1)).astype(np.int32)
+
+
+def relative_position_buckets(distance: jax.Array, *, num_buckets: int, max_distance: int,
+                              bidirectional: bool) -> jax.Array:
+    """T5's bucket (Raffel et al. 2020) of each query–key distance ``(i + offset) - j``, in ``[0, num_buckets)``.
+
+    ``distance`` is any integer array (``[T, S]`` from the query and key positions); ``distance > 0``
+    means the key comes before the query. Bidirectional (an encoder): half the buckets for keys at or
+    before the query, half for keys after it. Unidirectional (causal): every key after the query
+    shares bucket 0 with the query itself (they are masked anyway). Within a direction, distances
+    below half its buckets have one bucket each, the rest logarithmic bins up to ``max_distance``,
+    past which all distances share the last bucket. ``distance`` may be traced.
+    """
+    distance = jnp.asarray(distance)
+    per_direction = num_buckets // 2 if bidirectional else num_buckets
+    lookup = jnp.asarray(_bucket_table(per_direction, int(max_distance)))
+    if bidirectional:
+        n = jnp.abs(distance)
+        offset = jnp.where(distance < 0, per_direction, 0)
+    else:
+        n, offset = jnp.maximum(distance, 0), 0
+    return (lookup[jnp.minimum(n, max_distance)] + offset).astype(jnp.int32)
+
+
+def relative_position_bias(table_PH: jax.Array, q_len: int, k_len: int, *, offset: int | jax.Array = 0,
+                           bidirectional: bool = True, max_distance: int = 128) -> jax.Array:
+    """``[H, q_len, k_len]`` T5 bias ``table_PH[bucket(i + offset - j), h]``, added to the scores.
+
+    ``table_PH``: ``[P, H]`` learned bias per bucket (``P = num_buckets``) and head;
+    buckets from :func:`relative_position_buckets`. ``offset`` (the position of query 0) may be
+    traced, so a tile of keys starting at ``j0`` uses ``offset - j0``, as ALiBi does.
+    """
+    table_PH = jnp.asarray(table_PH)
+    distance_TS = jnp.arange(q_len)[:, None] + offset - jnp.arange(k_len)[None, :]
+    buckets_TS = relative_position_buckets(distance_TS, num_buckets=table_PH.shape[0], max_distance=max_distance,
+                                           bidirectional=bidirectional)
+    return jnp.moveaxis(table_PH[buckets_TS], -1, 0).astype(jnp.promote_types(table_PH.dtype, jnp.float32))

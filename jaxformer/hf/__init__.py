@@ -1,4 +1,4 @@
-"""Hugging Face checkpoints in and out: GPT-2, Llama/Mistral/Qwen2, BERT (MiniLM), Marian; GGUF files.
+"""Hugging Face checkpoints in and out: GPT-2, Llama/Mistral/Qwen2, BERT (MiniLM), Marian, T5; GGUF files.
 
 ``cfg, params = jaxformer.hf.load(path)`` reads a local ``transformers`` directory, a ``.gguf``
 file or an ``import-hf`` directory; ``apply(init_params(cfg, 0)[0], params, tokens)`` runs it.

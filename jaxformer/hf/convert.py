@@ -174,7 +174,7 @@ def load(path: str | Path) -> tuple[ModelConfig, nnx.State]:
     """``(cfg, params)`` of a Hugging Face model directory (``config.json`` with ``model.safetensors`` or
     ``pytorch_model.bin``), a ``.gguf`` file (dequantised to float32) or an ``import-hf`` directory.
 
-    Families: GPT-2, Llama/Mistral/Qwen2, BERT, Marian. An unsupported ``model_type`` or option
+    Families: GPT-2, Llama/Mistral/Qwen2, BERT, Marian, T5. An unsupported ``model_type`` or option
     raises ``ValueError`` in one line naming the config field.
     """
     checkpoint = read_checkpoint(path)

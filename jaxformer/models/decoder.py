@@ -17,14 +17,18 @@ from jaxformer.nn.embeddings import Embedding
 
 class OutputHead(nnx.Module):
     """Final features to vocabulary logits: the token embedding transposed (tied) or ``w [E, V]``,
-    plus ``bias [V]`` with ``cfg.logit_bias``."""
+    plus ``bias [V]`` with ``cfg.logit_bias``; the features are first scaled by ``d_model**-0.5``
+    with ``cfg.scale_head_inputs`` (T5)."""
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        self.input_scale = cfg.d_model ** -0.5 if cfg.scale_head_inputs else None
         self.w = None if cfg.tie_embeddings else params.normal(rngs, (cfg.d_model, cfg.vocab_size), ("embed", "vocab"))
         self.bias = params.zeros((cfg.vocab_size,), ("vocab",)) if cfg.logit_bias else None
 
     def __call__(self, x_BTE: jax.Array, embedding: Embedding) -> jax.Array:
         """``[B, T, E] -> [B, T, V]`` float32 logits."""
+        if self.input_scale is not None:
+            x_BTE = x_BTE * jnp.asarray(self.input_scale, x_BTE.dtype)
         if self.w is None:
             logits_BTV = embedding.attend(x_BTE)
         else:

@@ -2,8 +2,8 @@
 
 Published sizes (checked by the tests through the accounting): gpt2 124,439,808;
 gpt2-medium 354,823,168; llama2-7b 6,738,415,616; llama3-8b 8,030,261,248;
-mistral-7b 7,241,732,096. ``bert-base`` and ``transformer-base`` follow their papers'
-shapes; ``bert-base`` leaves out BERT's token-type embeddings, embedding LayerNorm and pooler
+mistral-7b 7,241,732,096; t5-small 60,506,624. ``bert-base`` and ``transformer-base``
+follow their papers' shapes; ``bert-base`` leaves out BERT's token-type embeddings, embedding LayerNorm and pooler
 (``num_token_types=2, embedding_norm=True, pooler=True`` add them; a BERT checkpoint imported with
 `jaxformer.hf` has them).
 """
@@ -39,6 +39,12 @@ PRESETS: dict[str, ModelConfig] = {
                                     num_encoder_layers=6, num_heads=8, max_seq_len=1024, activation="relu",
                                     norm="layernorm", norm_position="post", position="sinusoidal",
                                     use_bias=True, tie_embeddings=True),
+    # T5 (Raffel et al. 2020): relative position biases, unscaled attention, RMSNorm, no biases, tied and rescaled head
+    "t5-small": ModelConfig(family="encoder_decoder", vocab_size=32128, d_model=512, num_layers=6,
+                            num_encoder_layers=6, num_heads=8, head_dim=64, d_ff=2048, max_seq_len=512,
+                            activation="relu", norm="rmsnorm", norm_eps=1e-6, norm_position="pre",
+                            position="relative_bias", attention_scale=1.0, use_bias=False, tie_embeddings=True,
+                            scale_head_inputs=True),
 }
 
 

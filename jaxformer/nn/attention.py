@@ -2,8 +2,9 @@
 
 The module owns the projections; masks, biases and the softmax come from the
 dispatcher ``jaxformer.functional.attention`` through one call with structured
-arguments (causal flag, query offset, valid key lengths, window, ALiBi slopes), so
-the implementation (``kernel.attention_impl``: naive | blockwise | xla) is chosen there.
+arguments (causal flag, query offset, valid key lengths, window, ALiBi slopes, T5's
+relative bias table), so the implementation (``kernel.attention_impl``: naive | blockwise |
+xla) is chosen there.
 
 Shape letters (``x_BTE``, ``q_BTHD``, ``k_BSKD``) follow the legend of :mod:`jaxformer.functional`.
 """
@@ -31,6 +32,9 @@ class Attention(nnx.Module):
     query sees only keys at its position or before (and, with ``cfg.sliding_window``,
     only the last ``sliding_window`` of them). ``cross=True`` makes keys and values
     come from a context (the encoder output), never causal, with no position signal.
+    Scores are scaled by ``cfg.attention_scale`` (None: ``1/√D``). With ``position:
+    relative_bias`` self-attention adds T5's bias from the ``[P, H]`` table its `Stack` owns and
+    passes in (``relative_bias``); buckets are bidirectional unless the attention is causal.
     """
 
     def __init__(self, cfg: ModelConfig, *, causal: bool = False, cross: bool = False, rngs: nnx.Rngs,
@@ -84,6 +88,7 @@ class Attention(nnx.Module):
         key_lengths: jax.Array | None = None,
         offset: int | jax.Array = 0,
         kv_cache: KV | None = None,
+        relative_bias: jax.Array | None = None,
     ) -> tuple[jax.Array, KV | None]:
         """Returns ``(out [B, T, E], kv_cache)``.
 
@@ -97,12 +102,18 @@ class Attention(nnx.Module):
           layout), and the updated cache is returned. Cross-attention: the context's
           keys/values from :meth:`context_kv`, used as they are and returned unchanged.
           ``None``: nothing cached.
+        relative_bias: ``[P, H]`` T5 bias table (self-attention of a ``position: relative_bias``
+          model, which needs it; cross-attention takes none).
         """
         if self.cross and context_BSE is None and kv_cache is None:
             raise ValueError("cross-attention needs context_BSE or its context_kv")
         if not self.cross and context_BSE is not None:
             raise ValueError("self-attention takes no context_BSE")
         cfg = self.cfg
+        relative = cfg.position == "relative_bias" and not self.cross
+        if relative != (relative_bias is not None):
+            raise ValueError("position relative_bias: self-attention needs the stack's relative_bias table, "
+                             "cross-attention and other positions take none")
         q_offset, supported = (0 if self.cross else offset), None
         if self.cross and kv_cache is not None:
             (k_BSKD, v_BSKD), q_BTHD = kv_cache, self._project(x_BTE, self.wq, self.bq)
@@ -120,6 +131,10 @@ class Attention(nnx.Module):
             key_lengths=key_lengths,
             window=cfg.sliding_window if self.causal else None,
             alibi_slopes=F.alibi_slopes(cfg.num_heads) if alibi else None,
+            relative_bias=relative_bias,
+            relative_bidirectional=not self.causal,
+            relative_max_distance=cfg.relative_attention_max_distance,
+            scale=cfg.attention_scale,
             **self.kernel.attention_options(),
         )
         if supported is not None:
@@ -131,4 +146,5 @@ class Attention(nnx.Module):
         """Cross-attention weights ``[B, H, T, S]`` (rows sum to one over the S context positions)."""
         q_BTHD, k_BSKD, v_BSKD = self.queries_keys_values(x_BTE, context_BSE)
         mask = None if key_lengths is None else F.padding_mask(key_lengths, k_BSKD.shape[1])
-        return F.dot_product_attention(q_BTHD, k_BSKD, v_BSKD, mask=mask, return_weights=True)[1]
+        return F.dot_product_attention(q_BTHD, k_BSKD, v_BSKD, mask=mask, scale=self.cfg.attention_scale,
+                                       return_weights=True)[1]

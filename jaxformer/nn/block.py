@@ -6,6 +6,9 @@ cross-attention, FFN/MoE):
 - ``pre`` (GPT-2, Llama):  ``x + f(norm(x))``; the stack ends with a final norm;
 - ``post`` (original transformer, BERT): ``norm(x + f(x))``; no final norm;
 - ``sandwich`` (CogView, Gemma 2): ``x + norm_out(f(norm_in(x)))``; final norm.
+
+With ``position: relative_bias`` (T5) the stack owns one ``relative_bias [P, H]`` table that
+every layer's self-attention adds (T5 keeps it in its first layer and shares it the same way).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from flax import nnx
 
 from jaxformer.architecture import ModelConfig
 from jaxformer.functional.kernel import KernelConfig
+from jaxformer.nn import params
 from jaxformer.nn.attention import Attention
 from jaxformer.nn.feedforward import FeedForward
 from jaxformer.nn.kv import KV
@@ -65,16 +69,19 @@ class Block(nnx.Module):
         context_kv: KV | None = None,
         context_lengths: jax.Array | None = None,
         drop_tokens: bool = False,
+        relative_bias: jax.Array | None = None,
     ) -> tuple[jax.Array, jax.Array, KV | None]:
         """Returns ``(x [B, T, E], aux_loss, kv_cache)``; see `Attention` for the arguments.
 
         The cross-attention sublayer reads ``context_BSE`` or, when decoding, its
         precomputed ``context_kv``. ``drop_tokens``: the MoE sublayer drops assignments past
         ``cfg.capacity_factor`` (training only; see `MoE`); dense layers ignore it.
+        ``relative_bias``: the stack's T5 bias table, for self-attention only.
         """
         x_BTE, kv_cache = self._residual(
             x_BTE, self.attention_norms,
-            lambda h: self.attention(h, key_lengths=key_lengths, offset=offset, kv_cache=kv_cache),
+            lambda h: self.attention(h, key_lengths=key_lengths, offset=offset, kv_cache=kv_cache,
+                                     relative_bias=relative_bias),
         )
         if self.cross_attention is not None:
             x_BTE, _ = self._residual(
@@ -92,7 +99,8 @@ class Block(nnx.Module):
 
 
 class Stack(nnx.Module):
-    """``num_layers`` blocks and, for pre-norm and sandwich, a final norm.
+    """``num_layers`` blocks and, for pre-norm and sandwich, a final norm; with ``position:
+    relative_bias``, the ``relative_bias [P, H]`` table (``P`` buckets) its blocks share.
 
     Returns the summed per-layer MoE aux losses, unweighted (0 for dense layers).
     """
@@ -102,6 +110,9 @@ class Stack(nnx.Module):
         self.blocks = nnx.List([Block(cfg, causal=causal, cross=cross, rngs=rngs, kernel=kernel)
                                 for _ in range(num_layers)])
         self.final_norm = Norm(cfg) if cfg.has_final_norm else None
+        self.relative_bias = (params.normal(rngs, (cfg.relative_attention_num_buckets, cfg.num_heads),
+                                            ("position", "heads"))
+                              if cfg.position == "relative_bias" else None)
 
     def __call__(
         self,
@@ -115,9 +126,11 @@ class Stack(nnx.Module):
         (cross-attention, see :meth:`context_kvs`) hold one ``(k, v)`` per layer."""
         aux_total = jnp.zeros((), jnp.float32)
         new_caches = []
+        relative_bias = None if self.relative_bias is None else self.relative_bias[...]
         for i, block in enumerate(self.blocks):
             x_BTE, aux_loss, kv = block(x_BTE, kv_cache=None if kv_caches is None else kv_caches[i],
-                                        context_kv=None if context_kvs is None else context_kvs[i], **kwargs)
+                                        context_kv=None if context_kvs is None else context_kvs[i],
+                                        relative_bias=relative_bias, **kwargs)
             aux_total = aux_total + aux_loss
             new_caches.append(kv)
         if self.final_norm is not None:

@@ -5,11 +5,15 @@ the group's smallest). At each budget a parabola in x = ln N is fitted to the fi
 its minimum gives N_opt(C) and L_opt(C). Power laws through the minima give N_opt ∝ C^a and
 D_opt = C / 6N_opt ∝ C^b (``powerlaw.py``). A minimum that is not bracketed by the sampled
 sizes (the parabola's vertex outside them, or the lowest loss at the smallest or largest
-size) is reported as a warning: the profile does not locate the optimum.
+size) does not locate the optimum: it is drawn, warned about, and left out of the power laws
+(as Porian et al. 2024 and Open-Athena's analysis do), unless ``keep_edges``.
 
-Uncertainty: runs are resampled with replacement within each budget, every parabola and the
-power laws refitted (all resamples at once, in numpy); standard errors and percentile
-intervals of a, b and the optimum at each budget.
+Uncertainty: every parabola and the power laws are refitted on resampled data (all resamples
+at once, in numpy), giving standard errors and percentile intervals of a, b and the optimum at
+each budget. ``resample="runs"`` draws each budget's runs with replacement; ``"residuals"``
+holds the sizes fixed and adds to each fitted parabola normal noise of the residuals' pooled
+standard deviation (a fixed-design bootstrap: with five or so sizes per budget, a draw of runs
+often keeps only three distinct sizes, whose parabola can put its vertex anywhere).
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ class IsoFLOPFit:
     allocation: PowerLawAllocation
     stats: dict[str, Interval] | None  # bootstrap intervals, if resampled
     warnings: list[str]
+    samples: dict[str, np.ndarray] | None = None  # quantity -> [B] values over the valid resamples
 
     def to_dict(self) -> dict:
         return {
@@ -76,13 +81,13 @@ def group_budgets(table: RunTable, budget_tol: float = 0.1) -> list[np.ndarray]:
 
 
 def _parabolas(u: np.ndarray, y: np.ndarray, w: np.ndarray) -> np.ndarray:
-    """Weighted least-squares parabolas: u, y ``[n]``, weights ``[B, n]`` → coefficients ``[B, 3]``.
+    """Weighted least-squares parabolas: u ``[n]``, y ``[n]`` or ``[B, n]``, weights ``[B, n]`` → coefficients ``[B, 3]``.
 
     Resamples with fewer than three distinct sizes get NaN.
     """
     X = np.stack([np.ones_like(u), u, u * u], axis=1)  # [n, 3]
     M = np.einsum("bn,ni,nj->bij", w, X, X)
-    v = np.einsum("bn,ni,n->bi", w, X, y)
+    v = np.einsum("bn,ni,bn->bi", w, X, np.broadcast_to(y, w.shape))
     _, size_of = np.unique(u, return_inverse=True)
     ok = np.sum((w @ np.eye(size_of.max() + 1)[size_of]) > 0, axis=1) >= 3  # distinct sizes drawn
     M[~ok] = np.eye(3)
@@ -100,8 +105,11 @@ def _vertex(coeffs: np.ndarray, center: float) -> tuple[np.ndarray, np.ndarray]:
 
 
 def fit_isoflop(table: RunTable, *, budget_tol: float = 0.1, resamples: int = 0, seed: int = 0,
-                level: float = 0.95) -> IsoFLOPFit:
-    """Parabola per budget, power laws through the minima, bootstrap intervals if ``resamples``."""
+                level: float = 0.95, keep_edges: bool = False, resample: str = "runs") -> IsoFLOPFit:
+    """Parabola per budget, power laws through the bracketed minima (every minimum with ``keep_edges``),
+    bootstrap intervals if ``resamples`` (drawing ``runs`` or ``residuals``)."""
+    if resample not in ("runs", "residuals"):
+        raise ValueError(f"Approach 2 resamples runs or residuals, got {resample!r}")
     warnings, profiles, groups = [], [], []
     for idx in group_budgets(table, budget_tol):
         C = float(table.budget[idx[0]]) if table.budget is not None else float(np.exp(np.log(table.C[idx]).mean()))
@@ -120,29 +128,41 @@ def fit_isoflop(table: RunTable, *, budget_tol: float = 0.1, resamples: int = 0,
         bracketed = bool(sizes[0] < n_opt < sizes[-1] and sizes[0] < lowest < sizes[-1])
         if not bracketed:
             warnings.append(f"budget C={C:.3g}: minimum at the edge of the sampled sizes "
-                            f"(N_opt={n_opt:.3g}, sizes {sizes[0]:.3g}..{sizes[-1]:.3g}); widen the size range")
+                            f"(N_opt={n_opt:.3g}, sizes {sizes[0]:.3g}..{sizes[-1]:.3g}); "
+                            f"{'kept' if keep_edges else 'left out of the power laws'}; widen the size range")
         profiles.append(Profile(C, table.N[idx], table.loss[idx], coeffs, center, float(n_opt), float(loss_opt),
                                 bracketed))
         groups.append(idx)
-    if len(profiles) < 2:
-        found = ", ".join(f"C={p.budget:.3g}" for p in profiles) or "none"
-        raise ValueError(f"Approach 2 needs IsoFLOP profiles (3+ sizes) at 2 or more budgets, got {len(profiles)} "
-                         f"({found})")
-    C = np.array([p.budget for p in profiles])
-    allocation = allocation_from_optima(C, np.array([p.n_opt for p in profiles]),
-                                        np.array([p.loss_opt for p in profiles]))
-    stats = None
+    used = [k for k, p in enumerate(profiles) if p.bracketed or keep_edges]
+    if len(used) < 2:
+        found = ", ".join(f"C={profiles[k].budget:.3g}" for k in used) or "none"
+        edges = len(profiles) - len(used)
+        raise ValueError(f"Approach 2 needs IsoFLOP profiles (3+ sizes) at 2 or more budgets, got {len(used)} "
+                         f"({found})" + (f"; {edges} more with their minimum at an edge" if edges else ""))
+    fitted = [profiles[k] for k in used]
+    C = np.array([p.budget for p in fitted])
+    allocation = allocation_from_optima(C, np.array([p.n_opt for p in fitted]), np.array([p.loss_opt for p in fitted]))
+    stats = samples = None
     if resamples:
-        stats = _bootstrap(table, profiles, groups, allocation, resamples, seed, level)
-    return IsoFLOPFit(profiles, allocation, stats, warnings)
+        stats, samples = _bootstrap(table, fitted, [groups[k] for k in used], allocation, resamples, seed, level,
+                                    resample)
+    return IsoFLOPFit(profiles, allocation, stats, warnings, samples)
 
 
-def _bootstrap(table, profiles, groups, allocation, resamples, seed, level) -> dict[str, Interval]:
+def _bootstrap(table, profiles, groups, allocation, resamples, seed, level, resample):
+    """``(intervals, samples)`` of a, b, k_N and each budget's N_opt over resampled profiles."""
     rng = np.random.default_rng(seed)
     n_opt = np.empty((resamples, len(profiles)))
+    residuals = np.concatenate([table.loss[idx] - p.curve(table.N[idx]) for p, idx in zip(profiles, groups)])
+    sigma = np.sqrt(np.sum(residuals**2) / max(len(residuals) - 3 * len(profiles), 1))
     for k, (p, idx) in enumerate(zip(profiles, groups)):
-        w = rng.multinomial(len(idx), np.full(len(idx), 1.0 / len(idx)), size=resamples).astype(np.float64)
-        coeffs = _parabolas(np.log(table.N[idx]) - p.center, table.loss[idx], w)
+        if resample == "runs":
+            w = rng.multinomial(len(idx), np.full(len(idx), 1.0 / len(idx)), size=resamples).astype(np.float64)
+            y = table.loss[idx]
+        else:
+            w = np.ones((resamples, len(idx)))
+            y = p.curve(table.N[idx]) + rng.normal(0.0, sigma, size=(resamples, len(idx)))
+        coeffs = _parabolas(np.log(table.N[idx]) - p.center, y, w)
         n_opt[:, k] = _vertex(coeffs, p.center)[0]
     valid = np.all(np.isfinite(n_opt), axis=1)
     C = np.array([p.budget for p in profiles])
@@ -152,4 +172,4 @@ def _bootstrap(table, profiles, groups, allocation, resamples, seed, level) -> d
     for k, p in enumerate(profiles):
         samples[f"N_opt@{p.budget:.3g}"] = n_opt[valid, k]
         point[f"N_opt@{p.budget:.3g}"] = p.n_opt
-    return summarize(point, samples, level)
+    return summarize(point, samples, level), samples

@@ -66,13 +66,17 @@ def plot_contour(law: ParametricLaw, table: RunTable | None = None, flops=None) 
 
 
 def plot_nopt(laws: dict[str, Law], flops_range: tuple[float, float], points: dict | None = None,
-              reference: ParametricLaw = PRESETS["chinchilla"]) -> Figure:
-    """``laws``: label → law with ``n_opt``; ``points``: label → (C, N_opt) markers."""
+              reference: ParametricLaw = PRESETS["chinchilla"], bands=None) -> Figure:
+    """``laws``: label → law with ``n_opt``; ``points``: label → (C, N_opt) markers; ``bands``: a callable
+    C → {label: (low, high)} of N_opt intervals (`FitReport.frontier_bands`), shaded around each law."""
     C = np.geomspace(*flops_range, 100)
+    shaded = bands(C) if bands else {}
     fig = Figure(figsize=(6.5, 4.5), layout="constrained")
     ax = fig.add_subplot()
     for label, law in laws.items():
-        ax.plot(C, law.n_opt(C), lw=1.8, label=f"{label} (a = {law.a:.3f})")
+        line, = ax.plot(C, law.n_opt(C), lw=1.8, label=f"{label} (a = {law.a:.3f})")
+        if label in shaded:
+            ax.fill_between(C, *shaded[label], color=line.get_color(), alpha=0.2, lw=0)
     for label, (c, n) in (points or {}).items():
         ax.scatter(c, n, s=14, label=label)
     ax.plot(C, reference.n_opt(C), color="black", ls="--", lw=1, label=f"Chinchilla published (a = {reference.a:.3f})")

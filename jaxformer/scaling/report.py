@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from jaxformer.scaling.allocation import Law
+from jaxformer.scaling.allocation import Law, ParametricLaw
 from jaxformer.scaling.bootstrap import REFERENCE_BUDGET, BootstrapResult, Interval, bootstrap_parametric
 from jaxformer.scaling.envelope import EnvelopeFit, fit_envelope
 from jaxformer.scaling.isoflop import IsoFLOPFit, fit_isoflop
@@ -66,6 +66,21 @@ class FitReport:
         out["warnings"] = self.approach2.warnings if self.approach2 else []
         out["agreement"] = self.agreement()
         return out
+
+    def frontier_bands(self, flops) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        """label → (low, high) ``[K]`` percentile band of N_opt at each budget C, from each bootstrapped
+        approach's resampled laws (Approach 3: E, A, B, α, β; Approach 2: a, k_N)."""
+        C = np.asarray(flops, np.float64)[None]
+        q = 100.0 * np.array([(1 - self.level) / 2, (1 + self.level) / 2])
+        found = {}
+        if self.approach3 and self.bootstrap3:
+            s = self.bootstrap3.samples
+            found["Approach 3"] = ParametricLaw(s["E"][:, None], s["A"][:, None], s["B"][:, None],
+                                                s["alpha"][:, None], s["beta"][:, None]).n_opt(C)
+        if self.approach2 and self.approach2.samples:
+            s = self.approach2.samples
+            found["Approach 2"] = s["k_N"][:, None] * C ** s["a"][:, None]
+        return {label: tuple(np.nanpercentile(n, q, axis=0)) for label, n in found.items()}
 
     def agreement(self) -> dict | None:
         """Whether Approaches 2 and 3 agree on the exponent a: do their intervals overlap?
@@ -142,7 +157,8 @@ class FitReport:
             points["IsoFLOP minima"] = ([p.budget for p in self.approach2.profiles],
                                         [p.n_opt for p in self.approach2.profiles])
         flops_range = (t.C.min() / 3, max(t.C.max() * 3, 10 * REFERENCE_BUDGET))
-        paths += plots.save(plots.plot_nopt(self.laws(), flops_range, points), directory, "n_opt")
+        paths += plots.save(plots.plot_nopt(self.laws(), flops_range, points, bands=self.frontier_bands), directory,
+                            "n_opt")
         return paths
 
 
@@ -155,8 +171,10 @@ def _line(name: str, value: float, interval: Interval | None, level: float) -> s
 
 def fit_table(table: RunTable, approaches: str = "all", *, resamples: int = 4000, seed: int = 0,
               level: float = 0.95, budgets=(REFERENCE_BUDGET,), budget_tol: float = 0.1,
-              bootstrap_starts: int = 4) -> FitReport:
-    """Runs the requested approaches (``"1"``, ``"2"``, ``"3"`` or ``"all"``) with bootstrap intervals."""
+              bootstrap_starts: int = 4, keep_edges: bool = False, resample2: str = "runs") -> FitReport:
+    """Runs the requested approaches (``"1"``, ``"2"``, ``"3"`` or ``"all"``) with bootstrap intervals;
+    Approach 2 fits its power laws to the bracketed minima only, unless ``keep_edges``, and its bootstrap
+    draws ``resample2`` (`fit_isoflop`'s ``runs`` or ``residuals``)."""
     if approaches not in APPROACHES:
         raise ValueError(f"approach must be one of {', '.join(APPROACHES)}, got {approaches!r}")
     if resamples < 0:
@@ -169,7 +187,8 @@ def fit_table(table: RunTable, approaches: str = "all", *, resamples: int = 4000
             report.bootstrap3 = bootstrap_parametric(table, report.approach3, resamples=resamples, seed=seed,
                                                      level=level, budgets=report.budgets, starts=bootstrap_starts)
     if approaches == "2" or (run_all and table.budget is not None):
-        report.approach2 = fit_isoflop(table, budget_tol=budget_tol, resamples=resamples, seed=seed, level=level)
+        report.approach2 = fit_isoflop(table, budget_tol=budget_tol, resamples=resamples, seed=seed, level=level,
+                                       keep_edges=keep_edges, resample=resample2)
     elif run_all:
         report.notes.append("Approach 2 skipped: the runs carry no IsoFLOP budget labels (use --approach 2 "
                             "to group them by C)")

@@ -4,18 +4,23 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from jaxformer.files import write_bytes_atomic
 from jaxformer.sweep.spec import FitSpec
 
+if TYPE_CHECKING:
+    from jaxformer.scaling.report import FitReport
 
-def fit_sweep(out: Path, rows: list[dict], spec: FitSpec) -> str:
-    """Fits the finished runs, writes ``fit/`` and returns the report: the law and the compute-optimal allocation.
+
+def fit_sweep(out: Path, rows: list[dict], spec: FitSpec) -> tuple[str, FitReport | None]:
+    """Fits the finished runs, writes ``fit/`` and returns the text for the user (the law, the seed noise,
+    the compute-optimal allocation) with the fit.
 
     A fit that the results cannot support (too few finished runs, one budget) writes nothing
-    and returns one line; the trained runs are kept either way.
+    and returns one line and None; the trained runs are kept either way.
     """
     from jaxformer.scaling.allocation import allocate
     from jaxformer.scaling.report import fit_table, jsonable
@@ -25,17 +30,28 @@ def fit_sweep(out: Path, rows: list[dict], spec: FitSpec) -> str:
     try:
         flops = spec.flops or (done[0]["flops_rule"] if done else "exact")
         table = sweep_table(out, params=spec.params, flops=flops)
-        approaches = sorted({str(a) for a in spec.approaches}, reverse=True)
-        report = fit_table(table, approaches[0], resamples=spec.bootstrap)
-        for approach in approaches[1:]:
-            extra = fit_table(table, approach, resamples=spec.bootstrap)
-            report.approach1 = report.approach1 or extra.approach1
-            report.approach2 = report.approach2 or extra.approach2
-            report.approach3 = report.approach3 or extra.approach3
     except ValueError as error:
-        return f"fit skipped ({len(done)} finished runs): {error}"
+        return f"fit skipped ({len(done)} finished runs): {error}", None
+    settings = {"resamples": spec.bootstrap, "resample2": spec.approach2_resample}
+    report, skipped = None, []
+    for approach in sorted({str(a) for a in spec.approaches}, reverse=True):
+        try:
+            fitted = fit_table(table, approach, **settings)
+        except ValueError as error:  # one approach the runs cannot support leaves the others standing
+            skipped.append(f"Approach {approach} skipped: {error}")
+            continue
+        if report is None:
+            report = fitted
+        report.approach1 = report.approach1 or fitted.approach1
+        report.approach2 = report.approach2 or fitted.approach2
+        report.approach3 = report.approach3 or fitted.approach3
+        report.bootstrap3 = report.bootstrap3 or fitted.bootstrap3
+    if report is None:
+        return f"fit skipped ({len(done)} finished runs): {'; '.join(skipped)}", None
+    report.notes += skipped
     budgets = np.geomspace(table.C.min(), table.C.max() * 100, 5)
-    lines = ["", report.text(), "\ncompute-optimal allocation:",
+    noise = seed_noise(done)
+    lines = ["", report.text(), *([noise] if noise else []), "\ncompute-optimal allocation:",
              f"  {'law':<12}{'C (FLOPs)':>12}{'N_opt':>12}{'D_opt':>12}{'D/N':>8}{'loss':>8}"]
     allocations = {}
     for label, law in report.laws().items():
@@ -50,4 +66,17 @@ def fit_sweep(out: Path, rows: list[dict], spec: FitSpec) -> str:
     write_bytes_atomic(directory / "fit.json",
                  (json.dumps(jsonable({**report.to_dict(), "allocation": allocations}), indent=1) + "\n").encode())
     lines.append(f"\nwrote {directory / 'fit.json'} and {len(paths)} figures to {directory}")
-    return "\n".join(lines)
+    return "\n".join(lines), report
+
+
+def seed_noise(rows: list[dict]) -> str | None:
+    """A line on how much the final loss moves with the seed alone, from runs of one shape and budget
+    trained with several seeds (the sweep's ``isoflop.repeat``), or None when there are none."""
+    groups: dict[tuple, list[float]] = {}
+    for row in rows:
+        groups.setdefault((row["N"], row["D"]), []).append(float(row["loss"]))
+    spreads = [np.std(losses, ddof=1) / np.mean(losses) for losses in groups.values() if len(losses) > 1]
+    if not spreads:
+        return None
+    return (f"seed noise: {len(spreads)} shapes trained with several seeds; the final loss's standard deviation "
+            f"across seeds is {100 * np.median(spreads):.2f}% of its mean (median; largest {100 * max(spreads):.2f}%)")

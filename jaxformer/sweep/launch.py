@@ -139,13 +139,19 @@ def launch(spec: SweepSpec, runs: list[PlannedRun], out: Path, options: LaunchOp
     note = repeated_data_note(runs)
     if note:
         report(note)
-    progress = SweepProgress(out, [dataclasses.asdict(run) for run in runs], initial, write=report)
-    with progress:
-        if ray is None:
-            outcomes = run_local(out, todo, workers, threads, progress.event)
-        else:
-            outcomes = run_ray(ray, out, todo, options.workers, threads, options.gpus_per_run, progress.event)
-    report(progress.summary())
+    def train(planned: list[PlannedRun], names: list[str], initial: dict[str, str]) -> list:
+        progress = SweepProgress(out, [dataclasses.asdict(run) for run in planned], initial, write=report)
+        with progress:
+            if ray is not None:
+                outcomes = run_ray(ray, out, names, options.workers, threads, options.gpus_per_run, progress.event)
+            elif len(names) == 1 and threads:  # a lone run gets every core the layout would have used
+                outcomes = run_local(out, names, 1, workers * threads, progress.event)
+            else:
+                outcomes = run_local(out, names, workers, threads, progress.event)
+        report(progress.summary())
+        return outcomes
+
+    outcomes = train(runs, todo, initial)
     rows = collect(out)
     busy = {outcome.name for outcome in outcomes if outcome.status == "busy"}
     elsewhere = [row["run"] for row in rows if row["run"] in busy and row["status"] != "done"]
@@ -158,5 +164,31 @@ def launch(spec: SweepSpec, runs: list[PlannedRun], out: Path, options: LaunchOp
     if spec.fit is not None:
         from jaxformer.sweep.fit import fit_sweep
 
-        report(fit_sweep(out, rows, spec.fit))
+        text, fitted = fit_sweep(out, rows, spec.fit)
+        report(text)
+        if spec.verify is not None and fitted is not None:
+            failed += _verify(spec, runs, fitted, out, train, report)
     return LaunchResult(rows, failed, elsewhere)
+
+
+def _verify(spec: SweepSpec, runs: list[PlannedRun], fitted, out: Path, train, report: Callable[[str], None]) -> list[str]:
+    """Plans, trains (unless done) and checks the held-out run; returns its name if it failed."""
+    from jaxformer.sweep.verify import plan_verify, verify_run
+
+    try:
+        held_out = plan_verify(spec, runs, fitted)
+    except ValueError as error:
+        report(f"verify skipped: {error}")
+        return []
+    paths = RunPaths(out, held_out.name)
+    write_bytes_atomic(paths.config, yaml.safe_dump(held_out.config, sort_keys=False).encode())
+    state = paths.state()
+    report(f"verify: training the held-out compute-optimal run {held_out.name} ({held_out.steps:,} steps)"
+           if state != "done" else f"verify: the held-out run {held_out.name} is done")
+    if state != "done":
+        train([held_out], [held_out.name], {held_out.name: "queued"})
+    if paths.state() != "done":
+        report(f"verify: the held-out run {held_out.name} did not finish (see {paths.log})")
+        return [held_out.name]
+    report(verify_run(out, held_out, fitted, spec)[1])
+    return []

@@ -9,7 +9,7 @@ from typing import Any
 from jaxformer.accounting import count_params, training_flops_per_token
 from jaxformer.configs import set_dotted, to_dict
 from jaxformer.architecture import ModelConfig
-from jaxformer.sweep.sizing import shape_for_params
+from jaxformer.sweep.sizing import ShapeRule, shape_for_params
 from jaxformer.sweep.spec import SweepSpec, evaluate_formula
 from jaxformer.train.config import TrainConfig, config_from_dict
 
@@ -64,48 +64,56 @@ def _run_config(spec: SweepSpec, model: ModelConfig, tokens: float, seed: int, v
     return config_from_dict(data)
 
 
-def plan_runs(spec: SweepSpec) -> list[PlannedRun]:
-    """Every run of the sweep, in launch order (budgets ascending, then sizes).
+def plan_run(spec: SweepSpec, budget_or_tokens: float, target: float, seed: int, *, rule: str,
+             isoflop: bool | None = None, shape: ShapeRule | None = None, prefix: str = "") -> PlannedRun:
+    """One run: the model ``spec.shape`` (or ``shape``) gives for ``target`` parameters, trained on the
+    tokens of a budget of C FLOPs under ``rule`` (``isoflop``, by default when the sweep is an IsoFLOP
+    one) or on that many tokens (a grid's), with this seed; its name starts with ``prefix``.
 
-    Raises ``ValueError`` naming the budget and size when a run would take no optimizer step.
+    Raises ``ValueError`` naming the budget and size when the run would take no optimizer step.
     """
     base = config_from_dict(dict(spec.base))
+    model = shape_for_params(target, base.model, shape or spec.shape)
+    params = count_params(model)
+    per_token = training_flops_per_token(model, base.train.seq_len, rule)
+    isoflop = spec.isoflop is not None if isoflop is None else isoflop
+    wanted = budget_or_tokens / per_token if isoflop else budget_or_tokens
+    variables = {"N": params.total, "D": wanted, "C": wanted * per_token, "d_model": model.d_model,
+                 "num_layers": model.num_layers, "seed": seed}
+    config = _run_config(spec, model, wanted, seed, variables)
+    steps = round(wanted / config.tokens_per_step)
+    if steps < 1:
+        what = f"budget C={budget_or_tokens:.3g}" if isoflop else f"tokens D={budget_or_tokens:.3g}"
+        raise ValueError(
+            f"{what} is too small for params={target:.3g} (N={params.total:,}): {wanted:,.0f} tokens "
+            f"is less than one step of {config.tokens_per_step:,} tokens"
+        )
+    tokens = steps * config.tokens_per_step
+    config = _run_config(spec, model, tokens, seed, variables)
+    budget = budget_or_tokens if isoflop else None
+    name = prefix + (f"C{_short(budget_or_tokens)}-N{params.total}" if isoflop
+                     else f"N{params.total}-D{_short(tokens)}") + f"-s{seed}"
+    counts = {r: tokens * training_flops_per_token(model, config.train.seq_len, r) for r in ("exact", "6ND")}
+    return PlannedRun(
+        name=name, N=params.total, N_non_embedding=params.non_embedding, D=tokens, C=counts[rule],
+        C_exact=counts["exact"], C_6nd=counts["6ND"], flops_rule=rule, budget=budget,
+        target_params=target, steps=config.total_steps, seed=seed, config=to_dict(config),
+    )
+
+
+def plan_runs(spec: SweepSpec) -> list[PlannedRun]:
+    """Every run of the sweep, in launch order (budgets ascending, then sizes, then seeds)."""
     rule = spec.isoflop.flops if spec.isoflop else spec.grid.flops
     runs: list[PlannedRun] = []
     for budget_or_tokens in sorted(spec.isoflop.budgets if spec.isoflop else spec.grid.tokens):
         targets = spec.isoflop.targets(budget_or_tokens) if spec.isoflop else spec.grid.params
-        for target in targets:
-            model = shape_for_params(target, base.model, spec.shape)
-            params = count_params(model)
-            for seed in spec.seeds:
-                per_token = training_flops_per_token(model, base.train.seq_len, rule)
-                wanted = budget_or_tokens / per_token if spec.isoflop else budget_or_tokens
-                variables = {"N": params.total, "D": wanted, "C": wanted * per_token, "d_model": model.d_model,
-                             "num_layers": model.num_layers, "seed": seed}
-                config = _run_config(spec, model, wanted, seed, variables)
-                steps = round(wanted / config.tokens_per_step)
-                if steps < 1:
-                    what = f"budget C={budget_or_tokens:.3g}" if spec.isoflop else f"tokens D={budget_or_tokens:.3g}"
-                    raise ValueError(
-                        f"{what} is too small for params={target:.3g} (N={params.total:,}): {wanted:,.0f} tokens "
-                        f"is less than one step of {config.tokens_per_step:,} tokens"
-                    )
-                tokens = steps * config.tokens_per_step
-                config = _run_config(spec, model, tokens, seed, variables)
-                budget = budget_or_tokens if spec.isoflop else None
-                name = (f"C{_short(budget_or_tokens)}-N{params.total}" if spec.isoflop
-                        else f"N{params.total}-D{_short(tokens)}") + f"-s{seed}"
-                counts = {r: tokens * training_flops_per_token(model, config.train.seq_len, r) for r in ("exact", "6ND")}
-                runs.append(PlannedRun(
-                    name=name, N=params.total, N_non_embedding=params.non_embedding, D=tokens, C=counts[rule],
-                    C_exact=counts["exact"], C_6nd=counts["6ND"], flops_rule=rule, budget=budget,
-                    target_params=target, steps=config.total_steps, seed=seed, config=to_dict(config),
-                ))
+        seeds = spec.seeds + (spec.isoflop.extra_seeds(budget_or_tokens) if spec.isoflop else [])
+        runs += [plan_run(spec, budget_or_tokens, target, seed, rule=rule) for target in targets for seed in seeds]
     names = [run.name for run in runs]
     if len(set(names)) != len(names):
         duplicate = next(name for name in names if names.count(name) > 1)
         raise ValueError(f"two runs of the sweep have the same shape and budget ({duplicate}); "
-                         "the size rule mapped two targets to one model")
+                         "the size rule mapped two targets to one model, or a seed is listed twice")
     return runs
 
 

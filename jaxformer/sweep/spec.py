@@ -10,6 +10,7 @@ hyperparameters:                                  # formulas of N, D, C, d_model
   optimizer.lr: "min(1e-2, 3e-3 * (N / 1e5) ** -0.3)"
 seeds: [0]
 fit: {approaches: [2, 3]}
+verify: {factor: 3}                               # a held-out compute-optimal run after the fit (verify.py)
 ```
 
 IsoFLOP runs take ``D = C / (3·F)`` with F the exact forward FLOPs per token, attention and
@@ -58,6 +59,14 @@ class CenterSpec:
 
 
 @dataclasses.dataclass(frozen=True)
+class RepeatSpec:
+    """More seeds at one budget (the one the seed noise is measured at): its runs also train with ``seeds``."""
+
+    budget: float
+    seeds: list[int] = dataclasses.field(default_factory=lambda: [1])
+
+
+@dataclasses.dataclass(frozen=True)
 class IsoFlopSpec:
     """Compute budgets C (FLOPs) × target sizes N; D follows from C under the ``flops`` rule (exact by default).
 
@@ -68,9 +77,14 @@ class IsoFlopSpec:
     params: list[float] = dataclasses.field(default_factory=list)
     flops: Literal["6ND", "exact"] = "exact"
     center: CenterSpec | None = None
+    repeat: RepeatSpec | None = None
 
     def targets(self, budget: float) -> list[float]:
         return self.center.targets(budget) if self.center else list(self.params)
+
+    def extra_seeds(self, budget: float) -> list[int]:
+        """Seeds this budget trains with besides the sweep's own."""
+        return list(self.repeat.seeds) if self.repeat and math.isclose(budget, self.repeat.budget) else []
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,13 +101,30 @@ class FitSpec:
     """What to fit when the sweep ends (Chinchilla approaches), on which counts.
 
     params: N as ``total`` or ``non_embedding`` parameters; flops: C as ``exact`` or ``6ND``
-    training FLOPs (unset: the rule the sweep planned its budgets with).
+    training FLOPs (unset: the rule the sweep planned its budgets with); approach2_resample:
+    what Approach 2's bootstrap draws, ``runs`` or ``residuals`` (`jaxformer.scaling.isoflop`).
     """
 
     approaches: list[int] = dataclasses.field(default_factory=lambda: [2, 3])
     bootstrap: int = 0
+    approach2_resample: Literal["runs", "residuals"] = "runs"
     params: Literal["total", "non_embedding"] = "total"
     flops: Literal["exact", "6ND"] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class VerifySpec:
+    """A held-out compute-optimal run, trained after the fit to test what the law predicts.
+
+    Its budget is ``budget`` FLOPs (counted as the fit counts them), else ``factor`` × the sweep's
+    largest; its size is the fitted ``approach``'s N_opt there, shaped by the sweep's rule; the loss it
+    should reach and the interval are Approach 3's (so the fit must include Approach 3).
+    """
+
+    factor: float = 3.0
+    budget: float | None = None
+    approach: int = 3
+    seed: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,6 +137,7 @@ class SweepSpec:
     hyperparameters: dict[str, Any] = dataclasses.field(default_factory=dict)
     seeds: list[int] = dataclasses.field(default_factory=lambda: [0])
     fit: FitSpec | None = None
+    verify: VerifySpec | None = None
 
     def __post_init__(self) -> None:
         if (self.isoflop is None) == (self.grid is None):
@@ -134,6 +166,21 @@ class SweepSpec:
         for approach in self.fit.approaches if self.fit else []:
             if approach not in (1, 2, 3):
                 raise ValueError(f"fit.approaches must be 1, 2 or 3, got {approach}")
+        repeat = self.isoflop.repeat if self.isoflop else None
+        if repeat is not None and not any(math.isclose(repeat.budget, b) for b in self.isoflop.budgets):
+            raise ValueError(f"isoflop.repeat.budget must be one of isoflop.budgets, got {repeat.budget:g}")
+        if self.verify is not None:
+            self._check_verify(self.verify)
+
+    def _check_verify(self, verify: VerifySpec) -> None:
+        if self.fit is None or 3 not in self.fit.approaches:
+            raise ValueError("verify needs a fit with Approach 3 (fit.approaches), whose law predicts the loss")
+        if verify.approach not in self.fit.approaches or verify.approach == 1:
+            raise ValueError(f"verify.approach must be 2 or 3 and among fit.approaches, got {verify.approach}")
+        for field in ("factor", "budget"):
+            value = getattr(verify, field)
+            if value is not None and not (math.isfinite(value) and value > 0):
+                raise ValueError(f"verify.{field} must be positive, got {value}")
 
 
 def evaluate_formula(key: str, formula: Any, variables: dict[str, float] | None) -> Any:

@@ -4,7 +4,7 @@
 this module does. ``sweep_table(DIR)`` reads one sub-directory per run (under ``runs/``, as
 ``jaxformer sweep`` writes it, or directly in ``DIR``) with ``final.json`` (``params``,
 ``tokens``, ``val_loss``…), the run's curve from its ``metrics.jsonl`` rows with a validation
-loss, and each run's IsoFLOP budget from ``plan.json``. ``write_sweep`` lays a table out the
+loss, and each run's IsoFLOP budget from ``plan.json``; with a plan, only the runs it lists. ``write_sweep`` lays a table out the
 same way (synthetic sweeps for tests and notebooks).
 """
 
@@ -40,14 +40,16 @@ def sweep_table(path: str | Path, *, params: str = "total", flops: str = "exact"
         raise FileNotFoundError(f"{path}: no such sweep directory")
     root = path / "runs" if (path / "runs").is_dir() else path
     run_dirs = sorted(p.parent for p in root.glob("*/final.json"))
+    planned = load_json(path / "plan.json")["runs"] if (path / "plan.json").is_file() else None
+    if planned is not None:  # the plan's runs only: a held-out run (`jaxformer.sweep.verify`) is not the sweep's
+        budgets = {r["name"]: r.get("budget") for r in planned}
+        run_dirs = [d for d in run_dirs if d.name in budgets]
     if not run_dirs:
         raise ValueError(f"{path}: no run sub-directories with final.json")
     records = [load_json(d / "final.json") for d in run_dirs]
-    if (path / "plan.json").is_file():  # budgets live in the plan
-        budgets = {r["name"]: r.get("budget") for r in load_json(path / "plan.json")["runs"]}
-        if all(budgets.get(d.name) is not None for d in run_dirs):
-            for record, d in zip(records, run_dirs):
-                record.setdefault("budget", budgets[d.name])
+    if planned is not None and all(budgets[d.name] is not None for d in run_dirs):  # budgets live in the plan
+        for record, d in zip(records, run_dirs):
+            record.setdefault("budget", budgets[d.name])
     n_col, c_col = PARAMS[params], FLOPS[flops]
     source = f"{path} (N: {n_col}, C: {c_col})"
     table = columns_table(records_to_columns(records, path), source, N=n_col, C=c_col, loss=loss_col)

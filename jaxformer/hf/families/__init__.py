@@ -10,9 +10,9 @@ from __future__ import annotations
 from types import ModuleType
 
 from jaxformer.architecture import ModelConfig
-from jaxformer.hf.families import bert, gpt2, llama, marian
+from jaxformer.hf.families import bert, gpt2, llama, marian, t5
 
-FAMILIES: tuple[ModuleType, ...] = (gpt2, llama, bert, marian)
+FAMILIES: tuple[ModuleType, ...] = (gpt2, llama, bert, marian, t5)
 BY_MODEL_TYPE = {model_type: family for family in FAMILIES for model_type in family.MODEL_TYPES}
 
 
@@ -27,8 +27,8 @@ def for_config(cfg: ModelConfig) -> ModuleType:
     """The family a jaxformer model is exported as (then ``check_export`` says whether it can be)."""
     if cfg.family == "encoder":
         return bert
-    if cfg.family == "encoder_decoder":
-        return marian
+    if cfg.family == "encoder_decoder":  # T5's relative position biases, else Marian's sinusoids
+        return t5 if cfg.position == "relative_bias" else marian
     if cfg.position == "learned":
         return gpt2
     if cfg.position == "rope":
