@@ -8,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
@@ -224,7 +225,7 @@ def test_held_out_run_and_seed_repeats_after_the_fit(tmp_path):
     truth = ParametricLaw(E=1.0, A=200.0, B=168.5, alpha=0.35, beta=0.35)  # N_opt 16K at 1e9 … 47K at 8e9
     spec = variant(tmp_path, "verified", isoflop={"budgets": [1e9, 2e9, 4e9], "params": [8e3, 16e3, 32e3, 64e3],
                                                   "flops": "6ND", "repeat": {"budget": 2e9, "seeds": [1]}},
-                   fit={"approaches": [2, 3], "bootstrap": 20}, verify={"factor": 2})
+                   fit={"approaches": [2, 3], "bootstrap": 20}, verify={"factor": 2, "sizes": [0.5, 1, 2]})
     runs = plan_runs(load_spec(spec))
     assert len(runs) == 16 and sorted(run.seed for run in runs if run.budget == 2e9) == [0] * 4 + [1] * 4
     out = tmp_path / "out"
@@ -253,6 +254,21 @@ def test_held_out_run_and_seed_repeats_after_the_fit(tmp_path):
     assert verify["inside_interval"] == (low <= final["val_loss"] <= high)
     assert f"held-out run {verify['run']}" in result.stdout
     assert verify["run"] not in (out / "results.csv").read_text()  # held out: no table or fit of the sweep has it
+    held_out = sorted([verify, *verify["neighbours"]], key=lambda c: c["N"])  # half and twice N_opt around it
+    assert len(held_out) == 3 and held_out[1]["run"] == verify["run"]
+    assert held_out[0]["N"] < verify["N"] < held_out[2]["N"]
+    assert all(6 * c["N"] * c["D"] == pytest.approx(8e9, rel=0.03) for c in held_out)  # one budget
+    u, losses = np.log([c["N"] for c in held_out]), [c["measured_loss"] for c in held_out]
+    p2, p1, _ = np.polyfit(u, losses, 2)
+    vertex = -p1 / (2 * p2)
+    expected = float(np.exp(vertex)) if p2 > 0 and u[0] < vertex < u[2] else None
+    assert verify["measured_n_opt"] == (None if expected is None else pytest.approx(expected))
+    assert verify["predicted_n_opt"] == pytest.approx(float(law.n_opt(8e9)))
+    from matplotlib.image import imread
+
+    for name in ("isoflop", "n_opt", "contour", "residuals"):  # the fit's figures open, and are not blank
+        assert imread(out / "fit" / f"{name}.png").std() > 0.05, name
     again = jaxformer("sweep", spec, "--out", out)
-    assert again.returncode == 0 and "is done" in again.stdout, again.stdout
+    assert again.returncode == 0 and "3 held-out runs at C = 8e+09" in again.stdout, again.stdout
+    assert "0 to train" in again.stdout.split("verify:")[1]
     assert json.loads((out / "fit" / "verify.json").read_text()) == verify

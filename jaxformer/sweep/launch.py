@@ -172,23 +172,24 @@ def launch(spec: SweepSpec, runs: list[PlannedRun], out: Path, options: LaunchOp
 
 
 def _verify(spec: SweepSpec, runs: list[PlannedRun], fitted, out: Path, train, report: Callable[[str], None]) -> list[str]:
-    """Plans, trains (unless done) and checks the held-out run; returns its name if it failed."""
-    from jaxformer.sweep.verify import plan_verify, verify_run
+    """Plans, trains (those not done) and checks the held-out runs; returns the names of those that failed."""
+    from jaxformer.sweep.verify import plan_verify, verify_runs
 
     try:
         held_out = plan_verify(spec, runs, fitted)
     except ValueError as error:
         report(f"verify skipped: {error}")
         return []
-    paths = RunPaths(out, held_out.name)
-    write_bytes_atomic(paths.config, yaml.safe_dump(held_out.config, sort_keys=False).encode())
-    state = paths.state()
-    report(f"verify: training the held-out compute-optimal run {held_out.name} ({held_out.steps:,} steps)"
-           if state != "done" else f"verify: the held-out run {held_out.name} is done")
-    if state != "done":
-        train([held_out], [held_out.name], {held_out.name: "queued"})
-    if paths.state() != "done":
-        report(f"verify: the held-out run {held_out.name} did not finish (see {paths.log})")
-        return [held_out.name]
-    report(verify_run(out, held_out, fitted, spec)[1])
+    for run in held_out:
+        write_bytes_atomic(RunPaths(out, run.name).config, yaml.safe_dump(run.config, sort_keys=False).encode())
+    todo = [run.name for run in held_out if RunPaths(out, run.name).state() != "done"]
+    report(f"verify: {len(held_out)} held-out runs at C = {held_out[0].budget:.3g} ({held_out[0].name} the "
+           f"compute-optimal one), {len(todo)} to train")
+    if todo:
+        train(held_out, todo, {run.name: "done" if run.name not in todo else "queued" for run in held_out})
+    failed = [run.name for run in held_out if RunPaths(out, run.name).state() != "done"]
+    if failed:
+        report(f"verify: held-out runs did not finish: {', '.join(failed)} (see {out / 'logs'})")
+        return failed
+    report(verify_runs(out, held_out, fitted, spec)[1])
     return []

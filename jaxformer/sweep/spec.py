@@ -118,13 +118,15 @@ class VerifySpec:
 
     Its budget is ``budget`` FLOPs (counted as the fit counts them), else ``factor`` × the sweep's
     largest; its size is the fitted ``approach``'s N_opt there, shaped by the sweep's rule; the loss it
-    should reach and the interval are Approach 3's (so the fit must include Approach 3).
+    should reach and the interval are Approach 3's (so the fit must include Approach 3). ``sizes``:
+    multiples of N_opt to train, e.g. ``[0.5, 1, 2]`` for neighbours whose losses locate the optimum.
     """
 
     factor: float = 3.0
     budget: float | None = None
     approach: int = 3
     seed: int = 0
+    sizes: list[float] = dataclasses.field(default_factory=lambda: [1.0])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -181,6 +183,8 @@ class SweepSpec:
             value = getattr(verify, field)
             if value is not None and not (math.isfinite(value) and value > 0):
                 raise ValueError(f"verify.{field} must be positive, got {value}")
+        if 1 not in verify.sizes or not all(math.isfinite(m) and m > 0 for m in verify.sizes):
+            raise ValueError(f"verify.sizes must be positive multiples of N_opt including 1, got {verify.sizes}")
 
 
 def evaluate_formula(key: str, formula: Any, variables: dict[str, float] | None) -> Any:
