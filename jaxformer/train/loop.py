@@ -162,7 +162,8 @@ class _Run:
                  times: dict[str, float]) -> None:
         self.config, self.run_dir, self.dataset, self.layout, self.started = config, run_dir, dataset, layout, started
         # where this segment's seconds go (``final.json["time"]``); data_s counts from the call of `train`
-        self.times = {**times, "compile_s": 0.0, "train_s": 0.0, "eval_s": 0.0, "checkpoint_s": 0.0}
+        self.times = {**times, "init_s": 0.0, "restore_s": 0.0, "compile_s": 0.0, "train_s": 0.0, "eval_s": 0.0,
+                      "checkpoint_s": 0.0}
         train = config.train
         self.total_steps = config.total_steps
         self.tokens_per_step = config.tokens_per_step
@@ -184,11 +185,15 @@ class _Run:
     def run(self) -> dict:
         config, run_dir = self.config, self.run_dir
         layout = self.layout
+        mark = time.perf_counter()
         graphdef, state = initial_state(config.model, config.kernel, config.optimizer, self.optimizer,
                                         config.train.seed, layout)
+        self.times["init_s"] = time.perf_counter() - mark  # with the init program's compile for a new shape
+        mark = time.perf_counter()
         checkpointer = Checkpointer(run_dir / "checkpoints", config.checkpoint.keep)
         abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state)
         restored = checkpointer.restore_latest(abstract)
+        self.times["restore_s"] = time.perf_counter() - mark
         self.previous_wall_s, self.resumed_from = 0.0, None
         if restored is None and config.model.init_from:
             state = {**state, "params": _checkpoint_params(config.model, abstract["params"])}
