@@ -122,3 +122,20 @@ def test_missing_explicit_column_and_unknown_format(tmp_path):
 def test_from_arrays_needs_d_or_c():
     with pytest.raises(ValueError, match="need tokens D or FLOPs C"):
         RunTable.from_arrays([1e8], [3.0])
+
+
+def test_a_fit_does_not_depend_on_the_order_of_the_runs():
+    """A sweep directory and its results.csv list the runs in different orders; the fits must be identical."""
+    from jaxformer.scaling.report import fit_table, jsonable
+
+    table = isoflop_sweep(PRESETS["chinchilla"], np.logspace(18, 20, 3), sizes=5, noise=0.01, curve_points=5)
+    shuffled = np.random.default_rng(0).permutation(len(table))
+    rank = np.empty_like(shuffled)
+    rank[shuffled] = np.arange(len(shuffled))
+    listed = table.subset(shuffled).with_curves(rank[table.curve_run], table.curve_tokens, table.curve_loss)
+    assert not np.array_equal(listed.N, table.N)
+    fits = [jsonable(fit_table(t, "all", resamples=20).to_dict()) for t in (table, listed)]
+    for fit in fits:
+        fit.pop("source")
+    assert fits[0] == fits[1]
+    np.testing.assert_array_equal(listed.canonical().N, table.canonical().N)

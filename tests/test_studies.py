@@ -8,11 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from jaxformer.scaling.allocation import ParametricLaw
-from jaxformer.scaling.table import load_table
 from jaxformer.sweep.plan import plan_runs
 from jaxformer.sweep.spec import load_spec
 
@@ -31,16 +29,9 @@ def test_committed_fit_is_regenerated_from_its_results(study):
     assert result.returncode == 0, result.stderr
     refit, committed = json.loads(result.stdout), json.loads((study / "fit.json").read_text())
     assert refit["runs"] == committed["runs"]
-    # the runs reach the solver in another order, so the last digits of a flat optimum may move: the same
-    # exponents, and the same predicted loss at every run
-    assert refit["approach3"]["a"] == pytest.approx(committed["approach3"]["a"], abs=1e-4)
-    for name in ("alpha", "beta"):
-        assert refit["approach3"]["params"][name] == pytest.approx(committed["approach3"]["params"][name], rel=1e-3)
-    table = load_table(study / "results.csv")
-    predicted = [ParametricLaw.from_dict(fit["approach3"]["params"]).loss(table.N, table.D) for fit in (refit, committed)]
-    np.testing.assert_allclose(*predicted, rtol=1e-4)  # a hundredth of a percent: far below the seed noise
+    assert refit["approach3"]["params"] == committed["approach3"]["params"]  # runs in any order: the same fit
     if "approach2" in committed:
-        assert refit["approach2"]["power_laws"]["a"] == pytest.approx(committed["approach2"]["power_laws"]["a"], abs=1e-9)
+        assert refit["approach2"]["power_laws"] == committed["approach2"]["power_laws"]
 
 
 @pytest.mark.parametrize("study", [s for s in STUDIES if (s / "verify.json").is_file()], ids=lambda s: s.name)

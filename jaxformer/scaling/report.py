@@ -179,6 +179,7 @@ def fit_table(table: RunTable, approaches: str = "all", *, resamples: int = 4000
         raise ValueError(f"approach must be one of {', '.join(APPROACHES)}, got {approaches!r}")
     if resamples < 0:
         raise ValueError(f"bootstrap resamples must be non-negative, got {resamples}")
+    table = table.canonical()  # the same runs in any order give the same fit
     report = FitReport(table, budgets=tuple(float(b) for b in budgets), level=level)
     run_all = approaches == "all"
     if approaches in ("3", "all"):

@@ -78,6 +78,22 @@ class RunTable:
         loss = _positive("curve loss", np.asarray(loss, np.float64), self.source)
         return replace(self, curve_run=np.asarray(run, np.int64), curve_tokens=tokens, curve_loss=loss)
 
+    def canonical(self) -> "RunTable":
+        """The same runs ordered by (N, D, loss), their curve points by (run, tokens): a fit of this table does
+        not depend on the order its runs were listed in (floating-point sums, and so flat optima, do)."""
+        order = np.lexsort((self.loss, self.D, self.N))
+        pick = lambda a: None if a is None else a[order]  # noqa: E731
+        table = replace(self, N=self.N[order], D=self.D[order], C=self.C[order], loss=self.loss[order],
+                        budget=pick(self.budget))
+        if not self.has_curves:
+            return table
+        rank = np.empty_like(order)
+        rank[order] = np.arange(len(order))
+        run = rank[self.curve_run]
+        points = np.lexsort((self.curve_tokens, run))
+        return replace(table, curve_run=run[points], curve_tokens=self.curve_tokens[points],
+                       curve_loss=self.curve_loss[points])
+
     def subset(self, index: np.ndarray) -> "RunTable":
         """The runs at ``index`` (curves dropped: they refer to run positions)."""
         pick = lambda a: None if a is None else a[index]  # noqa: E731
