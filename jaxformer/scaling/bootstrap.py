@@ -63,8 +63,18 @@ def law_quantities(law: ParametricLaw, budgets) -> dict[str, np.ndarray]:
     return {k: np.asarray(v, np.float64) for k, v in out.items()}
 
 
+def percentiles(level: float) -> np.ndarray:
+    """The ``[2]`` percentiles (0–100) bounding a central interval at ``level``."""
+    return 100.0 * np.array([(1 - level) / 2, (1 + level) / 2])
+
+
+def sample_laws(samples: dict[str, np.ndarray]) -> ParametricLaw:
+    """The resampled Approach-3 laws as one law of ``[B, 1]`` fields (broadcast against ``[K]`` budgets or sizes)."""
+    return ParametricLaw(*(samples[k][:, None] for k in ("E", "A", "B", "alpha", "beta")))
+
+
 def summarize(point: dict[str, float], samples: dict[str, np.ndarray], level: float) -> dict[str, Interval]:
-    q = 100.0 * np.array([(1 - level) / 2, (1 + level) / 2])
+    q = percentiles(level)
     stats = {}
     for k, v in samples.items():
         v = v[np.isfinite(v)]

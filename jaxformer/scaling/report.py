@@ -13,8 +13,9 @@ from pathlib import Path
 
 import numpy as np
 
-from jaxformer.scaling.allocation import Law, ParametricLaw
-from jaxformer.scaling.bootstrap import REFERENCE_BUDGET, BootstrapResult, Interval, bootstrap_parametric
+from jaxformer.scaling.allocation import Law
+from jaxformer.scaling.bootstrap import (REFERENCE_BUDGET, BootstrapResult, Interval, bootstrap_parametric,
+                                         percentiles, sample_laws)
 from jaxformer.scaling.envelope import EnvelopeFit, fit_envelope
 from jaxformer.scaling.isoflop import IsoFLOPFit, fit_isoflop
 from jaxformer.scaling.parametric import PARAMS, ParametricFit, fit_parametric
@@ -71,16 +72,13 @@ class FitReport:
         """label → (low, high) ``[K]`` percentile band of N_opt at each budget C, from each bootstrapped
         approach's resampled laws (Approach 3: E, A, B, α, β; Approach 2: a, k_N)."""
         C = np.asarray(flops, np.float64)[None]
-        q = 100.0 * np.array([(1 - self.level) / 2, (1 + self.level) / 2])
         found = {}
         if self.approach3 and self.bootstrap3:
-            s = self.bootstrap3.samples
-            found["Approach 3"] = ParametricLaw(s["E"][:, None], s["A"][:, None], s["B"][:, None],
-                                                s["alpha"][:, None], s["beta"][:, None]).n_opt(C)
+            found["Approach 3"] = sample_laws(self.bootstrap3.samples).n_opt(C)
         if self.approach2 and self.approach2.samples:
             s = self.approach2.samples
             found["Approach 2"] = s["k_N"][:, None] * C ** s["a"][:, None]
-        return {label: tuple(np.nanpercentile(n, q, axis=0)) for label, n in found.items()}
+        return {label: tuple(np.nanpercentile(n, percentiles(self.level), axis=0)) for label, n in found.items()}
 
     def agreement(self) -> dict | None:
         """Whether Approaches 2 and 3 agree on the exponent a: do their intervals overlap?

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from jaxformer.files import write_bytes_atomic
+from jaxformer.scaling.bootstrap import percentiles, sample_laws
 from jaxformer.scaling.report import FitReport, jsonable
 from jaxformer.sweep.plan import PlannedRun, plan_run
 from jaxformer.sweep.runs import RunPaths, read_json
@@ -54,11 +55,8 @@ def predict(report: FitReport, N: float, D: float) -> dict:
     point = float(report.approach3.law.loss(N, D))
     interval = None
     if report.bootstrap3 is not None:
-        s = report.bootstrap3.samples
-        losses = s["E"] + s["A"] / N ** s["alpha"] + s["B"] / D ** s["beta"]
-        losses = losses[np.isfinite(losses)]
-        q = 100.0 * np.array([(1 - report.level) / 2, (1 + report.level) / 2])
-        interval = [float(v) for v in np.percentile(losses, q)]
+        losses = sample_laws(report.bootstrap3.samples).loss(N, D).ravel()
+        interval = [float(v) for v in np.percentile(losses[np.isfinite(losses)], percentiles(report.level))]
     return {"loss": point, "interval": interval, "level": report.level}
 
 
@@ -92,9 +90,8 @@ def verify_runs(out: Path, held_out: list[PlannedRun], report: FitReport, spec: 
     """
     main, *others = [_compare(out, run, report, spec) for run in held_out]
     run = held_out[0]
-    budget = run.C_exact if run.flops_rule == "exact" else run.C_6nd
     predicted_n_opt = float(report.laws()[f"Approach {spec.verify.approach}"].n_opt(run.budget))
-    result = {**main, "approach": spec.verify.approach, "budget": run.budget, "C": budget, "tolerance": TOLERANCE,
+    result = {**main, "approach": spec.verify.approach, "budget": run.budget, "C": run.C, "tolerance": TOLERANCE,
               "predicted_n_opt": predicted_n_opt, "neighbours": others,
               "measured_n_opt": _measured_optimum(sorted([main, *others], key=lambda c: c["N"]))}
     directory = out / "fit"
