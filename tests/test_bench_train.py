@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+import re
 
 import jax
 import numpy as np
@@ -10,9 +11,11 @@ import torch
 from flax import nnx
 
 from jaxformer.benchmarks.torch_reference import TorchDecoder, load_jax_params
+from jaxformer.benchmarks.train import TORCH_BF16_FLOOR
 from jaxformer.cli import main
 from jaxformer.models import get_preset
 from jaxformer.models.pure import apply, init_params
+from jaxformer.train.peak import cpu_model
 
 
 @pytest.mark.parametrize("changes", [{}, {"num_kv_heads": 2, "tie_embeddings": False}])
@@ -32,7 +35,57 @@ def test_bench_train_runs_and_reports_ratios(tmp_path, capsys):
     assert main(["bench", "train", "--sizes", "16:1:32", "--batch", "4", "--steps", "2", "--repeats", "1",
                  "--json", str(tmp_path / "b.json")]) == 0
     report = json.loads((tmp_path / "b.json").read_text())
-    row = report["sizes"][0]
-    assert row["params"] > 0 and row["ratio"] == pytest.approx(row["jax_tokens_per_s"] / row["torch_tokens_per_s"])
-    assert 0 < row["jax_mfu"] < 1 and report["matmul_peak_flops"] > 1e8
-    assert "ratio" in capsys.readouterr().out
+    assert [row["dtype"] for row in report["sizes"]] == ["float32", "bfloat16"]  # both dtypes by default
+    peaks = report["matmul_peaks"]
+    bf16_peer = peaks["bfloat16"]["torch"] >= TORCH_BF16_FLOOR * peaks["float32"]["torch"]  # this CPU has bf16 units
+    assert any("torch bf16 steps not timed" in note for note in report["notes"]) == (not bf16_peer)
+    for row in report["sizes"]:
+        assert row["params"] == 8240 and ("ratio" in row) == (row["dtype"] == "float32" or bf16_peer)
+        if "ratio" in row:
+            assert row["ratio"] == pytest.approx(row["jax_tokens_per_s"] / row["torch_tokens_per_s"])
+        peak = peaks[row["dtype"]]
+        assert 0 < row["jax_mfu"] < 1 and peak["jax"] > 1e8 and peak["torch"] > 1e6
+        assert row["jax_mfu"] == pytest.approx(row["jax_tokens_per_s"] * row["flops_per_token"] / peak["jax"])
+    assert report["cpu_model"] == cpu_model() and report["matmul_peak_flops"] == report["matmul_peaks"]["float32"]["jax"]
+    out = capsys.readouterr().out
+    assert f"CPU: {cpu_model()}" in out and "ratio" in out and "matmul peak bfloat16" in out
+
+
+def test_torch_twin_bf16_autocast_tracks_fp32():
+    """The bf16 peer (autocast) computes the same model: its first loss is within bf16 rounding of fp32's."""
+    from jaxformer.benchmarks.torch_reference import make_torch_step
+
+    cfg = dataclasses.replace(get_preset("tiny"), num_layers=1)
+    windows = torch.from_numpy(np.random.default_rng(0).integers(0, 256, (4, 33)))
+    losses = {bf16: float(make_torch_step(cfg, lr=1e-3, betas=(0.9, 0.95), weight_decay=0.1, eps=1e-8, grad_clip=1.0,
+                                          bf16=bf16)(windows).detach()) for bf16 in (False, True)}
+    assert losses[True] != losses[False] and losses[True] == pytest.approx(losses[False], rel=0.01)
+
+
+def test_op_classes_reads_compiled_hlo():
+    """dots (bare or fused) are matmuls, all-reduce a collective, the rest by opcode, from XLA's own text."""
+    from jaxformer.benchmarks.profile import op_classes
+
+    hlo = jax.jit(lambda a, b: jax.numpy.tanh(a @ b) + 1.0).lower(np.ones((64, 64), np.float32),
+                                                              np.ones((64, 64), np.float32)).compile().as_text()
+    classes = op_classes(hlo)
+    dots = [re.search(r"%([\w.\-]+) = ", line).group(1) for line in hlo.splitlines() if " dot(" in line]
+    assert dots and all(classes[name] == "matmul" for name in dots)
+    assert set(classes.values()) <= {"matmul", "collective", "copy", "other"}
+    text = ("HloModule m\n\n%fused (p: f32[2]) -> f32[2] {\n  %p = f32[2]{0} parameter(0)\n"
+            "  ROOT %d = f32[2]{0} dot(%p, %p), lhs_contracting_dims={}\n}\n\nENTRY %main {\n"
+            "  %x = f32[2]{0} parameter(0)\n  %f.1 = f32[2]{0} fusion(%x), kind=kOutput, calls=%fused\n"
+            "  %ar = (f32[2]{0}, /*index=1*/f32[2]{0}) all-reduce(%f.1, %x), to_apply=%add\n"
+            "  ROOT %t = f32[2]{0} transpose(%x), dimensions={0}\n}\n")
+    assert {k: op_classes(text)[k] for k in ("f.1", "ar", "t", "x")} == {
+        "f.1": "matmul", "ar": "collective", "t": "copy", "x": "other"}
+
+
+def test_bench_profile_sums_the_traced_step(tmp_path, capsys):
+    assert main(["bench", "profile", "--size", "16:1:32", "--batch", "4", "--steps", "2", "--top", "3",
+                 "--json", str(tmp_path / "p.json")]) == 0
+    report = json.loads((tmp_path / "p.json").read_text())
+    assert report["cpu_model"] == cpu_model() and report["by_class"]["matmul"] > 0
+    assert sum(report["by_class"].values()) == pytest.approx(report["op_s_per_step"])
+    assert sum(row["s_per_step"] for row in report["instructions"]) == pytest.approx(report["op_s_per_step"])
+    assert "matmul" in capsys.readouterr().out

@@ -8,6 +8,8 @@ AdamW with global-norm clipping. Dense decoders only (the CPU sweeps' models).
 
 from __future__ import annotations
 
+import time
+
 import torch
 from torch import nn
 from torch.nn import functional as TF
@@ -87,15 +89,20 @@ class TorchDecoder(nn.Module):
 
 
 def make_torch_step(cfg: ModelConfig, *, lr: float, betas: tuple[float, float], weight_decay: float, eps: float,
-                    grad_clip: float):
-    """``step(windows_BW) -> loss``: one AdamW update of a fresh `TorchDecoder`, in eager mode."""
+                    grad_clip: float, bf16: bool = False):
+    """``step(windows_BW) -> loss``: one AdamW update of a fresh `TorchDecoder`, in eager mode.
+
+    ``bf16``: the forward pass under ``torch.autocast("cpu", torch.bfloat16)``, PyTorch's mixed
+    precision (fp32 parameters and optimizer, bf16 matmuls), the peer of ``compute_dtype: bfloat16``.
+    """
     torch.manual_seed(0)
     model = TorchDecoder(cfg)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=betas, weight_decay=weight_decay, eps=eps)
 
     def step(windows_BW: torch.Tensor) -> float:
-        logits = model(windows_BW[:, :-1])
-        loss = TF.cross_entropy(logits.reshape(-1, cfg.vocab_size), windows_BW[:, 1:].reshape(-1))
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            logits = model(windows_BW[:, :-1])
+        loss = TF.cross_entropy(logits.float().reshape(-1, cfg.vocab_size), windows_BW[:, 1:].reshape(-1))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if grad_clip > 0:
@@ -104,6 +111,18 @@ def make_torch_step(cfg: ModelConfig, *, lr: float, betas: tuple[float, float], 
         return loss
 
     return step
+
+
+def matmul_peak(dtype: str = "float32", n: int = 1024, repeats: int = 10) -> float:
+    """PyTorch's FLOP/s on the best of ``repeats`` ``[n, n] @ [n, n]`` products, the peer of `probe_matmul_peak`."""
+    a = torch.ones((n, n), dtype=getattr(torch, dtype))
+    a @ a  # first call: kernel selection
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        a @ a
+        best = min(best, time.perf_counter() - start)
+    return 2.0 * n**3 / best
 
 
 def load_jax_params(model: TorchDecoder, params: dict) -> None:

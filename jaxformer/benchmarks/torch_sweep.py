@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 import os
 import sys
 import time
@@ -241,20 +240,6 @@ def train_twin(run: TwinRun, train_tokens: np.ndarray, val_tokens: np.ndarray) -
     return record
 
 
-def torch_matmul_peak(n: int = 1024, repeats: int = 5) -> float:
-    """FLOP/s of the best of ``repeats`` fp32 ``[n, n] @ [n, n]`` products in this process (2n³ FLOPs each)."""
-    import torch
-
-    a = torch.ones(n, n)
-    torch.mm(a, a)
-    best = math.inf
-    for _ in range(repeats):
-        start = time.perf_counter()
-        torch.mm(a, a)
-        best = min(best, time.perf_counter() - start)
-    return 2.0 * n**3 / best
-
-
 # --- worker processes: set up once by the pool's initializer; the data arrive as .npy files, loaded once each ---
 _DATA: dict[str, tuple[np.ndarray, np.ndarray]] = {}
 _WORKER: dict[str, Any] = {}
@@ -265,15 +250,15 @@ def _init_worker(threads: int) -> None:
 
     torch.set_num_threads(threads)
     torch.set_num_interop_threads(1)
-    import jaxformer.benchmarks.torch_reference  # noqa: F401  (the model, and the loader below)
-    import jaxformer.train.loader  # noqa: F401
+    import jaxformer.train.loader  # noqa: F401  (the data loader, imported before the first run)
+    from jaxformer.benchmarks.torch_reference import matmul_peak  # and the model
 
     # the first AdamW of a process imports the rest of torch.optim (seconds): process start-up, not a run's
     weight = torch.nn.Parameter(torch.ones(2, 2))
     warm = torch.optim.AdamW([weight])
     weight.sum().backward()
     warm.step()
-    _WORKER.update(ready=time.time(), peak=torch_matmul_peak())
+    _WORKER.update(ready=time.time(), peak=matmul_peak(repeats=5))
 
 
 def _train_in_worker(task: tuple[TwinRun, str]) -> dict:

@@ -27,6 +27,8 @@ import numpy as np
 from jaxformer.files import write_json_atomic
 from jaxformer.runtime import LAYOUT_FILE
 
+# torch's bf16 steps are timed only where its bf16 matmul reaches this share of its fp32 one
+TORCH_BF16_FLOOR = 0.1
 LADDER = ((16, 1, 128), (32, 2, 128), (64, 2, 128), (128, 4, 128), (256, 4, 256), (512, 8, 256))
 
 
@@ -34,6 +36,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sizes", default=",".join(f"{d}:{l}:{t}" for d, l, t in LADDER),
                         help="comma-separated d_model:layers:seq_len")
     parser.add_argument("--batch", type=int, default=32, help="sequences per step")
+    parser.add_argument("--dtypes", default="float32,bfloat16",
+                        help="compute dtypes to time, comma-separated (bfloat16: fp32 masters, against torch autocast)")
     parser.add_argument("--steps", type=int, default=10, help="steps per timed repeat")
     parser.add_argument("--repeats", type=int, default=5, help="alternating repeats (medians reported)")
     parser.add_argument("--no-torch", action="store_true", help="time jaxformer only")
@@ -42,19 +46,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", help="directory for bench_train.json (and layout results)")
 
 
-def bench_config(d_model: int, layers: int, seq_len: int, batch: int):
-    """A jaxformer `TrainConfig` of the CPU sweeps' architecture (the `tiny` preset) at this size."""
+def bench_config(d_model: int, layers: int, seq_len: int, batch: int, dtype: str = "float32"):
+    """A jaxformer `TrainConfig` of the CPU sweeps' architecture (the `tiny` preset) at this size and compute dtype."""
     from jaxformer.train.config import config_from_dict
 
     heads = max(1, d_model // 32)
     return config_from_dict({
         "model": {"preset": "tiny", "d_model": d_model, "num_layers": layers, "num_heads": heads,
                   "max_seq_len": max(seq_len, 256)},
-        "train": {"batch_size": batch, "seq_len": seq_len, "tokens": batch * seq_len * 1000},
+        "train": {"batch_size": batch, "seq_len": seq_len, "tokens": batch * seq_len * 1000, "compute_dtype": dtype},
     })
 
 
-def _parse_sizes(text: str) -> list[tuple[int, int, int]]:
+def parse_sizes(text: str) -> list[tuple[int, int, int]]:
     sizes = []
     for item in text.split(","):
         parts = item.split(":")
@@ -80,7 +84,7 @@ def measure(config, *, steps: int, repeats: int, torch_too: bool) -> dict:
             torch_times.append(torch_step(steps=steps))
     tokens = steps * runner.tokens_per_step
     result = {
-        "d_model": config.model.d_model, "layers": config.model.num_layers, "seq_len": config.train.seq_len,
+        "dtype": config.train.compute_dtype, "d_model": config.model.d_model, "layers": config.model.num_layers, "seq_len": config.train.seq_len,
         "batch": config.train.batch_size, "params": count_params(config.model).total, "compile_s": runner.compile_s,
         "devices": runner.devices,
         "flops_per_token": runner.flops_per_step / runner.tokens_per_step,
@@ -100,7 +104,7 @@ def _torch_step(config):
 
     opt = config.optimizer
     step = make_torch_step(config.model, lr=opt.lr, betas=(opt.beta1, opt.beta2), weight_decay=opt.weight_decay,
-                           eps=opt.eps, grad_clip=opt.grad_clip)
+                           eps=opt.eps, grad_clip=opt.grad_clip, bf16=config.train.compute_dtype == "bfloat16")
     windows = torch.from_numpy(random_windows(config)[0].astype(np.int64))
 
     def timed(steps: int) -> float:
@@ -142,10 +146,32 @@ def _layout(sizes, batch: int, steps: int) -> dict:
     return {"cores": cores, "tokens_per_s": results, "choice": choice}
 
 
-def run(args: argparse.Namespace) -> int:
+def parse_dtypes(text: str) -> list[str]:
+    dtypes = [item.strip() for item in text.split(",")]
+    for dtype in dtypes:
+        if dtype not in ("float32", "bfloat16"):
+            raise ValueError(f"--dtypes entries must be float32 or bfloat16, got {dtype!r}")
+    return dtypes
+
+
+def matmul_peaks(dtypes: list[str], torch_too: bool) -> dict[str, dict[str, float]]:
+    """``{dtype: {"jax": FLOP/s, "torch": FLOP/s}}``: square matmul peaks probed in this run, side by side."""
     from jaxformer.train.peak import probe_matmul_peak
 
-    sizes = _parse_sizes(args.sizes)
+    peaks = {}
+    for dtype in dtypes:
+        peaks[dtype] = {"jax": probe_matmul_peak(dtype)}
+        if torch_too:
+            from jaxformer.benchmarks.torch_reference import matmul_peak
+
+            peaks[dtype]["torch"] = matmul_peak(dtype)
+    return peaks
+
+
+def run(args: argparse.Namespace) -> int:
+    from jaxformer.train.peak import cpu_model
+
+    sizes, dtypes = parse_sizes(args.sizes), parse_dtypes(args.dtypes)
     for name in ("batch", "steps", "repeats"):
         if getattr(args, name) <= 0:
             raise ValueError(f"--{name} must be positive, got {getattr(args, name)}")
@@ -153,14 +179,24 @@ def run(args: argparse.Namespace) -> int:
         import torch
 
         torch.set_num_threads(os.cpu_count() or 1)
-    peak = probe_matmul_peak()
-    rows = [measure(bench_config(d, layers, seq_len, args.batch), steps=args.steps, repeats=args.repeats,
-                    torch_too=not args.no_torch) for d, layers, seq_len in sizes]
-    for row in rows:
+    peaks = matmul_peaks(dtypes, not args.no_torch)
+    notes = []
+    torch_dtypes = {dtype for dtype in dtypes if not args.no_torch}
+    if "bfloat16" in torch_dtypes and "float32" in peaks:
+        torch_peak = peaks["bfloat16"]["torch"]
+        if torch_peak < TORCH_BF16_FLOOR * peaks["float32"]["torch"]:  # no bf16 units: hours of timing, no peer
+            torch_dtypes.discard("bfloat16")
+            notes.append(f"torch bf16 steps not timed: its bf16 matmul runs at {torch_peak / 1e9:.1f} GFLOP/s, "
+                         f"under {TORCH_BF16_FLOOR:.0%} of its fp32 one on this CPU")
+    rows = [measure(bench_config(d, layers, seq_len, args.batch, dtype), steps=args.steps, repeats=args.repeats,
+                    torch_too=dtype in torch_dtypes) for dtype in dtypes for d, layers, seq_len in sizes]
+    for row in rows:  # MFU against each dtype's JAX matmul peak, so both columns share one denominator
+        peak = peaks[row["dtype"]]["jax"]
         row["jax_mfu"] = row["jax_tokens_per_s"] * row["flops_per_token"] / peak
         if "torch_tokens_per_s" in row:
             row["torch_mfu"] = row["torch_tokens_per_s"] * row["flops_per_token"] / peak
-    report = {"matmul_peak_flops": peak, "sizes": rows,
+    report = {"cpu_model": cpu_model(), "matmul_peak_flops": peaks["float32" if "float32" in peaks else dtypes[0]]["jax"],
+              "matmul_peaks": peaks, "sizes": rows, "notes": notes,
               "environment": {name: os.environ.get(name, "") for name in ("GLIBC_TUNABLES", "XLA_FLAGS")}}
     if args.layout:
         report["layout"] = _layout([s for s in sizes if s[0] <= 128], args.batch, args.steps)
@@ -175,15 +211,19 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _print(report: dict, args: argparse.Namespace) -> None:
-    print(f"matmul peak {report['matmul_peak_flops'] / 1e9:.1f} GFLOP/s (fp32, this run); "
-          + ", ".join(f"{name}={value!r}" for name, value in report["environment"].items()))
-    print(f"{'d':>5}{'L':>3}{'T':>5}{'params':>11}{'dev':>4}{'jax tok/s':>12}{'torch tok/s':>13}{'ratio':>7}"
+    print(f"CPU: {report['cpu_model']}; " + ", ".join(f"{name}={value!r}" for name, value in report["environment"].items()))
+    for dtype, peak in report["matmul_peaks"].items():
+        print(f"matmul peak {dtype} (this run): jax {peak['jax'] / 1e9:.1f} GFLOP/s"
+              + (f", torch {peak['torch'] / 1e9:.1f} GFLOP/s, ratio {peak['jax'] / peak['torch']:.2f}" if "torch" in peak else ""))
+    print(f"{'dtype':>9}{'d':>5}{'L':>3}{'T':>5}{'params':>11}{'dev':>4}{'jax tok/s':>12}{'torch tok/s':>13}{'ratio':>7}"
           f"{'jax MFU':>9}{'torch MFU':>10}{'compile s':>10}")
     for row in report["sizes"]:
         torch_part = (f"{row['torch_tokens_per_s']:>13,.0f}{row['ratio']:>7.2f}" if "ratio" in row else f"{'':>20}")
         torch_mfu = f"{row['torch_mfu']:>10.1%}" if "torch_mfu" in row else f"{'':>10}"
-        print(f"{row['d_model']:>5}{row['layers']:>3}{row['seq_len']:>5}{row['params']:>11,}{row['devices']:>4}"
+        print(f"{row['dtype']:>9}{row['d_model']:>5}{row['layers']:>3}{row['seq_len']:>5}{row['params']:>11,}{row['devices']:>4}"
               f"{row['jax_tokens_per_s']:>12,.0f}{torch_part}{row['jax_mfu']:>9.1%}{torch_mfu}{row['compile_s']:>10.1f}")
+    for note in report["notes"]:
+        print(note)
     if "layout" in report:
         layout = report["layout"]
         for size, values in layout["tokens_per_s"].items():

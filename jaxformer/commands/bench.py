@@ -25,6 +25,10 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "jaxformer.benchmarks.train",
         "the real train step's tokens/s and MFU against PyTorch eager on the same model, side by side",
     ),
+    "profile": (
+        "jaxformer.benchmarks.profile",
+        "where the train step's time goes: thread time per XLA instruction, by class (matmul, copy, other)",
+    ),
     "sweep": (
         "jaxformer.benchmarks.sweep",
         "a sweep plan end to end: jaxformer sweep vs a PyTorch eager twin of the same runs, wall times, "
