@@ -27,6 +27,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("jaxformer.commands.bench", "benchmarks: ratios side by side in one run, tables, JSON and log-log plots"),
     "train": ("jaxformer.commands.train", "train a decoder on a token budget, with checkpoints and exact resume"),
     "sweep": ("jaxformer.commands.sweep", "train an (N, D) grid or IsoFLOP budgets, locally or on Ray, then fit"),
+    "tune": ("jaxformer.commands.tune", "a sweep's tuning stage only: learning rates at a few sizes, the fitted rule"),
     "results": ("jaxformer.commands.results", "one table of a sweep's runs: N, D, C, losses, status"),
     "fit": ("jaxformer.commands.fit", "scaling-law fits (Chinchilla Approaches 1-3) with bootstrap intervals"),
     "allocate": ("jaxformer.commands.allocate", "compute-optimal N, D, tokens per parameter and loss at C"),

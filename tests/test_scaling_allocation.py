@@ -1,10 +1,15 @@
 """Closed-form compute-optimal allocation against direct minimisation along iso-FLOP lines."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 from scipy.optimize import minimize_scalar
 
-from jaxformer.scaling.allocation import PRESETS, ParametricLaw, PowerLawAllocation, allocate
+from jaxformer.accounting import count_params, training_flops_per_token
+from jaxformer.models import get_preset
+from jaxformer.scaling.allocation import PRESETS, SIX_ND, FlopsPerToken, ParametricLaw, PowerLawAllocation, allocate
+from jaxformer.scaling.powerlaw import allocation_from_optima
 
 
 def test_published_chinchilla_law_closed_form():
@@ -47,3 +52,62 @@ def test_bad_budget_and_law():
         ParametricLaw.from_dict({"E": 1, "A": 2, "alpha": 0.3})
     with pytest.raises(ValueError, match="alpha must be positive and finite, got -0.3"):
         ParametricLaw.from_dict({"E": 1, "A": 2, "B": 3, "alpha": -0.3, "beta": 0.3})
+
+
+def test_flops_per_token_is_fitted_from_the_runs_and_is_6n_for_6nd_tables():
+    N = np.geomspace(8e3, 3e5, 9)
+    D = np.geomspace(1e6, 4e7, 9)[::-1]
+    fitted = FlopsPerToken.fit(N, D, 9.7 * N**0.96 * D)
+    assert (fitted.k, fitted.p) == (pytest.approx(9.7, rel=1e-9), pytest.approx(0.96, rel=1e-12))
+    assert FlopsPerToken.fit(N, D, 6 * N * D) is SIX_ND and SIX_ND.describe() == "C = 6ND"
+    # jaxformer's own accounting: small models cost more than 6N per token, and less so as N grows
+    models = [dataclasses.replace(get_preset("tiny"), d_model=d, num_heads=d // 16, num_kv_heads=d // 16,
+                                  num_layers=layers)
+              for d, layers in ((16, 1), (32, 2), (64, 3), (128, 4))]
+    n = np.array([count_params(m).total for m in models], np.float64)
+    exact = FlopsPerToken.fit(n, np.ones(4), [training_flops_per_token(m, 64, "exact") for m in models])
+    assert exact.k > 6 and 0.8 < exact.p < 1
+
+
+@pytest.mark.parametrize("k, p", [(6.0, 1.0), (9.7, 0.96), (14.0, 0.9)])
+@pytest.mark.parametrize("C", [1e12, 1e19, 5.76e23])
+def test_closed_form_with_a_flops_model_is_the_minimum_along_its_iso_flop_line(k, p, C):
+    """N_opt minimises L(N, C / (k·N^p)); D_opt spends exactly C; a = β/(α+pβ), b = 1 − p·a."""
+    law = dataclasses.replace(PRESETS["chinchilla"], flops=FlopsPerToken(k, p))
+    res = minimize_scalar(lambda x: law.loss(np.exp(x), C / (k * np.exp(x) ** p)), bounds=(2, 40), method="bounded",
+                          options={"xatol": 1e-10})
+    assert float(law.n_opt(C)) == pytest.approx(np.exp(res.x), rel=1e-4)
+    assert float(law.d_opt(C) * k * law.n_opt(C) ** p) == pytest.approx(C, rel=1e-12)
+    assert law.a == pytest.approx(0.28 / (0.34 + p * 0.28)) and law.b == pytest.approx(1 - p * law.a)
+    assert np.log(law.n_opt(10 * C) / law.n_opt(C)) / np.log(10) == pytest.approx(law.a, rel=1e-9)
+    assert np.log(law.d_opt(10 * C) / law.d_opt(C)) / np.log(10) == pytest.approx(law.b, rel=1e-9)
+
+
+def test_power_laws_through_optima_spend_the_budget_with_the_flops_model():
+    C = np.array([1e11, 1e12, 1e13])
+    n_opt = 2.5e4 * (C / 1e12) ** 0.6
+    flops = FlopsPerToken(9.7, 0.96)
+    allocation = allocation_from_optima(C, n_opt, np.array([2.0, 1.8, 1.6]), flops)
+    np.testing.assert_allclose(allocation.d_opt(C) * flops(allocation.n_opt(C)), C, rtol=1e-9)
+    assert allocation.a == pytest.approx(0.6) and allocation.b == pytest.approx(1 - 0.96 * 0.6)
+
+
+def test_fit_records_the_tables_flops_per_token_and_load_law_reads_it_back(tmp_path):
+    import json
+
+    from jaxformer.scaling.allocation import load_law
+    from jaxformer.scaling.report import fit_table, jsonable
+    from jaxformer.scaling.table import RunTable
+
+    law = PRESETS["chinchilla"]
+    N = np.repeat(np.geomspace(1e7, 1e9, 6), 3)
+    D = np.tile(np.geomspace(1e9, 1e11, 3), 6)
+    table = RunTable.from_arrays(N, law.loss(N, D), D=D, C=9.7 * N**0.96 * D)
+    report = fit_table(table, "3", resamples=0)
+    assert report.approach3.law.flops == FlopsPerToken(pytest.approx(9.7), pytest.approx(0.96))
+    fitted = report.approach3.law
+    assert fitted.a == pytest.approx(fitted.beta / (fitted.alpha + 0.96 * fitted.beta), rel=1e-9)
+    assert "C = 9.7·N^0.9600·D" in report.text()
+    (tmp_path / "fit.json").write_text(json.dumps(jsonable(report.to_dict())))
+    _, loaded = load_law(tmp_path / "fit.json")
+    assert loaded == report.approach3.law and float(loaded.n_opt(1e21)) == float(report.approach3.law.n_opt(1e21))

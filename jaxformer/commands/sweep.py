@@ -1,4 +1,7 @@
-"""`jaxformer sweep SWEEP.yaml [--executor local|ray] [--workers N] [--dry-run] [--out DIR]`."""
+"""`jaxformer sweep SWEEP.yaml [--executor local|ray] [--workers N] [--dry-run] [--out DIR]`.
+
+A spec with ``tune:`` runs its tuning stage first (`jaxformer.sweep.tune`, also `jaxformer tune`).
+"""
 
 from __future__ import annotations
 
@@ -20,9 +23,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-probe", action="store_true", help="dry run without the throughput probe")
 
 
-def _say(line: str) -> None:
+def say(line: str) -> None:
     """The launch's reporter: each line at once, so a log of the sweep follows it live."""
     print(line, flush=True)
+
+
+def check_worker_flags(args: argparse.Namespace) -> None:
+    """``--workers`` (at least 1) and ``--threads`` (0: no limit), shared with `jaxformer tune`."""
+    for name in ("workers", "threads"):
+        value = getattr(args, name)
+        if value is not None and value < (1 if name == "workers" else 0):
+            raise ValueError(f"--{name} must be positive, got {value}")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -30,18 +41,30 @@ def run(args: argparse.Namespace) -> int:
     from jaxformer.sweep.plan import plan_runs
     from jaxformer.sweep.spec import load_spec
 
-    for name in ("workers", "threads"):
-        value = getattr(args, name)
-        if value is not None and value < (1 if name == "workers" else 0):
-            raise ValueError(f"--{name} must be positive, got {value}")
+    check_worker_flags(args)
     spec = load_spec(args.spec)
-    runs = plan_runs(spec)
-    if args.dry_run:
-        print(plan_table(runs, workers=args.workers or os.cpu_count() or 1, probe=not args.no_probe))
-        return 0
+    runs = plan_runs(spec)  # every run is checked before any trains (a tuned sweep's again with its rule)
     out = Path(args.out) if args.out else Path("runs") / spec.name
+    if args.dry_run:
+        workers = args.workers or os.cpu_count() or 1
+        if spec.tune is not None:
+            from jaxformer.sweep.tune import dry_run
+
+            text, spec = dry_run(spec, out, workers=workers, probe=not args.no_probe)
+            print(text)
+            runs = plan_runs(spec)
+        adapt_limit = spec.isoflop.adapt_limit if spec.isoflop is not None and spec.isoflop.adapt else None
+        print(plan_table(runs, workers=workers, probe=not args.no_probe, adapt_limit=adapt_limit))
+        return 0
     options = LaunchOptions(executor=args.executor, workers=args.workers, threads=args.threads,
                             retry_failed=args.retry_failed, ray_address=args.ray_address,
                             gpus_per_run=args.gpus_per_run)
-    result = launch(spec, runs, out, options, report=_say)
+    if spec.tune is not None:  # the tuning stage first: its rule sets the runs' learning rates
+        from jaxformer.sweep.tune import tune_stage
+
+        spec = tune_stage(spec, out, options, report=say)
+        if spec is None:
+            return 0
+        runs = plan_runs(spec)
+    result = launch(spec, runs, out, options, report=say)
     return 1 if result.failed else 0

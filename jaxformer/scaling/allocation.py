@@ -1,17 +1,21 @@
 """Compute-optimal allocation in closed form: N_opt(C), D_opt(C), tokens per parameter, loss.
 
-From a parametric law L = E + A/N^α + B/D^β under C = 6ND (Hoffmann et al. 2022, eq. 4):
+Training compute is C = F(N)·D with F the FLOPs per token. Hoffmann et al. (2022) take
+F = 6N; a table whose C counts exact FLOPs (attention and the output head included) has
+F = k·N^p with k > 6 and p < 1 for small models, fitted to its runs' C/D
+(:class:`FlopsPerToken`). From a parametric law L = E + A/N^α + B/D^β, minimising
+L(N, C/F(N)) gives (eq. 4 of Hoffmann et al. when k = 6, p = 1):
 
-    N_opt = G (C/6)^a,   D_opt = G⁻¹ (C/6)^b,   G = (αA / (βB))^(1/(α+β)),
-    a = β/(α+β),         b = α/(α+β).
+    N_opt = G (C/k)^a,   D_opt = C / F(N_opt) ∝ C^b,   G = (αA / (pβB))^(1/(α+pβ)),
+    a = β/(α+pβ),        b = 1 − p·a.
 
-From IsoFLOP power laws (Approach 2): N_opt = k_N C^a, D_opt = k_D C^b, and the loss at the
-optimum L_opt = k_L C^γ fitted to the parabolas' minima.
+From IsoFLOP power laws (Approach 2): N_opt = k_N C^a, D_opt = C / F(N_opt) = k_D C^b, and the
+loss at the optimum L_opt = k_L C^γ fitted to the parabolas' minima.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -20,20 +24,51 @@ from jaxformer.files import load_json
 
 
 @dataclass(frozen=True)
+class FlopsPerToken:
+    """Training FLOPs per token as a power of the parameter count: F(N) = k·N^p (C = F(N)·D)."""
+
+    k: float = 6.0
+    p: float = 1.0
+
+    def __call__(self, N) -> np.ndarray:
+        return self.k * np.asarray(N, np.float64) ** self.p
+
+    @classmethod
+    def fit(cls, N, D, C) -> "FlopsPerToken":
+        """Least squares of ln(C/D) on ln N over the runs ``[R]``; exactly 6N when every C is 6ND."""
+        N, per_token = np.asarray(N, np.float64), np.asarray(C, np.float64) / np.asarray(D, np.float64)
+        if np.allclose(per_token, 6.0 * N, rtol=1e-9) or np.ptp(np.log(N)) == 0:
+            return SIX_ND
+        p, log_k = np.polyfit(np.log(N), np.log(per_token), 1)
+        return cls(k=float(np.exp(log_k)), p=float(p))
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def describe(self) -> str:
+        return "C = 6ND" if self == SIX_ND else f"C = {self.k:.4g}·N^{self.p:.4f}·D (fitted to the runs' C/D)"
+
+
+SIX_ND = FlopsPerToken()
+
+
+@dataclass(frozen=True)
 class ParametricLaw:
-    """L(N, D) = E + A/N^α + B/D^β (nats/token)."""
+    """L(N, D) = E + A/N^α + B/D^β (nats/token); its allocation counts compute with ``flops``."""
 
     E: float
     A: float
     B: float
     alpha: float
     beta: float
+    flops: FlopsPerToken = SIX_ND
 
     @classmethod
-    def from_log_params(cls, x) -> "ParametricLaw":
+    def from_log_params(cls, x, flops: FlopsPerToken = SIX_ND) -> "ParametricLaw":
         """From the fit's (log A, log B, log E, α, β)."""
         log_a, log_b, log_e, alpha, beta = (float(v) for v in x)
-        return cls(E=float(np.exp(log_e)), A=float(np.exp(log_a)), B=float(np.exp(log_b)), alpha=alpha, beta=beta)
+        return cls(E=float(np.exp(log_e)), A=float(np.exp(log_a)), B=float(np.exp(log_b)), alpha=alpha, beta=beta,
+                   flops=flops)
 
     @classmethod
     def from_dict(cls, d: dict, source: str = "law") -> "ParametricLaw":
@@ -47,7 +82,8 @@ class ParametricLaw:
         return cls(**values)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """The law's five parameters (its FLOP count is the fit's, recorded beside it)."""
+        return {k: getattr(self, k) for k in ("E", "A", "B", "alpha", "beta")}
 
     def loss(self, N, D) -> np.ndarray:
         N, D = np.asarray(N, np.float64), np.asarray(D, np.float64)
@@ -56,22 +92,23 @@ class ParametricLaw:
     @property
     def a(self) -> float:
         """N_opt ∝ C^a."""
-        return self.beta / (self.alpha + self.beta)
+        return self.beta / (self.alpha + self.flops.p * self.beta)
 
     @property
     def b(self) -> float:
         """D_opt ∝ C^b."""
-        return self.alpha / (self.alpha + self.beta)
+        return 1.0 - self.flops.p * self.a
 
     @property
     def G(self) -> float:
-        return (self.alpha * self.A / (self.beta * self.B)) ** (1.0 / (self.alpha + self.beta))
+        p = self.flops.p
+        return (self.alpha * self.A / (p * self.beta * self.B)) ** (1.0 / (self.alpha + p * self.beta))
 
     def n_opt(self, C) -> np.ndarray:
-        return self.G * (np.asarray(C, np.float64) / 6.0) ** self.a
+        return self.G * (np.asarray(C, np.float64) / self.flops.k) ** self.a
 
     def d_opt(self, C) -> np.ndarray:
-        return (np.asarray(C, np.float64) / 6.0) ** self.b / self.G
+        return np.asarray(C, np.float64) / self.flops(self.n_opt(C))
 
     def loss_opt(self, C) -> np.ndarray:
         return self.loss(self.n_opt(C), self.d_opt(C))
@@ -129,7 +166,8 @@ def load_law(path: str | Path, approach: str | None = None) -> tuple[str, Law]:
         raise ValueError(f"{path}: no approach {approach} fit in it (has: {', '.join(available) or 'none'})")
     fit = data[f"approach{approach}"]
     if approach == "3":
-        return "approach 3", ParametricLaw.from_dict(fit["params"], f"{path}: approach3.params")
+        flops = FlopsPerToken(**data["flops_per_token"]) if "flops_per_token" in data else SIX_ND
+        return "approach 3", replace(ParametricLaw.from_dict(fit["params"], f"{path}: approach3.params"), flops=flops)
     return f"approach {approach}", PowerLawAllocation(**fit["power_laws"])
 
 

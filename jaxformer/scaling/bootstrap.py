@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from jaxformer.scaling import lbfgs
-from jaxformer.scaling.allocation import ParametricLaw
+from jaxformer.scaling.allocation import FlopsPerToken, ParametricLaw
 from jaxformer.scaling.parametric import ParametricFit, log_data, value_and_grad
 from jaxformer.scaling.table import RunTable
 
@@ -68,9 +68,10 @@ def percentiles(level: float) -> np.ndarray:
     return 100.0 * np.array([(1 - level) / 2, (1 + level) / 2])
 
 
-def sample_laws(samples: dict[str, np.ndarray]) -> ParametricLaw:
-    """The resampled Approach-3 laws as one law of ``[B, 1]`` fields (broadcast against ``[K]`` budgets or sizes)."""
-    return ParametricLaw(*(samples[k][:, None] for k in ("E", "A", "B", "alpha", "beta")))
+def sample_laws(samples: dict[str, np.ndarray], flops: FlopsPerToken) -> ParametricLaw:
+    """The resampled Approach-3 laws as one law of ``[B, 1]`` fields (broadcast against ``[K]`` budgets or
+    sizes), counting compute with the fit's ``flops``."""
+    return ParametricLaw(*(samples[k][:, None] for k in ("E", "A", "B", "alpha", "beta")), flops=flops)
 
 
 def summarize(point: dict[str, float], samples: dict[str, np.ndarray], level: float) -> dict[str, Interval]:
@@ -108,7 +109,8 @@ def bootstrap_parametric(table: RunTable, fit: ParametricFit, *, resamples: int 
     best = np.argmin(f, axis=1)
     pick = np.arange(resamples) * K + best
     x = sol.x[pick]
-    laws = ParametricLaw(E=np.exp(x[:, 2]), A=np.exp(x[:, 0]), B=np.exp(x[:, 1]), alpha=x[:, 3], beta=x[:, 4])
+    laws = ParametricLaw(E=np.exp(x[:, 2]), A=np.exp(x[:, 0]), B=np.exp(x[:, 1]), alpha=x[:, 3], beta=x[:, 4],
+                         flops=fit.law.flops)
     samples = law_quantities(laws, budgets)
     point = {k: float(v) for k, v in law_quantities(fit.law, budgets).items()}
     return BootstrapResult(samples, summarize(point, samples, level), level, int(sol.converged[pick].sum()))

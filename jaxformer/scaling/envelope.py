@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from jaxformer.scaling.allocation import PowerLawAllocation
+from jaxformer.scaling.allocation import FlopsPerToken, PowerLawAllocation
 from jaxformer.scaling.bootstrap import Interval, resample_counts, summarize
 from jaxformer.scaling.powerlaw import allocation_from_optima, loglog_fit
 from jaxformer.scaling.table import RunTable
@@ -73,14 +73,15 @@ def fit_envelope(table: RunTable, *, points: int = 250, resamples: int = 0, seed
     flops, n_opt, loss_opt = grid[defined], table.N[best[defined]], L_RF[best, np.arange(len(grid))][defined]
     if len(np.unique(n_opt)) < 2:
         raise ValueError(f"Approach 1 needs at least 2 model sizes on the loss envelope, got {len(np.unique(n_opt))}")
-    allocation = allocation_from_optima(flops, n_opt, loss_opt)
+    per_token = FlopsPerToken.fit(table.N, table.D, table.C)
+    allocation = allocation_from_optima(flops, n_opt, loss_opt, per_token)
     stats = None
     if resamples:
-        stats = _bootstrap(table, grid, L_RF, allocation, resamples, seed, level)
+        stats = _bootstrap(table, grid, L_RF, allocation, per_token, resamples, seed, level)
     return EnvelopeFit(flops, n_opt, loss_opt, allocation, stats)
 
 
-def _bootstrap(table, grid, L_RF, allocation, resamples, seed, level, chunk: int = 100) -> dict[str, Interval]:
+def _bootstrap(table, grid, L_RF, allocation, per_token, resamples, seed, level, chunk: int = 100) -> dict[str, Interval]:
     counts = resample_counts(len(table), resamples, seed)
     a, log_k = np.empty(resamples), np.empty(resamples)
     for s in range(0, resamples, chunk):
@@ -91,5 +92,5 @@ def _bootstrap(table, grid, L_RF, allocation, resamples, seed, level, chunk: int
         interior = (N_b > table.N.min()) & (N_b < table.N.max())
         n_opt = np.where(np.isfinite(np.min(L_bRF, axis=1)) & interior, N_b, np.nan)
         a[s:s + chunk], log_k[s:s + chunk] = loglog_fit(grid, n_opt)
-    samples = {"a": a, "b": 1.0 - a, "k_N": np.exp(log_k)}
+    samples = {"a": a, "b": 1.0 - per_token.p * a, "k_N": np.exp(log_k)}
     return summarize({"a": allocation.a, "b": allocation.b, "k_N": allocation.k_N}, samples, level)

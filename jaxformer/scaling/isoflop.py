@@ -3,7 +3,7 @@
 Runs are grouped by budget (the table's budget column, or C values within ``budget_tol`` of
 the group's smallest). At each budget a parabola in x = ln N is fitted to the final losses;
 its minimum gives N_opt(C) and L_opt(C). Power laws through the minima give N_opt ∝ C^a and
-D_opt = C / 6N_opt ∝ C^b (``powerlaw.py``). A minimum that is not bracketed by the sampled
+D_opt = C / F(N_opt) ∝ C^b, F the table's FLOPs per token (``powerlaw.py``). A minimum that is not bracketed by the sampled
 sizes (the parabola's vertex outside them, or the lowest loss at the smallest or largest
 size) does not locate the optimum: it is drawn, warned about, and left out of the power laws
 (as Porian et al. 2024 and Open-Athena's analysis do), unless ``keep_edges``.
@@ -19,10 +19,11 @@ often keeps only three distinct sizes, whose parabola can put its vertex anywher
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
-from jaxformer.scaling.allocation import PowerLawAllocation
+from jaxformer.scaling.allocation import SIX_ND, FlopsPerToken, PowerLawAllocation
 from jaxformer.scaling.bootstrap import Interval, summarize
 from jaxformer.scaling.powerlaw import allocation_from_optima, loglog_fit
 from jaxformer.scaling.table import RunTable
@@ -53,11 +54,12 @@ class IsoFLOPFit:
     stats: dict[str, Interval] | None  # bootstrap intervals, if resampled
     warnings: list[str]
     samples: dict[str, np.ndarray] | None = None  # quantity -> [B] values over the valid resamples
+    flops: FlopsPerToken = SIX_ND  # the table's compute per token, for D_opt = C / F(N_opt)
 
     def to_dict(self) -> dict:
         return {
             "budgets": [
-                {"C": p.budget, "runs": len(p.N), "N_opt": p.n_opt, "D_opt": p.budget / (6 * p.n_opt),
+                {"C": p.budget, "runs": len(p.N), "N_opt": p.n_opt, "D_opt": p.budget / float(self.flops(p.n_opt)),
                  "loss_opt": p.loss_opt, "bracketed": p.bracketed}
                 for p in self.profiles
             ],
@@ -104,6 +106,36 @@ def _vertex(coeffs: np.ndarray, center: float) -> tuple[np.ndarray, np.ndarray]:
     return np.exp(center + u), p0 + p1 * u + p2 * u * u
 
 
+def parabola_minimum(N: np.ndarray, loss: np.ndarray) -> tuple[np.ndarray, float, float, float]:
+    """One budget's least-squares parabola p0 + p1·u + p2·u² in u = ln N − center through its runs
+    (N: parameters ``[n]``, loss: nats/token ``[n]``): ``(coeffs, center, N_opt, L_opt)``, the last two
+    NaN when it opens downward."""
+    u = np.log(np.asarray(N, np.float64))
+    center = float(u.mean())
+    coeffs = _parabolas(u - center, np.asarray(loss, np.float64), np.ones((1, len(u))))[0]
+    n_opt, loss_opt = _vertex(coeffs, center)
+    return coeffs, center, float(n_opt), float(loss_opt)
+
+
+def minimum_edge(N: np.ndarray, loss: np.ndarray, n_opt: float) -> Literal["lower", "upper"] | None:
+    """The edge of the sampled sizes N at which a budget's minimum lies, None when the sizes bracket it.
+
+    Bracketed: the parabola's vertex ``n_opt`` strictly inside the sizes and the lowest loss at
+    neither the smallest nor the largest size. Otherwise the edge of the lowest loss, else the side
+    the vertex lies beyond, else (a parabola opening downward) the end with the lower loss.
+    """
+    N, loss = np.asarray(N, np.float64), np.asarray(loss, np.float64)
+    sizes = np.unique(N)
+    lowest = N[np.argmin(loss)]
+    if sizes[0] < n_opt < sizes[-1] and sizes[0] < lowest < sizes[-1]:
+        return None
+    if lowest == sizes[0] or (lowest != sizes[-1] and n_opt <= sizes[0]):
+        return "lower"
+    if lowest == sizes[-1] or n_opt >= sizes[-1]:
+        return "upper"
+    return "lower" if loss[N == sizes[0]].min() < loss[N == sizes[-1]].min() else "upper"
+
+
 def fit_isoflop(table: RunTable, *, budget_tol: float = 0.1, resamples: int = 0, seed: int = 0,
                 level: float = 0.95, keep_edges: bool = False, resample: str = "runs") -> IsoFLOPFit:
     """Parabola per budget, power laws through the bracketed minima (every minimum with ``keep_edges``),
@@ -117,21 +149,16 @@ def fit_isoflop(table: RunTable, *, budget_tol: float = 0.1, resamples: int = 0,
         if len(sizes) < 3:
             warnings.append(f"budget C={C:.3g}: {len(sizes)} distinct sizes, need 3 for a parabola; skipped")
             continue
-        u_all = np.log(table.N[idx])
-        center = float(u_all.mean())
-        coeffs = _parabolas(u_all - center, table.loss[idx], np.ones((1, len(idx))))[0]
-        n_opt, loss_opt = _vertex(coeffs, center)
+        coeffs, center, n_opt, loss_opt = parabola_minimum(table.N[idx], table.loss[idx])
         if not np.isfinite(n_opt):
             warnings.append(f"budget C={C:.3g}: the parabola opens downward (no minimum); skipped")
             continue
-        lowest = table.N[idx][np.argmin(table.loss[idx])]
-        bracketed = bool(sizes[0] < n_opt < sizes[-1] and sizes[0] < lowest < sizes[-1])
+        bracketed = minimum_edge(table.N[idx], table.loss[idx], n_opt) is None
         if not bracketed:
             warnings.append(f"budget C={C:.3g}: minimum at the edge of the sampled sizes "
                             f"(N_opt={n_opt:.3g}, sizes {sizes[0]:.3g}..{sizes[-1]:.3g}); "
                             f"{'kept' if keep_edges else 'left out of the power laws'}; widen the size range")
-        profiles.append(Profile(C, table.N[idx], table.loss[idx], coeffs, center, float(n_opt), float(loss_opt),
-                                bracketed))
+        profiles.append(Profile(C, table.N[idx], table.loss[idx], coeffs, center, n_opt, loss_opt, bracketed))
         groups.append(idx)
     used = [k for k, p in enumerate(profiles) if p.bracketed or keep_edges]
     if len(used) < 2:
@@ -141,15 +168,17 @@ def fit_isoflop(table: RunTable, *, budget_tol: float = 0.1, resamples: int = 0,
                          f"({found})" + (f"; {edges} more with their minimum at an edge" if edges else ""))
     fitted = [profiles[k] for k in used]
     C = np.array([p.budget for p in fitted])
-    allocation = allocation_from_optima(C, np.array([p.n_opt for p in fitted]), np.array([p.loss_opt for p in fitted]))
+    flops = FlopsPerToken.fit(table.N, table.D, table.C)
+    allocation = allocation_from_optima(C, np.array([p.n_opt for p in fitted]), np.array([p.loss_opt for p in fitted]),
+                                        flops)
     stats = samples = None
     if resamples:
         stats, samples = _bootstrap(table, fitted, [groups[k] for k in used], allocation, resamples, seed, level,
-                                    resample)
-    return IsoFLOPFit(profiles, allocation, stats, warnings, samples)
+                                    resample, flops)
+    return IsoFLOPFit(profiles, allocation, stats, warnings, samples, flops)
 
 
-def _bootstrap(table, profiles, groups, allocation, resamples, seed, level, resample):
+def _bootstrap(table, profiles, groups, allocation, resamples, seed, level, resample, flops):
     """``(intervals, samples)`` of a, b, k_N and each budget's N_opt over resampled profiles."""
     rng = np.random.default_rng(seed)
     n_opt = np.empty((resamples, len(profiles)))
@@ -167,7 +196,7 @@ def _bootstrap(table, profiles, groups, allocation, resamples, seed, level, resa
     valid = np.all(np.isfinite(n_opt), axis=1)
     C = np.array([p.budget for p in profiles])
     a, log_k = loglog_fit(C, n_opt[valid])
-    samples = {"a": a, "b": 1.0 - a, "k_N": np.exp(log_k)}
+    samples = {"a": a, "b": 1.0 - flops.p * a, "k_N": np.exp(log_k)}
     point = {"a": allocation.a, "b": allocation.b, "k_N": allocation.k_N}
     for k, p in enumerate(profiles):
         samples[f"N_opt@{p.budget:.3g}"] = n_opt[valid, k]

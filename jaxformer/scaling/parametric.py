@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxformer.scaling import lbfgs
-from jaxformer.scaling.allocation import ParametricLaw
+from jaxformer.scaling.allocation import FlopsPerToken, ParametricLaw
 from jaxformer.scaling.table import RunTable
 
 HUBER_DELTA = 1e-3
@@ -118,7 +118,8 @@ def _check(table: RunTable) -> None:
 
 
 def fit_parametric(table: RunTable, *, starts: np.ndarray | None = None, delta: float = HUBER_DELTA) -> ParametricFit:
-    """Fits L = E + A/N^α + B/D^β from every start (default: the 4500-point Hoffmann grid)."""
+    """Fits L = E + A/N^α + B/D^β from every start (default: the 4500-point Hoffmann grid); the law's
+    allocation counts compute as the table does (`FlopsPerToken` fitted to its C/D)."""
     _check(table)
     starts = hoffmann_grid() if starts is None else np.asarray(starts, dtype=np.float64)
     data = log_data(table, delta)
@@ -128,8 +129,8 @@ def fit_parametric(table: RunTable, *, starts: np.ndarray | None = None, delta: 
     best = int(np.argmin(f))
     if not np.isfinite(f[best]):
         raise ValueError("Approach 3: no start reached a finite objective")
-    return ParametricFit(ParametricLaw.from_log_params(sol.x[best]), sol.x[best], float(f[best]), starts, sol, best,
-                         delta)
+    law = ParametricLaw.from_log_params(sol.x[best], FlopsPerToken.fit(table.N, table.D, table.C))
+    return ParametricFit(law, sol.x[best], float(f[best]), starts, sol, best, delta)
 
 
 def residuals(law: ParametricLaw, table: RunTable) -> np.ndarray:

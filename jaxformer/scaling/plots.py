@@ -4,6 +4,7 @@
 - ``plot_contour``: the Approach-3 loss over (N, D), the efficient frontier, iso-FLOP lines.
 - ``plot_nopt``: N_opt against C for each approach, with Chinchilla's published law.
 - ``plot_residuals``: log-loss residuals of the Approach-3 fit against C and N.
+- ``plot_tuning``: loss against learning rate at each tuned size, and the optima's power law in N.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from jaxformer.scaling.allocation import PRESETS, Law, ParametricLaw
 from jaxformer.scaling.isoflop import IsoFLOPFit
 from jaxformer.scaling.parametric import residuals
 from jaxformer.scaling.table import RunTable
+from jaxformer.scaling.tuning import TuneFit
 
 
 def plot_isoflop(fit: IsoFLOPFit) -> Figure:
@@ -51,11 +53,11 @@ def plot_contour(law: ParametricLaw, table: RunTable | None = None, flops=None) 
     levels = np.geomspace(L.min(), np.percentile(L, 95), 15)
     contour = ax.contourf(N, D, L, levels=levels, cmap="magma", norm=LogNorm())
     fig.colorbar(contour, ax=ax, label="predicted loss", format="%.2f")
-    C_lo, C_hi = 6 * n_range[0] * d_range[0], 6 * n_range[1] * d_range[1]
+    C_lo, C_hi = float(law.flops(n_range[0])) * d_range[0], float(law.flops(n_range[1])) * d_range[1]
     C = np.geomspace(C_lo, C_hi, 200)
     ax.plot(law.n_opt(C), law.d_opt(C), color="cyan", lw=2, label="efficient frontier")
     for c in np.geomspace(C_lo, C_hi, 9)[1:-1] if flops is None else np.atleast_1d(flops):
-        ax.plot(N[0], c / (6 * N[0]), color="white", lw=0.7, ls="--")
+        ax.plot(N[0], c / law.flops(N[0]), color="white", lw=0.7, ls="--")
         ax.annotate(f"{c:.0e}", (law.n_opt(c), law.d_opt(c)), color="white", fontsize=7)
     if table is not None:
         ax.scatter(table.N, table.D, s=6, color="white", edgecolor="black", linewidth=0.3, label="runs")
@@ -95,6 +97,46 @@ def plot_residuals(law: ParametricLaw, table: RunTable) -> Figure:
         ax.set(xscale="log", xlabel=name, ylabel="log L − log L̂")
     fig.colorbar(points, ax=fig.axes, label="tokens per parameter")
     fig.suptitle(f"Approach 3 residuals (RMS {np.sqrt(np.mean(r * r)):.4f})")
+    return fig
+
+
+def plot_tuning(fit: TuneFit) -> Figure:
+    """Left: final loss against peak learning rate per size, each refining parabola and optimum (★; hollow
+    at a grid edge), diverged runs (×) along the top. Right: the optima against N with the fitted rule."""
+    fig = Figure(figsize=(10, 4.2), layout="constrained")
+    curves, optima = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
+    cmap = colormaps["viridis"]
+    finite = np.isfinite(fit.loss)
+    top = fit.loss[finite].max() if finite.any() else 1.0
+    for k, o in enumerate(fit.optima):
+        color = cmap(k / max(len(fit.optima) - 1, 1))
+        here = fit.N == o.N
+        order = np.argsort(fit.lr[here])
+        lr, loss = fit.lr[here][order], fit.loss[here][order]
+        ok = np.isfinite(loss)
+        curves.plot(lr[ok], loss[ok], "o-", ms=4, lw=0.8, color=color, label=f"N = {o.N:,.0f}")
+        curves.scatter(lr[~ok], np.full((~ok).sum(), top), marker="x", color=color)
+        if o.refined:
+            i = int(np.searchsorted(lr, o.grid_lr))
+            u = np.log(lr[i - 1:i + 2])
+            p = np.polyfit(u, loss[i - 1:i + 2], 2)
+            grid = np.linspace(u[0], u[2], 50)
+            curves.plot(np.exp(grid), np.polyval(p, grid), color=color, lw=1.6, alpha=0.6)
+        curves.scatter([o.lr], [o.loss], marker="*", s=110, zorder=3, edgecolor="black",
+                       color="white" if o.edge else color)
+    curves.set(xscale="log", xlabel="peak learning rate", ylabel="final validation loss",
+               title="tuning runs (★ optimum, hollow at a grid edge, × diverged)")
+    curves.legend(fontsize=7)
+    N = np.array([o.N for o in fit.optima])
+    lr_opt = np.array([o.lr for o in fit.optima])
+    edge = np.array([o.edge is not None for o in fit.optima])
+    optima.scatter(N[~edge], lr_opt[~edge], s=30, color="C0", label="optimum")
+    optima.scatter(N[edge], lr_opt[edge], s=30, facecolor="none", edgecolor="C0", label="at a grid edge")
+    line = np.geomspace(N.min() / 1.5, N.max() * 1.5, 50)
+    optima.plot(line, fit.rule.lr(line), color="C1", lw=1.5, label=f"lr = {fit.rule.formula}")
+    optima.set(xscale="log", yscale="log", xlabel="parameters N", ylabel="best peak learning rate",
+               title=f"lr_opt ∝ N^{fit.rule.k:.3f}")
+    optima.legend(fontsize=7)
     return fig
 
 

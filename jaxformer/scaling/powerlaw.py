@@ -1,15 +1,15 @@
 """Power laws N_opt = k C^a fitted by least squares in log-log space, vectorised over resamples.
 
 Approaches 1 and 2 both end here: from compute-optimal sizes N_opt at several budgets C,
-a = slope of ln N_opt on ln C, D_opt = C / (6 N_opt) (so b = 1 − a), and the loss at the
-optimum as L_opt = k_L C^γ.
+a = slope of ln N_opt on ln C, D_opt = C / F(N_opt) with F(N) = k·N^p the FLOPs per token
+(`FlopsPerToken`; 6N by default, so b = 1 − p·a), and the loss at the optimum as L_opt = k_L C^γ.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from jaxformer.scaling.allocation import PowerLawAllocation
+from jaxformer.scaling.allocation import SIX_ND, FlopsPerToken, PowerLawAllocation
 
 
 def loglog_fit(C: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -28,10 +28,11 @@ def loglog_fit(C: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return slope, ym - slope * xm
 
 
-def allocation_from_optima(C: np.ndarray, n_opt: np.ndarray, loss_opt: np.ndarray) -> PowerLawAllocation:
-    """Power laws through compute-optimal points ``[K]`` (budgets, sizes, losses)."""
+def allocation_from_optima(C: np.ndarray, n_opt: np.ndarray, loss_opt: np.ndarray,
+                           flops: FlopsPerToken = SIX_ND) -> PowerLawAllocation:
+    """Power laws through compute-optimal points ``[K]`` (budgets, sizes, losses); D_opt = C / F(N_opt)."""
     a, log_k = loglog_fit(C, n_opt)
     gamma, log_kl = loglog_fit(C, loss_opt)
     k_n = float(np.exp(log_k))
-    return PowerLawAllocation(k_N=k_n, a=float(a), k_D=1.0 / (6.0 * k_n), b=1.0 - float(a),
+    return PowerLawAllocation(k_N=k_n, a=float(a), k_D=1.0 / (flops.k * k_n**flops.p), b=1.0 - flops.p * float(a),
                               k_L=float(np.exp(log_kl)), gamma=float(gamma))

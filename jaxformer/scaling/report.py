@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from jaxformer.scaling.allocation import Law
+from jaxformer.scaling.allocation import FlopsPerToken, Law
 from jaxformer.scaling.bootstrap import (REFERENCE_BUDGET, BootstrapResult, Interval, bootstrap_parametric,
                                          percentiles, sample_laws)
 from jaxformer.scaling.envelope import EnvelopeFit, fit_envelope
@@ -46,8 +46,14 @@ class FitReport:
             out["Approach 3"] = self.approach3.law
         return out
 
+    @property
+    def flops(self) -> FlopsPerToken:
+        """How the table counts training compute per token, which every approach's D_opt = C / F(N_opt) uses."""
+        return FlopsPerToken.fit(self.table.N, self.table.D, self.table.C)
+
     def to_dict(self) -> dict:
-        out: dict = {"source": self.table.source, "runs": len(self.table), "notes": self.notes}
+        out: dict = {"source": self.table.source, "runs": len(self.table), "notes": self.notes,
+                     "flops_per_token": self.flops.to_dict()}
         if self.approach3:
             fit, law = self.approach3, self.approach3.law
             out["approach3"] = {
@@ -74,7 +80,7 @@ class FitReport:
         C = np.asarray(flops, np.float64)[None]
         found = {}
         if self.approach3 and self.bootstrap3:
-            found["Approach 3"] = sample_laws(self.bootstrap3.samples).n_opt(C)
+            found["Approach 3"] = sample_laws(self.bootstrap3.samples, self.approach3.law.flops).n_opt(C)
         if self.approach2 and self.approach2.samples:
             s = self.approach2.samples
             found["Approach 2"] = s["k_N"][:, None] * C ** s["a"][:, None]
@@ -109,7 +115,7 @@ class FitReport:
                 f"{'overlap' if found['agree'] else 'do not overlap'} ({values})")
 
     def text(self) -> str:
-        lines = [f"{len(self.table)} runs from {self.table.source}"]
+        lines = [f"{len(self.table)} runs from {self.table.source}; compute per run {self.flops.describe()}"]
         if self.approach3:
             fit, law = self.approach3, self.approach3.law
             conv = fit.convergence

@@ -13,6 +13,7 @@ from jaxformer.sweep.spec import FitSpec
 
 if TYPE_CHECKING:
     from jaxformer.scaling.report import FitReport
+    from jaxformer.scaling.table import RunTable
 
 
 def fit_sweep(out: Path, rows: list[dict], spec: FitSpec) -> tuple[str, FitReport | None]:
@@ -22,8 +23,6 @@ def fit_sweep(out: Path, rows: list[dict], spec: FitSpec) -> tuple[str, FitRepor
     A fit that the results cannot support (too few finished runs, one budget) writes nothing
     and returns one line and None; the trained runs are kept either way.
     """
-    from jaxformer.scaling.allocation import allocate
-    from jaxformer.scaling.report import fit_table, jsonable
     from jaxformer.sweep.table import sweep_table
 
     done = [row for row in rows if row["status"] == "done"]
@@ -32,6 +31,15 @@ def fit_sweep(out: Path, rows: list[dict], spec: FitSpec) -> tuple[str, FitRepor
         table = sweep_table(out, params=spec.params, flops=flops)
     except ValueError as error:
         return f"fit skipped ({len(done)} finished runs): {error}", None
+    return fit_and_write(table, done, spec, out / "fit")
+
+
+def fit_and_write(table: RunTable, done: list[dict], spec: FitSpec, directory: Path) -> tuple[str, FitReport | None]:
+    """`fit_sweep` on a table of the finished runs ``done`` (their results rows): the approaches of
+    ``spec``, each on its own, then fit.json and the figures in ``directory``."""
+    from jaxformer.scaling.allocation import allocate
+    from jaxformer.scaling.report import fit_table, jsonable
+
     settings = {"resamples": spec.bootstrap, "resample2": spec.approach2_resample}
     report, skipped = None, []
     for approach in sorted({str(a) for a in spec.approaches}, reverse=True):
@@ -60,7 +68,6 @@ def fit_sweep(out: Path, rows: list[dict], spec: FitSpec) -> tuple[str, FitRepor
             loss = "" if row["loss"] is None else f"{row['loss']:.3f}"
             lines.append(f"  {label:<12}{row['flops']:>12.3g}{row['N_opt']:>12.4g}{row['D_opt']:>12.4g}"
                          f"{row['tokens_per_param']:>8.1f}{loss:>8}")
-    directory = out / "fit"
     directory.mkdir(exist_ok=True)
     paths = report.write_plots(directory)
     write_bytes_atomic(directory / "fit.json",

@@ -16,11 +16,12 @@ import yaml
 
 from jaxformer.configs import to_dict
 from jaxformer.files import write_bytes_atomic
+from jaxformer.sweep.branches import BranchCompute, train_branched, trunks_of
 from jaxformer.sweep.executors import connect_ray, run_local, run_ray
-from jaxformer.sweep.plan import PlannedRun, repeated_data_note
+from jaxformer.sweep.plan import PlannedRun, plan_run, repeated_data_note
 from jaxformer.sweep.progress import SweepProgress
 from jaxformer.sweep.results import collect, load_plan, render
-from jaxformer.sweep.runs import RunPaths
+from jaxformer.sweep.runs import RunPaths, read_json
 from jaxformer.sweep.spec import SweepSpec
 
 
@@ -56,20 +57,35 @@ class LaunchResult:
     elsewhere: list[str]
 
 
-def plan_table(runs: list[PlannedRun], *, workers: int, probe: bool) -> str:
-    """The table of runs with estimated minutes from a throughput probe of one run per distinct shape."""
-    estimates = _estimate_minutes(runs) if probe else {}
-    lines = [f"{'run':<26}{'N':>10}{'D':>11}{'C':>10}{'D/N':>8}{'steps':>8}{'est. min':>10}"]
-    for run in runs:
+def plan_table(runs: list[PlannedRun], *, workers: int, probe: bool, adapt_limit: int | None = None) -> str:
+    """The table of runs with estimated minutes from a throughput probe of one run per distinct shape.
+
+    ``adapt_limit``: the spec's ``isoflop.adapt_limit`` when ``isoflop.adapt`` is on (a line on what it may add).
+    """
+    trunks = trunks_of(runs)  # with branches: trained first, then each run from its trunk's fork (steps: from → to)
+    estimates = _estimate_minutes(trunks + runs) if probe else {}
+    width = max([26] + [len(run.name) + 2 for run in trunks + runs])  # tuning runs' names are longer
+    steps = {run.name: f"{run.steps:,}" if run.fork_step is None else f"{run.fork_step:,}→{run.steps:,}"
+             for run in trunks + runs}
+    steps_width = max([8] + [len(text) + 2 for text in steps.values()])
+    lines = [f"{'run':<{width}}{'N':>10}{'D':>11}{'C':>10}{'D/N':>8}{'steps':>{steps_width}}{'est. min':>10}"]
+    for run in trunks + runs:
         minutes = estimates.get(run.name)
-        lines.append(f"{run.name:<26}{run.N:>10,}{run.D:>11.3g}{run.C:>10.3g}{run.tokens_per_param:>8.1f}"
-                     f"{run.steps:>8,}{'' if minutes is None else f'{minutes:.1f}':>10}")
-    total = sum(run.C for run in runs)
-    line = f"{len(runs)} runs, total compute {total:.3g} FLOPs"
+        lines.append(f"{run.name:<{width}}{run.N:>10,}{run.D:>11.3g}{run.C:>10.3g}{run.tokens_per_param:>8.1f}"
+                     f"{steps[run.name]:>{steps_width}}{'' if minutes is None else f'{minutes:.1f}':>10}")
+    total = BranchCompute.of(runs, trunks).branched if trunks else sum(run.C for run in runs)
+    line = f"{len(runs)} runs" + (f" on {len(trunks)} trunks" if trunks else "") + f", total compute {total:.3g} FLOPs"
     if estimates:
         serial = sum(estimates.values())
         line += f", about {serial:.1f} run-minutes: ETA ≈ {serial / workers:.1f} min on {workers} workers"
     lines.append(line)
+    if adapt_limit is not None:
+        seeds = {run.budget: len({r.seed for r in runs if r.budget == run.budget}) for run in runs}
+        lines.append(f"adapt: on, up to {adapt_limit} more sizes per budget beyond the edge where its minimum lies "
+                     f"(at most {adapt_limit * sum(seeds.values())} more runs, about "
+                     f"{adapt_limit * sum(b * n for b, n in seeds.items()):.3g} FLOPs), trained after these")
+    if trunks:
+        lines.append(BranchCompute.of(runs, trunks).line())
     note = repeated_data_note(runs)
     return "\n".join(lines + ([note] if note else []))
 
@@ -87,7 +103,7 @@ def _estimate_minutes(runs: list[PlannedRun]) -> dict[str, float]:
         if key not in timings:
             timings[key] = time_train_step(config, steps=3)
         timing = timings[key]
-        estimates[run.name] = (timing.compile_s + run.steps * timing.step_s) / 60
+        estimates[run.name] = (timing.compile_s + (run.steps - (run.fork_step or 0)) * timing.step_s) / 60
     return estimates
 
 
@@ -104,31 +120,64 @@ def choose_layout(workers: int | None, threads: int | None) -> tuple[int, int, s
     return cores, 1, "default one single-threaded run per core; measure with `jaxformer bench train --layout`"
 
 
-def _prepare_directory(spec: SweepSpec, runs: list[PlannedRun], out: Path) -> None:
-    """Writes spec, plan and per-run configs; refuses a directory that holds a different sweep."""
-    plan = {"name": spec.name, "runs": [{k: v for k, v in dataclasses.asdict(run).items() if k != "config"}
-                                        for run in runs]}
+def _prepare_directory(spec: SweepSpec, runs: list[PlannedRun], out: Path) -> list[PlannedRun]:
+    """Writes spec, plan and per-run configs; refuses a directory that holds a different sweep.
+
+    Returns ``runs`` followed by those an earlier launch's adapt rounds appended to plan.json.
+    """
     if (out / "plan.json").is_file():
-        previous = [run["name"] for run in load_plan(out)]
-        if previous != [run.name for run in runs]:
+        previous = load_plan(out)
+        added = _added_runs(spec, previous[len(runs):])
+        if [run["name"] for run in previous[:len(runs)]] != [run.name for run in runs] or added is None:
             raise ValueError(f"--out {out} holds a different sweep (its plan.json lists other runs); "
                              "use a new --out")
+        runs = runs + added
     (out / "configs").mkdir(parents=True, exist_ok=True)
     write_bytes_atomic(out / "spec.yaml", yaml.safe_dump(to_dict(spec), sort_keys=False).encode())
+    _write_plan(spec, runs, out)
+    return runs
+
+
+def _write_plan(spec: SweepSpec, runs: list[PlannedRun], out: Path) -> None:
+    """plan.json (every run but its config; with branches, their trunks too) and each run's config file."""
+    trunks = trunks_of(runs)
+    plan = {"name": spec.name, "runs": [{k: v for k, v in dataclasses.asdict(run).items() if k != "config"}
+                                        for run in runs]}
+    if trunks:  # trained before their branches (jaxformer.sweep.branches); not runs of the results table
+        plan["trunks"] = [{k: v for k, v in dataclasses.asdict(run).items() if k != "config"} for run in trunks]
+    if spec.tune is not None:  # the learning rates come from the tuning stage (jaxformer.sweep.tune)
+        plan["lr_rule"] = {"formula": spec.hyperparameters.get("optimizer.lr"), "source": "tune/tune.json"}
     write_bytes_atomic(out / "plan.json", (json.dumps(plan, indent=1) + "\n").encode())
-    for run in runs:
+    for run in runs + trunks:
         write_bytes_atomic(RunPaths(out, run.name).config, yaml.safe_dump(run.config, sort_keys=False).encode())
+
+
+def _added_runs(spec: SweepSpec, entries: list[dict]) -> list[PlannedRun] | None:
+    """plan.json's runs after the spec's own (``entries``), planned again as the adapt rounds planned them;
+    None when this spec would not have added them (no ``isoflop.adapt``, or they plan to other runs)."""
+    if not entries:
+        return []
+    if spec.isoflop is None or not spec.isoflop.adapt:
+        return None
+    try:
+        added = [plan_run(spec, entry["budget"], entry["target_params"], entry["seed"], rule=spec.isoflop.flops)
+                 for entry in entries]
+    except (KeyError, ValueError):
+        return None
+    return added if [run.name for run in added] == [entry["name"] for entry in entries] else None
 
 
 def launch(spec: SweepSpec, runs: list[PlannedRun], out: Path, options: LaunchOptions = LaunchOptions(), *,
            report: Callable[[str], None]) -> LaunchResult:
-    """Trains every run not yet done, then writes results.csv and the fit; each line for the user goes to ``report``.
+    """Trains every run not yet done, then (``isoflop.adapt``) the sizes that bracket each budget's minimum
+    (`_adapt`), then writes results.csv and the fit; each line for the user goes to ``report``.
 
     Runs train even when some fail (see `LaunchResult.failed`); when another launch still holds
     runs, the table and the fit are left to it.
     """
     ray = connect_ray(options.ray_address, options.workers) if options.executor == "ray" else None
-    _prepare_directory(spec, runs, out)
+    own = len(runs)
+    runs = _prepare_directory(spec, runs, out)
     states = {run.name: RunPaths(out, run.name).state() for run in runs}
     wanted = {"queued", "partial"} | ({"failed"} if options.retry_failed else set())
     todo = [run.name for run in runs if states[run.name] in wanted]
@@ -151,10 +200,16 @@ def launch(spec: SweepSpec, runs: list[PlannedRun], out: Path, options: LaunchOp
         report(progress.summary())
         return outcomes
 
-    outcomes = train(runs, todo, initial)
+    if any(run.trunk for run in runs):
+        outcomes = train_branched(out, runs, trunks_of(runs), wanted, train, report)
+    else:
+        outcomes = train(runs, todo, initial)
     rows = collect(out)
-    busy = {outcome.name for outcome in outcomes if outcome.status == "busy"}
-    elsewhere = [row["run"] for row in rows if row["run"] in busy and row["status"] != "done"]
+    elsewhere = _elsewhere(rows, outcomes)
+    if spec.isoflop is not None and spec.isoflop.adapt and not elsewhere:
+        runs, added = _adapt(spec, runs, own, out, train, report)
+        rows = collect(out)
+        elsewhere = _elsewhere(rows, outcomes + added)
     failed = [row["run"] for row in rows if row["status"] == "failed"]
     if elsewhere:  # the launch that finishes last writes the table and the fit, on every run
         report(f"{len(elsewhere)} runs still training in another launch; results.csv and the fit are left to it "
@@ -169,6 +224,60 @@ def launch(spec: SweepSpec, runs: list[PlannedRun], out: Path, options: LaunchOp
         if spec.verify is not None and fitted is not None:
             failed += _verify(spec, runs, fitted, out, train, report)
     return LaunchResult(rows, failed, elsewhere)
+
+
+def _elsewhere(rows: list[dict], outcomes: list) -> list[str]:
+    """The runs another launch held when this one reached them and has not finished."""
+    busy = {outcome.name for outcome in outcomes if outcome.status == "busy"}
+    return [row["run"] for row in rows if row["run"] in busy and row["status"] != "done"]
+
+
+def _adapt(spec: SweepSpec, runs: list[PlannedRun], own: int, out: Path, train,
+           report: Callable[[str], None]) -> tuple[list[PlannedRun], list]:
+    """The adapt rounds (``isoflop.adapt``, `jaxformer.sweep.adapt`): each size added beyond an edge is planned at
+    every seed of its budget, appended to plan.json and trained like the others.
+
+    ``own``: how many of ``runs`` the spec plans (the rest an earlier launch's rounds added). N is
+    counted as the fit counts it. Returns every run and the rounds' training outcomes.
+    """
+    from jaxformer.sweep.adapt import BudgetState, Proposal, adapt
+
+    isoflop, runs, outcomes = spec.isoflop, list(runs), []
+    count = spec.fit.params if spec.fit else spec.shape.count
+
+    def points(planned: list[PlannedRun]) -> list[tuple[float, float]]:
+        finals = [(run, read_json(RunPaths(out, run.name).final)) for run in planned]
+        return [(run.N if count == "total" else run.N_non_embedding, float(final["val_loss"]))
+                for run, final in finals if "val_loss" in final]
+
+    def add(proposals: list[Proposal]) -> dict[Proposal, list[tuple[float, float]]]:
+        new: dict[Proposal, list[PlannedRun]] = {}
+        for p in proposals:
+            try:
+                planned = [plan_run(spec, p.budget, p.target, seed, rule=isoflop.flops)
+                           for seed in spec.seeds + isoflop.extra_seeds(p.budget)]
+            except ValueError as error:
+                report(f"adapt: C={p.budget:.3g}: no run of N≈{p.target:.2g}: {error}")
+                continue
+            if any(run.budget == p.budget and run.N == planned[0].N for run in runs):
+                report(f"adapt: C={p.budget:.3g}: the size rule gives N≈{p.target:.2g} a shape it has "
+                       f"(N={planned[0].N:,}); no new size beyond the {p.edge} edge")
+                continue
+            new[p] = planned
+        added = [run for planned in new.values() for run in planned]
+        if added:
+            runs.extend(added)
+            _write_plan(spec, runs, out)
+            todo = [run.name for run in added if RunPaths(out, run.name).state() != "done"]
+            outcomes.extend(train(added, todo, {run.name: "queued" if run.name in todo else "done" for run in added}))
+        return {p: points(planned) for p, planned in new.items()}
+
+    states = [BudgetState(budget, sorted({run.target_params for run in runs if run.budget == budget}),
+                          points([run for run in runs if run.budget == budget]),
+                          len({run.target_params for run in runs[own:] if run.budget == budget}))
+              for budget in sorted(isoflop.budgets)]
+    adapt(states, step=isoflop.center.step, limit=isoflop.adapt_limit, train=add, report=report)
+    return runs, outcomes
 
 
 def _verify(spec: SweepSpec, runs: list[PlannedRun], fitted, out: Path, train, report: Callable[[str], None]) -> list[str]:

@@ -26,6 +26,7 @@ class PlannedRun:
        recorded ``flops_exact`` or ``flops_6nd``; C_exact and C_6nd: both counts
        (`jaxformer.accounting.training_flops_per_token`: exact, or ``6·N_active·D``).
     budget: the IsoFLOP budget it belongs to (None for a grid).
+    trunk, fork_step: a branch's trunk and the step it forks from (`jaxformer.sweep.branches`); None otherwise.
     """
 
     name: str
@@ -41,6 +42,8 @@ class PlannedRun:
     steps: int
     seed: int
     config: dict[str, Any]
+    trunk: str | None = None
+    fork_step: int | None = None
 
     @property
     def tokens_per_param(self) -> float:
@@ -102,7 +105,8 @@ def plan_run(spec: SweepSpec, budget_or_tokens: float, target: float, seed: int,
 
 
 def plan_runs(spec: SweepSpec) -> list[PlannedRun]:
-    """Every run of the sweep, in launch order (budgets ascending, then sizes, then seeds)."""
+    """Every run of the sweep, in launch order (budgets ascending, then sizes, then seeds); with ``branches``,
+    as branches of their trunks (`jaxformer.sweep.branches.fork_runs`)."""
     rule = spec.isoflop.flops if spec.isoflop else spec.grid.flops
     runs: list[PlannedRun] = []
     for budget_or_tokens in sorted(spec.isoflop.budgets if spec.isoflop else spec.grid.tokens):
@@ -114,6 +118,10 @@ def plan_runs(spec: SweepSpec) -> list[PlannedRun]:
         duplicate = next(name for name in names if names.count(name) > 1)
         raise ValueError(f"two runs of the sweep have the same shape and budget ({duplicate}); "
                          "the size rule mapped two targets to one model, or a seed is listed twice")
+    if spec.branches:
+        from jaxformer.sweep.branches import fork_runs  # it builds on this module
+
+        return fork_runs(runs)
     return runs
 
 

@@ -2,9 +2,10 @@
 
 Layout of a sweep directory::
 
-    spec.yaml  plan.json                 the spec as launched and the planned runs
+    spec.yaml  plan.json                 the spec as launched and the planned runs (and trunks, with branches)
     configs/NAME.yaml                    each run's full training config
-    runs/NAME/                           the run directory `jaxformer train` writes (final.json …)
+    runs/NAME/                           the run directory `jaxformer train` writes (final.json …; a
+                                         branch's fork.json: `jaxformer.sweep.branches`)
     status/NAME.json                     the sweep's record: done / failed (with the reason)
     logs/NAME.log                        the run's stdout and stderr
     locks/NAME.lock                      held while a process trains the run

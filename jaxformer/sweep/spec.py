@@ -5,12 +5,19 @@ name: quick
 base: {model: {preset: tiny}, data: {corpus: stdlib}, train: {batch_size: 8, seq_len: 128}}
 shape: {head_dim: 16, aspect_ratio: 16}          # target N -> layers/width (sizing.py)
 isoflop: {budgets: [1e11, 3e11, 1e12], params: [8e3, 16e3, 32e3, 64e3, 128e3]}   # flops: exact (default) | 6ND
+# or sizes centred per budget on a prior N_opt, widened where a minimum lies at an edge (adapt.py):
+#   isoflop: {budgets: [...], center: {n_opt: 2.5e4, budget: 3e11, span: 5, sizes: 5}, adapt: true, adapt_limit: 2}
 # or: grid: {params: [...], tokens: [...]}
 hyperparameters:                                  # formulas of N, D, C, d_model, num_layers, seed (formula.py)
   optimizer.lr: "min(1e-2, 3e-3 * (N / 1e5) ** -0.3)"
 seeds: [0]
 fit: {approaches: [2, 3]}
 verify: {factor: 3}                               # a held-out compute-optimal run after the fit (verify.py)
+# or, instead of a hand-written optimizer.lr, a tuning stage first (tune.py): a learning-rate grid at a few
+# sizes on a small budget (FLOPs each), whose fitted rule lr = c · (N / N0)^k the runs then train with
+tune: {budget: 3e10, params: [1e4, 3e4, 1e5], lr: [1e-3, 3e-3, 1e-2, 3e-2]}   # optional beta2: [...], batch_size: [...]
+branches: true    # base optimizer {schedule: wsd, warmup_tokens: ...}: one stable-lr trunk per model, each run a
+                  # cooldown forked from its checkpoint (branches.py); hyperparameters then may not use D or C
 ```
 
 IsoFLOP runs take ``D = C / (3·F)`` with F the exact forward FLOPs per token, attention and
@@ -19,6 +26,11 @@ N being the exact count of the shaped model's active parameters (all of them unl
 mixture of experts), as `jaxformer.accounting.training_flops_per_token` counts them for the
 run's ``flops_exact`` / ``flops_6nd``. Small models' exact count is well above 6ND, by a factor
 that changes with size, so 6ND budgets tilt every IsoFLOP curve.
+
+With ``adapt: true`` (centred sizes only), a budget whose minimum lies at an edge of its sizes, as
+Approach 2 decides it, gets one more size beyond that edge, continuing its log-spacing; it trains
+after the planned runs and is appended to plan.json, and so on until the minimum is bracketed or
+the budget has added ``adapt_limit`` sizes (`jaxformer.sweep.adapt`).
 """
 
 from __future__ import annotations
@@ -50,6 +62,11 @@ class CenterSpec:
     span: float = 8.0
     sizes: int = 5
 
+    @property
+    def step(self) -> float:
+        """The ratio of neighbouring target sizes, span^(1/(sizes−1)) (two sizes or more)."""
+        return self.span ** (1 / (self.sizes - 1))
+
     def targets(self, budget: float) -> list[float]:
         """The target sizes N of one budget C."""
         center = self.n_opt * (budget / self.budget) ** self.exponent
@@ -70,7 +87,9 @@ class RepeatSpec:
 class IsoFlopSpec:
     """Compute budgets C (FLOPs) × target sizes N; D follows from C under the ``flops`` rule (exact by default).
 
-    The sizes are one list for every budget (``params``) or centred per budget (``center``).
+    The sizes are one list for every budget (``params``) or centred per budget (``center``); with
+    ``adapt``, a budget whose minimum lies at an edge adds sizes beyond it, ``adapt_limit`` at most
+    (`jaxformer.sweep.adapt`).
     """
 
     budgets: list[float]
@@ -78,6 +97,8 @@ class IsoFlopSpec:
     flops: Literal["6ND", "exact"] = "exact"
     center: CenterSpec | None = None
     repeat: RepeatSpec | None = None
+    adapt: bool = False
+    adapt_limit: int = 2
 
     def targets(self, budget: float) -> list[float]:
         return self.center.targets(budget) if self.center else list(self.params)
@@ -130,6 +151,36 @@ class VerifySpec:
 
 
 @dataclasses.dataclass(frozen=True)
+class TuneSpec:
+    """A tuning stage before the sweep (`jaxformer.sweep.tune`): every peak learning rate of ``lr`` (and each
+    ``beta2`` and ``batch_size`` listed, in every combination) trained at each target size of ``params``
+    on ``budget`` training FLOPs (counted under the sweep's ``flops`` rule) with ``seed``.
+
+    Each size's best learning rate gives the rule lr = c · (N / N0)^k the sweep's runs train with;
+    the best ``beta2`` and ``batch_size`` of each size are recorded, not applied.
+    """
+
+    budget: float
+    params: list[float]
+    lr: list[float]
+    beta2: list[float] = dataclasses.field(default_factory=list)
+    batch_size: list[int] = dataclasses.field(default_factory=list)
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.budget) and self.budget > 0):
+            raise ValueError(f"tune.budget must be a positive number of FLOPs, got {self.budget}")
+        if len(set(self.params)) < 2 or not all(math.isfinite(n) and n > 0 for n in self.params):
+            raise ValueError(f"tune.params must list two or more distinct positive sizes, got {self.params}")
+        if len(set(self.lr)) < 3 or not all(math.isfinite(lr) and lr > 0 for lr in self.lr):
+            raise ValueError(f"tune.lr must list three or more distinct positive learning rates, got {self.lr}")
+        if len(set(self.beta2)) != len(self.beta2) or not all(0 <= b < 1 for b in self.beta2):
+            raise ValueError(f"tune.beta2 must list distinct numbers in [0, 1), got {self.beta2}")
+        if len(set(self.batch_size)) != len(self.batch_size) or not all(b > 0 for b in self.batch_size):
+            raise ValueError(f"tune.batch_size must list distinct positive integers, got {self.batch_size}")
+
+
+@dataclasses.dataclass(frozen=True)
 class SweepSpec:
     name: str
     base: dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -140,6 +191,8 @@ class SweepSpec:
     seeds: list[int] = dataclasses.field(default_factory=lambda: [0])
     fit: FitSpec | None = None
     verify: VerifySpec | None = None
+    tune: TuneSpec | None = None
+    branches: bool = False
 
     def __post_init__(self) -> None:
         if (self.isoflop is None) == (self.grid is None):
@@ -161,6 +214,8 @@ class SweepSpec:
                     raise ValueError(f"isoflop.center.{field} must be positive, got {getattr(center, field)}")
             if center.sizes < 1:
                 raise ValueError(f"isoflop.center.sizes must be positive, got {center.sizes}")
+        if self.isoflop is not None:
+            self._check_adapt(self.isoflop)
         if (self.isoflop and not self.isoflop.budgets) or (self.grid and not (self.grid.params and self.grid.tokens)):
             raise ValueError("the sweep's size and budget lists must not be empty")
         if not self.seeds:
@@ -173,6 +228,20 @@ class SweepSpec:
             raise ValueError(f"isoflop.repeat.budget must be one of isoflop.budgets, got {repeat.budget:g}")
         if self.verify is not None:
             self._check_verify(self.verify)
+
+    @staticmethod
+    def _check_adapt(isoflop: IsoFlopSpec) -> None:
+        if isoflop.adapt_limit < 1:
+            raise ValueError(f"isoflop.adapt_limit must be positive, got {isoflop.adapt_limit}")
+        if not isoflop.adapt:
+            return
+        if isoflop.center is None:
+            raise ValueError("isoflop.adapt needs isoflop.center (sizes centred per budget, evenly spaced in log N)")
+        if isoflop.center.sizes < 3:
+            raise ValueError(f"isoflop.adapt needs isoflop.center.sizes of 3 or more (a parabola), "
+                             f"got {isoflop.center.sizes}")
+        if isoflop.center.span <= 1:
+            raise ValueError(f"isoflop.adapt needs isoflop.center.span above 1, got {isoflop.center.span}")
 
     def _check_verify(self, verify: VerifySpec) -> None:
         if self.fit is None or 3 not in self.fit.approaches:
@@ -210,4 +279,11 @@ def load_spec(path: str | Path) -> SweepSpec:
         if key.split(".")[0] not in ("model", "data", "optimizer", "train", "checkpoint", "logging", "parallel", "kernel"):
             raise ValueError(f"hyperparameters.{key}: not a training config field")
         evaluate_formula(key, formula, None)  # the grammar, before anything is planned or evaluated
+    if spec.tune is not None and "optimizer.lr" in spec.hyperparameters:
+        raise ValueError("tune and hyperparameters.optimizer.lr both set the learning rate; keep one "
+                         "(the tuning stage writes the rule the runs train with)")
+    if spec.branches:
+        from jaxformer.sweep.branches import check_branches  # here: branches.py builds on plan.py, which imports this
+
+        check_branches(spec)
     return spec

@@ -55,7 +55,7 @@ def predict(report: FitReport, N: float, D: float) -> dict:
     point = float(report.approach3.law.loss(N, D))
     interval = None
     if report.bootstrap3 is not None:
-        losses = sample_laws(report.bootstrap3.samples).loss(N, D).ravel()
+        losses = sample_laws(report.bootstrap3.samples, report.approach3.law.flops).loss(N, D).ravel()
         interval = [float(v) for v in np.percentile(losses[np.isfinite(losses)], percentiles(report.level))]
     return {"loss": point, "interval": interval, "level": report.level}
 

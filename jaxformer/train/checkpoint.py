@@ -25,7 +25,7 @@ import hashlib
 import shutil
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -43,6 +43,8 @@ class CheckpointConfig(Section):
     max_overhead: if set, an interval's save is skipped while saving has already taken more than
       this fraction of the run's training time (the last step is always saved): short runs then
       spend a bounded share on checkpoints, at the cost of more steps to redo after a kill.
+    steps: steps always saved, whatever ``interval`` and ``max_overhead`` say, and never rotated
+      away by ``keep`` (a WSD trunk's fork points, `jaxformer.sweep.branches`).
     """
 
     SECTION = "checkpoint"
@@ -51,6 +53,11 @@ class CheckpointConfig(Section):
     keep: int = setting(3, POSITIVE)
     resume: bool = True
     max_overhead: float | None = setting(None, POSITIVE)
+    steps: list[int] = setting(factory=list)
+
+    def check(self) -> None:
+        if any(step < 1 for step in self.steps):
+            raise ValueError(f"checkpoint.steps must be positive step numbers, got {self.steps}")
 
 
 class CheckpointError(RuntimeError):
@@ -106,14 +113,19 @@ class Checkpointer:
     """Saves and restores ``(state, meta)`` under ``directory`` (synchronously).
 
     read_only: only restore; never create, clean up or move anything under ``directory``.
+    kept_steps: steps kept besides the newest ``keep`` (`CheckpointConfig.steps`).
     """
 
-    def __init__(self, directory: Path, keep: int, *, read_only: bool = False) -> None:
+    def __init__(self, directory: Path, keep: int, *, read_only: bool = False, kept_steps: Sequence[int] = ()) -> None:
         self.directory = Path(directory).absolute()
         self.read_only = read_only
+        policies, kept = ocp.checkpoint_managers, list(kept_steps)
+        # Orbax takes max_to_keep or a preservation policy, not both; kept steps need the policy (newest `keep` or kept)
+        policy = policies.AnyPreservationPolicy([policies.LatestN(keep), policies.CustomSteps(kept)]) if kept else None
         options = ocp.CheckpointManagerOptions(
-            max_to_keep=keep, create=not read_only, enable_async_checkpointing=False,
-            cleanup_tmp_directories=not read_only, read_only=read_only,
+            max_to_keep=None if kept else keep, preservation_policy=policy,
+            create=not read_only, enable_async_checkpointing=False, cleanup_tmp_directories=not read_only,
+            read_only=read_only,
         )
         self.manager = ocp.CheckpointManager(self.directory, options=options)
 

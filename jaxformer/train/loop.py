@@ -190,7 +190,7 @@ class _Run:
                                         config.train.seed, layout)
         self.times["init_s"] = time.perf_counter() - mark  # with the init program's compile for a new shape
         mark = time.perf_counter()
-        checkpointer = Checkpointer(run_dir / "checkpoints", config.checkpoint.keep)
+        checkpointer = Checkpointer(run_dir / "checkpoints", config.checkpoint.keep, kept_steps=config.checkpoint.steps)
         abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state)
         restored = checkpointer.restore_latest(abstract)
         self.times["restore_s"] = time.perf_counter() - mark
@@ -245,7 +245,8 @@ class _Run:
         cfg, last = self.config, step == self.total_steps
         log = step % cfg.logging.interval == 0 or last
         evaluate = (cfg.train.eval_interval and step % cfg.train.eval_interval == 0) or last
-        save = last or (step % cfg.checkpoint.interval == 0 and not self._saving_over_budget())
+        save = last or step in cfg.checkpoint.steps or (step % cfg.checkpoint.interval == 0
+                                                        and not self._saving_over_budget())
         if not (log or evaluate or save):
             return state
         host = jax.device_get({"sums": state["sums"], "first_nonfinite": state["first_nonfinite"]})

@@ -1,0 +1,179 @@
+"""The tuning stage (a sweep's ``tune:``): learning rates tuned at a few sizes, the rule the sweep then trains with.
+
+Before the sweep's own runs are planned, every peak learning rate of ``tune.lr`` (× each ``beta2``
+and ``batch_size`` listed) trains at each size of ``tune.params`` on ``tune.budget`` FLOPs. Each
+size's best rate (`jaxformer.scaling.tuning`: the lowest final validation loss, refined by a
+parabola in ln lr) gives the rule ``lr = c · (N / N0)^k``, whose formula becomes the sweep's
+``hyperparameters.optimizer.lr``. The tuning runs are a sweep of their own, launched by `launch`
+(so resume, locks and failure isolation are the sweep's), in ``SWEEP_DIR/tune/``::
+
+    spec.yaml plan.json configs/ runs/ status/ logs/ results.csv   the tuning runs, as any sweep's
+    tune.json        the runs' losses, each size's optimum (edge flags), the rule c, k, N0 and its formula
+    tune.png / .svg  loss against lr per size; the optima and the rule against N
+
+A later launch whose ``tune.json`` matches the spec (the same ``tune:`` and the same tuning runs)
+reuses its rule without training; the sweep's ``plan.json`` records the formula and its source.
+A run that diverged (a non-finite loss fails it) counts as worse than any finished one.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import itertools
+import json
+import math
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from jaxformer.configs import set_dotted, to_dict
+from jaxformer.files import write_bytes_atomic
+from jaxformer.scaling.plots import plot_tuning, save
+from jaxformer.scaling.tuning import edge_notes, fit_tuning
+from jaxformer.scaling.tuning import to_dict as fit_to_dict
+from jaxformer.sweep.launch import LaunchOptions, launch, plan_table
+from jaxformer.sweep.plan import PlannedRun, plan_run
+from jaxformer.sweep.runs import read_json
+from jaxformer.sweep.spec import IsoFlopSpec, SweepSpec, evaluate_formula
+
+TUNE_DIR = "tune"  # the tuning stage's directory inside the sweep directory
+RECORD = "tune.json"
+
+
+def _flops_rule(spec: SweepSpec) -> str:
+    return spec.isoflop.flops if spec.isoflop else spec.grid.flops
+
+
+def _tuning_spec(spec: SweepSpec) -> SweepSpec:
+    """The spec the tuning runs train under: one IsoFLOP budget, the tuned sizes and seed, no fit, and
+    none of the sweep's hyperparameter formulas for the settings the grid sets."""
+    tune = spec.tune
+    tuned = {"optimizer.lr"} | ({"optimizer.beta2"} if tune.beta2 else set()) \
+        | ({"train.batch_size"} if tune.batch_size else set())
+    return dataclasses.replace(
+        spec, name=f"{spec.name}-tune", grid=None, seeds=[tune.seed], fit=None, verify=None, tune=None,
+        isoflop=IsoFlopSpec(budgets=[tune.budget], params=list(tune.params), flops=_flops_rule(spec)),
+        hyperparameters={key: value for key, value in spec.hyperparameters.items() if key not in tuned})
+
+
+def plan_tuning(spec: SweepSpec) -> list[PlannedRun]:
+    """The tuning runs, sizes ascending then rates: ``tune-lr<lr>[-b<beta2>][-bs<batch>]-C…-N…-s<seed>``."""
+    tune, tuning = spec.tune, _tuning_spec(spec)
+    runs = []
+    for target, lr, beta2, batch in itertools.product(sorted(tune.params), sorted(tune.lr), tune.beta2 or [None],
+                                                      tune.batch_size or [None]):
+        base, prefix = copy.deepcopy(spec.base), f"tune-lr{lr:.3g}-"
+        set_dotted(base, "optimizer.lr", lr)
+        if beta2 is not None:
+            set_dotted(base, "optimizer.beta2", beta2)
+            prefix += f"b{beta2:g}-"
+        if batch is not None:
+            set_dotted(base, "train.batch_size", batch)
+            prefix += f"bs{batch}-"
+        runs.append(plan_run(dataclasses.replace(tuning, base=base), tune.budget, target, tune.seed,
+                             rule=_flops_rule(spec), isoflop=True, prefix=prefix))
+    names = [run.name for run in runs]
+    if len(set(names)) != len(names):
+        duplicate = next(name for name in names if names.count(name) > 1)
+        raise ValueError(f"two tuning runs are the same run ({duplicate}): the size rule mapped two of "
+                         "tune.params to one model, or two of tune.lr print alike")
+    return runs
+
+
+def _jsonable_tune(spec: SweepSpec) -> dict:
+    return json.loads(json.dumps(to_dict(spec.tune)))
+
+
+def matching_record(spec: SweepSpec, runs: list[PlannedRun], directory: Path) -> dict | None:
+    """``directory``'s tune.json when it was written for this ``tune:`` and these tuning runs, else None."""
+    record = read_json(directory / RECORD)
+    names = [r["run"] for r in record.get("runs", [])]
+    return record if record.get("tune") == _jsonable_tune(spec) and names == [r.name for r in runs] else None
+
+
+def with_rule(spec: SweepSpec, record: dict) -> SweepSpec:
+    """``spec`` whose runs train with the recorded rule as ``hyperparameters.optimizer.lr``."""
+    formula = record["rule"]["formula"]
+    evaluate_formula("optimizer.lr", formula, None)  # the grammar every spec formula obeys
+    return dataclasses.replace(spec, hyperparameters={**spec.hyperparameters, "optimizer.lr": formula})
+
+
+def _curves(runs: list[PlannedRun], rows: list[dict]) -> tuple[list[dict], list[dict]]:
+    """Every tuning run's record, and per size the runs of its best (beta2, batch size): the lowest loss."""
+    rows_by_name = {row["run"]: row for row in rows}
+    records = []
+    for run in runs:
+        row = rows_by_name[run.name]
+        loss = row["loss"] if row["status"] == "done" else None  # None: failed or diverged
+        records.append({"run": run.name, "N": run.N, "lr": run.config["optimizer"]["lr"],
+                        "beta2": run.config["optimizer"]["beta2"], "batch_size": run.config["train"]["batch_size"],
+                        "loss": loss, "status": row["status"]})
+    chosen = []
+    for size in sorted({r["N"] for r in records}):
+        here = [r for r in records if r["N"] == size]
+        best = min(here, key=lambda r: math.inf if r["loss"] is None else r["loss"])
+        chosen += [r for r in here if (r["beta2"], r["batch_size"]) == (best["beta2"], best["batch_size"])]
+    return records, chosen
+
+
+def write_record(spec: SweepSpec, runs: list[PlannedRun], rows: list[dict], directory: Path) -> tuple[dict, list[str]]:
+    """Fits the finished tuning runs' ``rows``; writes tune.json and the figure; returns the record and its lines."""
+    records, chosen = _curves(runs, rows)
+    fit = fit_tuning(*(np.array([r[key] for r in chosen], dtype=float) for key in ("N", "lr", "loss")))  # None: NaN
+    fitted = fit_to_dict(fit)
+    for optimum in fitted["optima"]:  # the best beta2 and batch size of each size, as trained
+        first = next(r for r in chosen if r["N"] == optimum["N"])
+        optimum.update(beta2=first["beta2"], batch_size=first["batch_size"])
+    save(plot_tuning(fit), directory, "tune")
+    failed = [r["run"] for r in records if r["status"] != "done"]
+    record = {"tune": _jsonable_tune(spec), "flops_rule": _flops_rule(spec), "runs": records, **fitted,
+              "failed": failed, "plot": "tune.png"}
+    write_bytes_atomic(directory / RECORD, (json.dumps(record, indent=1, allow_nan=False) + "\n").encode())
+    lines = [f"tuning: N = {o['N']:,.0f}: best lr {o['lr']:.3g} "
+             f"({'parabola through its neighbours' if o['refined'] else 'grid point'}), loss {o['loss']:.4f}"
+             + (f", beta2 {o['beta2']:g}" if spec.tune.beta2 else "")
+             + (f", batch size {o['batch_size']}" if spec.tune.batch_size else "") for o in fitted["optima"]]
+    lines += edge_notes(fit)
+    if failed:
+        lines.append(f"tuning: {len(failed)} of {len(records)} runs failed or diverged, counted as worse than any "
+                     f"finished one: {', '.join(failed)}")
+    lines.append(f"tuning rule: optimizer.lr = {fit.rule.formula}; wrote {directory / RECORD} and "
+                 f"{directory / 'tune.png'}")
+    return record, lines
+
+
+def tune_stage(spec: SweepSpec, out: Path, options: LaunchOptions = LaunchOptions(), *,
+               report: Callable[[str], None]) -> SweepSpec | None:
+    """Trains the tuning runs not yet done in ``out/tune`` and fits their rule, unless its tune.json already
+    matches (and ``options.retry_failed`` has no failed run to retry); returns ``spec`` training with the
+    rule, or None while another launch still trains tuning runs (then nothing is fitted)."""
+    runs = plan_tuning(spec)
+    directory = Path(out) / TUNE_DIR
+    record = matching_record(spec, runs, directory)
+    if record is not None and not (options.retry_failed and record["failed"]):
+        report(f"tuning stage: {directory / RECORD} matches the spec, nothing to train; "
+               f"optimizer.lr = {record['rule']['formula']}")
+        return with_rule(spec, record)
+    result = launch(_tuning_spec(spec), runs, directory, options, report=report)
+    if result.elsewhere:
+        report("tuning stage: runs still training in another launch; relaunch when they are done for the rule")
+        return None
+    record, lines = write_record(spec, runs, result.rows, directory)
+    for line in lines:
+        report(line)
+    return with_rule(spec, record)
+
+
+def dry_run(spec: SweepSpec, out: Path, *, workers: int, probe: bool) -> tuple[str, SweepSpec]:
+    """The tuning stage's part of `jaxformer sweep --dry-run`: its text, and the spec to plan the sweep's runs
+    with (the rule of a matching tune.json, else the spec as written: the base config's lr stands in)."""
+    runs = plan_tuning(spec)
+    path = Path(out) / TUNE_DIR / RECORD
+    record = matching_record(spec, runs, path.parent)
+    if record is not None:
+        return f"optimizer.lr = {record['rule']['formula']} (the tuning stage's rule, {path})", with_rule(spec, record)
+    return ("tuning stage, trained first:\n" + plan_table(runs, workers=workers, probe=probe)
+            + f"\nthe sweep's runs take optimizer.lr from the tuning stage's rule (to be written to {path}); "
+              "below they are planned with the base config's lr"), spec

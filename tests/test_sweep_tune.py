@@ -1,0 +1,187 @@
+"""The tuning stage (a sweep's ``tune:``): a known optimum recovered, a real tiny stage end to end, bad input."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from matplotlib.image import imread
+
+from jaxformer.cli import main
+from jaxformer.scaling.plots import plot_tuning, save
+from jaxformer.scaling.tuning import edge_notes, fit_tuning, lr_optimum
+from jaxformer.sweep.formula import evaluate
+from jaxformer.sweep.spec import load_spec
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ROOT / "sweeps" / "tiny.yaml"
+
+
+def true_lr(N):
+    """The synthetic objective's optimum: lr*(N) = 3e-3 · (N / 3e4)^-0.3."""
+    return 3e-3 * (np.asarray(N, dtype=float) / 3e4) ** -0.3
+
+
+def synthetic_loss(N, lr, E=2.0, a=0.08):
+    """loss(N, lr) = E + a · (ln lr − ln lr*(N))²: a parabola in ln lr, lowest at lr*(N)."""
+    return E + a * (np.log(lr) - np.log(true_lr(N))) ** 2
+
+
+def grid_table(sizes, grid):
+    N, lr = (x.ravel() for x in np.meshgrid(sizes, grid, indexing="ij"))
+    return N, lr, synthetic_loss(N, lr)
+
+
+def test_the_fit_recovers_a_known_optimum_and_its_power_law(tmp_path):
+    """The loss is exactly quadratic in ln lr, so the three-point parabola's vertex is lr*(N) itself and ln lr*
+    is exactly linear in ln N: c and k come back to rounding (1e-9), while the grid points alone are off by up
+    to half a grid step (a factor 10^(1/8) ≈ 1.33). The formula prints 6 significant figures: within 1e-4."""
+    sizes = np.array([1e4, 3e4, 1e5, 3e5])
+    grid = np.geomspace(3e-4, 3e-2, 9)  # a factor 10^(1/4) apart; every lr*(N) (1.5e-3 … 4.2e-3) inside
+    fit = fit_tuning(*grid_table(sizes, grid))
+    assert [o.N for o in fit.optima] == list(sizes)
+    for o in fit.optima:
+        assert o.refined and o.edge is None
+        assert o.lr == pytest.approx(float(true_lr(o.N)), rel=1e-9) and o.loss == pytest.approx(2.0, abs=1e-12)
+        assert o.grid_lr in grid and abs(np.log(o.grid_lr / o.lr)) <= np.log(10) / 8 + 1e-12
+    assert max(abs(np.log(o.grid_lr / o.lr)) for o in fit.optima) > 0.05  # the refinement mattered
+    assert fit.rule.k == pytest.approx(-0.3, abs=1e-9)
+    assert fit.rule.N0 == 5.5e4  # the sizes' geometric mean 5.48e4, to two figures
+    assert fit.rule.c == pytest.approx(float(true_lr(5.5e4)), rel=1e-9)
+    assert fit.rule.formula == f"{fit.rule.c:.6g} * (N / 55000) ** -0.3"
+    for N in (1e3, 3e4, 1e7):  # the formula the sweep trains with, in the sweep's own grammar
+        assert evaluate(fit.rule.formula, {"N": N}) == pytest.approx(float(true_lr(N)), rel=1e-4)
+    assert edge_notes(fit) == []
+    figure = save(plot_tuning(fit), tmp_path, "tune")[0]
+    image = imread(figure)
+    assert image.shape[0] > 300 and image.std() > 0.05  # opened, and not blank
+
+
+def test_an_optimum_at_the_grid_edge_is_flagged_and_kept_at_the_grid_point():
+    grid = np.geomspace(1e-3, 3e-3, 3)
+    # N = 1e4: lr* = 4.2e-3, above the grid; N = 3e6: lr* = 7.5e-4, below it
+    fit = fit_tuning(*grid_table(np.array([1e4, 3e6]), grid))
+    high, low = fit.optima
+    assert (high.edge, high.refined, high.lr) == ("high", False, pytest.approx(3e-3))
+    assert (low.edge, low.refined, low.lr) == ("low", False, pytest.approx(1e-3))
+    assert high.loss == pytest.approx(float(synthetic_loss(1e4, 3e-3)))
+    notes = edge_notes(fit)
+    assert len(notes) == 2 and "N=10,000: the best learning rate 0.003 is the grid's largest" in notes[0]
+    assert "N=3,000,000: the best learning rate 0.001 is the grid's smallest" in notes[1]
+
+
+def test_a_diverged_neighbour_leaves_the_grid_point_and_an_all_diverged_size_is_refused():
+    grid = np.array([1e-3, 3e-3, 1e-2, 3e-2])
+    loss = synthetic_loss(3e4, grid)
+    loss[2] = np.nan  # the run above the best one diverged
+    optimum = lr_optimum(3e4, grid, loss)
+    assert (optimum.lr, optimum.edge, optimum.refined) == (3e-3, None, False)
+    with pytest.raises(ValueError, match="every tuning run of N=30,000 diverged"):
+        lr_optimum(3e4, grid, np.full(4, np.nan))
+
+
+def jaxformer(capsys, *args) -> tuple[int, str, str]:
+    """The command line in this process (JAX already imported; the runs still train in worker processes)."""
+    code = main([str(arg) for arg in args])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def tuned_spec(tmp_path: Path, name: str = "tuned", **changes) -> Path:
+    """sweeps/tiny.yaml with one budget of two sizes, its lr formula replaced by a tuning stage (4 rates × 2 sizes,
+    of 40 and 20 steps) and checkpoints at the end only."""
+    spec = yaml.safe_load(TINY.read_text())
+    del spec["hyperparameters"]
+    spec["base"]["checkpoint"]["interval"] = 1000
+    spec.update(name=name, isoflop={"budgets": [1e9], "params": [8e3, 16e3], "flops": "6ND"},
+                tune={"budget": 5e8, "params": [8e3, 16e3], "lr": [3e-3, 1e-2, 3e-2, 1e-1]})
+    spec.update(changes)
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def test_a_tuning_stage_end_to_end_then_the_sweep_trains_with_its_rule(tmp_path, capsys):
+    spec, out = tuned_spec(tmp_path), tmp_path / "out"
+    code, planned, _ = jaxformer(capsys, "sweep", spec, "--dry-run", "--no-probe", "--out", out)
+    assert code == 0
+    assert "tune-lr0.003-C5e08-N8240-s0" in planned and "tune-lr0.1-C5e08-N16496-s0" in planned
+    assert "take optimizer.lr from the tuning stage's rule" in planned and "C1e09-N8240-s0" in planned
+    assert not out.exists()
+
+    code, stdout, stderr = jaxformer(capsys, "sweep", spec, "--out", out, "--workers", 1)
+    assert code == 0, stdout + stderr
+    record = json.loads((out / "tune" / "tune.json").read_text())
+    assert [r["run"] for r in record["runs"]] == [f"tune-lr{lr}-C5e08-N{n}-s0" for n in (8240, 16496)
+                                                  for lr in ("0.003", "0.01", "0.03", "0.1")]
+    finals = {r["run"]: json.loads((out / "tune" / "runs" / r["run"] / "final.json").read_text())
+              for r in record["runs"]}
+    for r in record["runs"]:  # each trained at its own rate, and its loss is the run's final validation loss
+        assert r["status"] == "done" and r["loss"] == finals[r["run"]]["val_loss"] < 5.6
+        config = yaml.safe_load((out / "tune" / "configs" / f"{r['run']}.yaml").read_text())
+        assert config["optimizer"]["lr"] == r["lr"] and finals[r["run"]]["params"] == r["N"]
+    refit = fit_tuning(*(np.array([r[k] for r in record["runs"]], dtype=float) for k in ("N", "lr", "loss")))
+    assert record["rule"]["c"] == pytest.approx(refit.rule.c, rel=1e-12)
+    assert record["rule"]["k"] == pytest.approx(refit.rule.k, rel=1e-12)
+    formula = record["rule"]["formula"]
+    assert formula == refit.rule.formula and f"optimizer.lr = {formula}" in stdout
+    assert [o["edge"] for o in record["optima"]] == [o.edge for o in refit.optima]
+    image = imread(out / "tune" / "tune.png")
+    assert image.shape[0] > 300 and image.std() > 0.05  # opened, and not blank
+
+    plan = json.loads((out / "plan.json").read_text())
+    assert plan["lr_rule"] == {"formula": formula, "source": "tune/tune.json"}
+    assert yaml.safe_load((out / "spec.yaml").read_text())["hyperparameters"]["optimizer.lr"] == formula
+    for run in plan["runs"]:  # the sweep's runs train with the rule at their own N
+        config = yaml.safe_load((out / "configs" / f"{run['name']}.yaml").read_text())
+        assert config["optimizer"]["lr"] == pytest.approx(evaluate(formula, {"N": run["N"]}), rel=1e-12)
+        assert (out / "runs" / run["name"] / "final.json").is_file()
+    assert "tune-" not in (out / "results.csv").read_text()  # the tuning runs are no part of the sweep's table
+
+    before = {p: p.stat().st_mtime_ns for p in (out / "tune" / "runs").glob("*/final.json")}
+    code, again, _ = jaxformer(capsys, "sweep", spec, "--out", out)
+    assert code == 0 and "matches the spec, nothing to train" in again and "0 to train" in again, again
+    assert before == {p: p.stat().st_mtime_ns for p in (out / "tune" / "runs").glob("*/final.json")}
+    assert json.loads((out / "tune" / "tune.json").read_text()) == record
+    code, stage, _ = jaxformer(capsys, "tune", spec, "--out", out)
+    assert code == 0 and "nothing to train" in stage, stage
+    code, dry, _ = jaxformer(capsys, "sweep", spec, "--dry-run", "--no-probe", "--out", out)
+    assert f"optimizer.lr = {formula} (the tuning stage's rule" in dry and "tune-lr" not in dry
+
+
+GOOD = {"budget": 5e8, "params": [8e3, 16e3], "lr": [1e-3, 3e-3, 1e-2]}  # a valid tune: section
+
+
+@pytest.mark.parametrize(("tune", "message"), [
+    ({**GOOD, "budget": -1}, "tune.budget must be a positive number of FLOPs, got -1"),
+    ({**GOOD, "params": [8e3]}, "tune.params must list two or more distinct positive sizes, got [8000.0]"),
+    ({**GOOD, "lr": [1e-3, 3e-3]}, "tune.lr must list three or more distinct positive learning rates, got [0.001, 0.003]"),
+    ({**GOOD, "lr": [1e-3, 3e-3, -1]}, "tune.lr must list three or more distinct positive"),
+    ({**GOOD, "beta2": [0.95, 1.0]}, "tune.beta2 must list distinct numbers in [0, 1), got [0.95, 1.0]"),
+    ({**GOOD, "batch_size": [0]}, "tune.batch_size must list distinct positive integers, got [0]"),
+    ({**GOOD, "batches": [8]}, "unknown config key 'tune.batches'"),
+])
+def test_bad_tune_sections_name_the_field_and_value(tmp_path, tune, message):
+    with pytest.raises(ValueError) as error:
+        load_spec(tuned_spec(tmp_path, tune=tune))
+    assert message in str(error.value) and "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize(("command", "changes", "message"), [
+    ("tune", {"tune": None}, "has no tune: section to run"),  # tune: null, no section
+    ("tune", {"hyperparameters": {"optimizer.lr": "3e-3"}}, "tune and hyperparameters.optimizer.lr both set the"),
+    ("tune", {"tune": {**GOOD, "budget": 1e6}}, "budget C=1e+06 is too small for params=8e+03"),
+    ("sweep", {"tune": {**GOOD, "budget": 1e6}}, "budget C=1e+06 is too small for params=8e+03"),
+])
+def test_bad_input_exits_2_with_one_line_before_any_run(tmp_path, capsys, command, changes, message):
+    code, _, stderr = jaxformer(capsys, command, tuned_spec(tmp_path, **changes), "--out", tmp_path / "out")
+    assert code == 2 and message in stderr, stderr
+    assert len(stderr.strip().splitlines()) == 1 and not (tmp_path / "out").exists()
+
+
+def test_tune_on_a_missing_spec_or_with_a_bad_flag_exits_2_with_one_line(tmp_path, capsys):
+    code, _, stderr = jaxformer(capsys, "tune", tmp_path / "missing.yaml")
+    assert code == 2 and "config file not found" in stderr and len(stderr.strip().splitlines()) == 1
+    code, _, stderr = jaxformer(capsys, "tune", tuned_spec(tmp_path), "--workers", 0)
+    assert code == 2 and stderr.strip() == "jaxformer tune: error: --workers must be positive, got 0"
