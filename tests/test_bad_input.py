@@ -74,6 +74,7 @@ CASES = [  # (argv, what stderr must name, directory that must stay unchanged or
     (["fit", "{w}/table.jsonl"], "table.jsonl, line 2: not valid JSON", None),
     (["fit", "{w}/run"], "no run sub-directories", "run"),
     (["bench", "train", "--dtypes", "float16"], "--dtypes entries must be float32 or bfloat16, got 'float16'", None),
+    (["bench", "train", "--attention-impl", "flash"], "attention_impl must be one of", None),
     (["allocate", "--flops", "-1e20"], "flops must be positive", None),
     (["allocate", "--flops", "nan"], "flops must be positive and finite", None),
     (["allocate", "--flops", "1e20", "--law", "{w}/not-json.json"], "not-json.json: not valid JSON", None),

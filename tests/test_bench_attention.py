@@ -57,4 +57,4 @@ def test_bad_impl_is_one_line_exit_2():
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2
     assert done.stderr.strip() == ("jaxformer bench: error: --impls must be a comma-separated subset of "
-                                   "naive,blockwise,xla, got 'flash'")
+                                   "naive,blockwise,xla,fused, got 'flash'")

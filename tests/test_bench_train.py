@@ -47,6 +47,7 @@ def test_bench_train_runs_and_reports_ratios(tmp_path, capsys):
         assert 0 < row["jax_mfu"] < 1 and peak["jax"] > 1e8 and peak["torch"] > 1e6
         assert row["jax_mfu"] == pytest.approx(row["jax_tokens_per_s"] * row["flops_per_token"] / peak["jax"])
     assert report["cpu_model"] == cpu_model() and report["matmul_peak_flops"] == report["matmul_peaks"]["float32"]["jax"]
+    assert report["attention_impl"] == "naive"
     out = capsys.readouterr().out
     assert f"CPU: {cpu_model()}" in out and "ratio" in out and "matmul peak bfloat16" in out
 
@@ -89,3 +90,13 @@ def test_bench_profile_sums_the_traced_step(tmp_path, capsys):
     assert sum(report["by_class"].values()) == pytest.approx(report["op_s_per_step"])
     assert sum(row["s_per_step"] for row in report["instructions"]) == pytest.approx(report["op_s_per_step"])
     assert "matmul" in capsys.readouterr().out
+
+
+def test_bench_train_times_the_fused_kernel_and_says_when_it_is_missing(tmp_path):
+    from jaxformer.functional import fused_attention
+
+    assert main(["bench", "train", "--sizes", "16:1:32", "--batch", "4", "--steps", "1", "--repeats", "1", "--no-torch",
+                 "--dtypes", "float32", "--attention-impl", "fused", "--json", str(tmp_path / "f.json")]) == 0
+    report = json.loads((tmp_path / "f.json").read_text())
+    assert report["attention_impl"] == "fused" and report["sizes"][0]["jax_tokens_per_s"] > 0
+    assert any("fused kernel unavailable" in note for note in report["notes"]) == (not fused_attention.fused_available())

@@ -74,10 +74,10 @@ def test_attention_impl_selects_an_equal_implementation(impl):
 
 
 def test_unknown_attention_impl_is_one_line_error():
-    with pytest.raises(ValueError, match=r"kernel.attention_impl must be one of naive, blockwise, xla, got 'flash'"):
+    with pytest.raises(ValueError, match=r"kernel.attention_impl must be one of naive, blockwise, xla, fused, got 'flash'"):
         KernelConfig(attention_impl="flash")
     with pytest.raises(TypeError):  # not architecture: ModelConfig has no such field
         ModelConfig(attention_impl="flash")
     q = jnp.zeros((1, 2, 1, 4))
-    with pytest.raises(ValueError, match=r"attention_impl must be one of naive, blockwise, xla, got 'flash'"):
+    with pytest.raises(ValueError, match=r"attention_impl must be one of naive, blockwise, xla, fused, got 'flash'"):
         F.attention(q, q, q, impl="flash")

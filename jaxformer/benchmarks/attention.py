@@ -212,6 +212,16 @@ def run(args: argparse.Namespace) -> int:
                "device": str(jax.devices()[0]), "memory_available_bytes": _available_bytes()}
     print(f"jaxformer bench attention: {machine['device']}, {machine['cpus']} CPUs; "
           f"B={args.batch} H={args.heads} d={args.head_dim} block={args.block_size} causal={args.causal}", flush=True)
+    if "fused" in impls or "fused" in memory_impls:
+        from jaxformer.functional import fused_attention
+
+        available = fused_attention.fused_available()
+        machine["fused_available"] = available
+        if available:
+            print(f"fused kernel: loaded from {fused_attention.loaded_path()}", flush=True)
+        else:
+            print(f"fused kernel unavailable, so the fused rows time the plain path: "
+                  f"{fused_attention.unavailable_reason()}", flush=True)
 
     rows = time_attention(ns, impls, modes, repeats=args.repeats, warmup=args.warmup, shape=shape) if impls and modes else []
     slope_fits = slopes(rows, fit_min_n=args.fit_min_n) if rows else {}

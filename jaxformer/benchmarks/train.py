@@ -36,6 +36,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sizes", default=",".join(f"{d}:{l}:{t}" for d, l, t in LADDER),
                         help="comma-separated d_model:layers:seq_len")
     parser.add_argument("--batch", type=int, default=32, help="sequences per step")
+    parser.add_argument("--attention-impl", default="naive",
+                        help="jaxformer's kernel.attention_impl (naive | blockwise | xla | fused); torch uses SDPA")
     parser.add_argument("--dtypes", default="float32,bfloat16",
                         help="compute dtypes to time, comma-separated (bfloat16: fp32 masters, against torch autocast)")
     parser.add_argument("--steps", type=int, default=10, help="steps per timed repeat")
@@ -46,8 +48,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", help="directory for bench_train.json (and layout results)")
 
 
-def bench_config(d_model: int, layers: int, seq_len: int, batch: int, dtype: str = "float32"):
-    """A jaxformer `TrainConfig` of the CPU sweeps' architecture (the `tiny` preset) at this size and compute dtype."""
+def bench_config(d_model: int, layers: int, seq_len: int, batch: int, dtype: str = "float32",
+                 attention_impl: str = "naive"):
+    """A jaxformer `TrainConfig` of the CPU sweeps' architecture (the `tiny` preset) at this size, compute dtype
+    and attention implementation."""
     from jaxformer.train.config import config_from_dict
 
     heads = max(1, d_model // 32)
@@ -55,6 +59,7 @@ def bench_config(d_model: int, layers: int, seq_len: int, batch: int, dtype: str
         "model": {"preset": "tiny", "d_model": d_model, "num_layers": layers, "num_heads": heads,
                   "max_seq_len": max(seq_len, 256)},
         "train": {"batch_size": batch, "seq_len": seq_len, "tokens": batch * seq_len * 1000, "compute_dtype": dtype},
+        "kernel": {"attention_impl": attention_impl},
     })
 
 
@@ -171,7 +176,10 @@ def matmul_peaks(dtypes: list[str], torch_too: bool) -> dict[str, dict[str, floa
 def run(args: argparse.Namespace) -> int:
     from jaxformer.train.peak import cpu_model
 
+    from jaxformer.functional.dispatch import check_impl
+
     sizes, dtypes = parse_sizes(args.sizes), parse_dtypes(args.dtypes)
+    check_impl(args.attention_impl)
     for name in ("batch", "steps", "repeats"):
         if getattr(args, name) <= 0:
             raise ValueError(f"--{name} must be positive, got {getattr(args, name)}")
@@ -188,14 +196,21 @@ def run(args: argparse.Namespace) -> int:
             torch_dtypes.discard("bfloat16")
             notes.append(f"torch bf16 steps not timed: its bf16 matmul runs at {torch_peak / 1e9:.1f} GFLOP/s, "
                          f"under {TORCH_BF16_FLOOR:.0%} of its fp32 one on this CPU")
-    rows = [measure(bench_config(d, layers, seq_len, args.batch, dtype), steps=args.steps, repeats=args.repeats,
+    if args.attention_impl == "fused":
+        from jaxformer.functional import fused_attention
+
+        if not fused_attention.fused_available():
+            notes.append(f"fused kernel unavailable, so jaxformer's rows time the plain path: "
+                         f"{fused_attention.unavailable_reason()}")
+    rows = [measure(bench_config(d, layers, seq_len, args.batch, dtype, args.attention_impl), steps=args.steps,
+                    repeats=args.repeats,
                     torch_too=dtype in torch_dtypes) for dtype in dtypes for d, layers, seq_len in sizes]
     for row in rows:  # MFU against each dtype's JAX matmul peak, so both columns share one denominator
         peak = peaks[row["dtype"]]["jax"]
         row["jax_mfu"] = row["jax_tokens_per_s"] * row["flops_per_token"] / peak
         if "torch_tokens_per_s" in row:
             row["torch_mfu"] = row["torch_tokens_per_s"] * row["flops_per_token"] / peak
-    report = {"cpu_model": cpu_model(), "matmul_peak_flops": peaks["float32" if "float32" in peaks else dtypes[0]]["jax"],
+    report = {"cpu_model": cpu_model(), "attention_impl": args.attention_impl, "matmul_peak_flops": peaks["float32" if "float32" in peaks else dtypes[0]]["jax"],
               "matmul_peaks": peaks, "sizes": rows, "notes": notes,
               "environment": {name: os.environ.get(name, "") for name in ("GLIBC_TUNABLES", "XLA_FLAGS")}}
     if args.layout:
@@ -211,7 +226,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _print(report: dict, args: argparse.Namespace) -> None:
-    print(f"CPU: {report['cpu_model']}; " + ", ".join(f"{name}={value!r}" for name, value in report["environment"].items()))
+    print(f"CPU: {report['cpu_model']}; attention {report['attention_impl']}; " + ", ".join(f"{name}={value!r}" for name, value in report["environment"].items()))
     for dtype, peak in report["matmul_peaks"].items():
         print(f"matmul peak {dtype} (this run): jax {peak['jax'] / 1e9:.1f} GFLOP/s"
               + (f", torch {peak['torch'] / 1e9:.1f} GFLOP/s, ratio {peak['jax'] / peak['torch']:.2f}" if "torch" in peak else ""))

@@ -1,4 +1,4 @@
-"""One attention entry point over three implementations, chosen by ``impl`` (a run's ``kernel.attention_impl``).
+"""One attention entry point over four implementations, chosen by ``impl`` (a run's ``kernel.attention_impl``).
 
 - ``naive``: :func:`~jaxformer.functional.dot_product.dot_product_attention` with the full
   ``[B, H, T, S]`` mask and ALiBi / T5 relative bias built from the structured arguments; the reference.
@@ -7,8 +7,13 @@
 - ``xla``: ``jax.nn.dot_product_attention``, given the structured arguments it understands
   (``is_causal``, ``local_window_size``, ``key_value_seq_lengths``) so that a fused backend can
   use them; a nonzero ``q_offset`` falls back to an explicit mask.
+- ``fused``: :func:`~jaxformer.functional.fused_attention.fused_attention`, a C++ FlashAttention-2
+  kernel for XLA:CPU through ``jax.ffi`` that never writes a score-sized array, for fp32 attention
+  without key lengths, windows or biases and with a static ``q_offset``; other calls, and every
+  call where the kernel cannot be built (``fused_available()``), take the ``naive`` path. The
+  kernel skips the masked tiles itself, so ``query_block_size`` does not apply to it.
 
-All three agree on the semantics: query ``i`` sits at position ``i + q_offset``, key ``j`` at
+All four agree on the semantics: query ``i`` sits at position ``i + q_offset``, key ``j`` at
 ``j``; rows with no visible key return zeros.
 
 Causal self-attention can also be cut into blocks of ``query_block_size`` queries (any
@@ -24,10 +29,11 @@ import jax.numpy as jnp
 
 from jaxformer.functional.dot_product import dot_product_attention, validate_qkv
 from jaxformer.functional.blockwise import blockwise_attention, check_structured_args
+from jaxformer.functional import fused_attention as fused
 from jaxformer.functional.masks import attention_mask
 from jaxformer.functional.positions import alibi_bias_from_slopes, relative_position_bias
 
-IMPLEMENTATIONS = ("naive", "blockwise", "xla")
+IMPLEMENTATIONS = ("naive", "blockwise", "xla", "fused")
 
 
 def check_impl(impl: str) -> None:
@@ -83,7 +89,7 @@ def attention(
     block_size: int = 128,
     query_block_size: int | None = None,
 ) -> jax.Array:
-    """``softmax(q·kᵀ·scale + bias)·v`` by the implementation ``impl`` (naive | blockwise | xla).
+    """``softmax(q·kᵀ·scale + bias)·v`` by the implementation ``impl`` (naive | blockwise | xla | fused).
 
     Args:
       q: ``[B, T, H, D]`` queries (or ``[T, H, D]``); query ``i`` sits at position ``i + q_offset``.
@@ -107,6 +113,11 @@ def attention(
     check_impl(impl)
     if query_block_size is not None and int(query_block_size) <= 0:
         raise ValueError(f"query_block_size must be positive or None, got {query_block_size}")
+    if impl == "fused":
+        if fused.supports(q, k, v, q_offset=q_offset, key_lengths=key_lengths, window=window,
+                          alibi_slopes=alibi_slopes, relative_bias=relative_bias, scale=scale):
+            return fused.fused_attention(q, k, v, causal=causal, q_offset=int(q_offset), scale=scale)
+        impl = "naive"
     T = q.shape[-3]
     causal_self = (causal or window is not None) and isinstance(q_offset, int) and q_offset == 0 and T == k.shape[-3]
     if query_block_size is not None and T > query_block_size and causal_self:

@@ -18,7 +18,7 @@ from jaxformer.functional.dispatch import IMPLEMENTATIONS
 
 @dataclasses.dataclass(frozen=True)
 class KernelConfig(Section):
-    """attention_impl: naive | blockwise | xla (`jaxformer.functional.attention`).
+    """attention_impl: naive | blockwise | xla | fused (`jaxformer.functional.attention`).
 
     attention_block_size: the key tile of ``blockwise``. attention_query_block_size: causal
     self-attention over a whole sequence is computed in blocks of this many queries, skipping

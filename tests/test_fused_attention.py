@@ -1,0 +1,190 @@
+"""The fused C++ attention kernel (``impl="fused"``) against the plain path: values, gradients, train step, fallback."""
+
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import jaxformer.functional as F
+from jaxformer.functional import fused_attention
+
+TOL = 1e-5  # fp32: the kernel re-associates the sums and uses a polynomial exp
+
+needs_kernel = pytest.mark.skipif(shutil.which(os.environ.get("CXX", "g++")) is None and
+                                  not os.environ.get(fused_attention.LIBRARY_ENV),
+                                  reason="no C++ compiler to build the fused kernel")
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    assert fused_attention.fused_available(), fused_attention.unavailable_reason()
+
+
+def _inputs(B, T, S, H, K, D, seed=0):
+    key_q, key_k, key_v, key_g = jax.random.split(jax.random.key(seed), 4)
+    return (jax.random.normal(key_q, (B, T, H, D)), jax.random.normal(key_k, (B, S, K, D)),
+            jax.random.normal(key_v, (B, S, K, D)), jax.random.normal(key_g, (B, T, H, D)))
+
+
+def _targets(fn, *args) -> set[str]:
+    """The FFI targets a function's jaxpr calls (descending into custom_vjp and jit bodies)."""
+    text = str(jax.make_jaxpr(fn)(*args))
+    return {name for name in (fused_attention.FORWARD_TARGET, fused_attention.BACKWARD_TARGET) if name in text}
+
+
+# (B, T, S, H, K, D) and the arguments: odd and ragged lengths, several key tiles (64) and query blocks (32)
+CASES = {
+    "causal_mha_d16_odd": ((2, 13, 13, 4, 4, 16), dict(causal=True)),
+    "causal_gqa_d32_odd": ((2, 13, 13, 4, 2, 32), dict(causal=True)),
+    "bidirectional_mqa_d16": ((2, 13, 13, 4, 1, 16), dict()),
+    "causal_gqa_d32_multi_tile": ((1, 150, 150, 4, 2, 32), dict(causal=True)),
+    "bidirectional_gqa_d32_multi_tile": ((1, 100, 100, 2, 1, 32), dict()),
+    "cross_attention_d16": ((2, 5, 70, 2, 2, 16), dict()),
+    "decode_offset_d32": ((2, 3, 14, 4, 2, 32), dict(causal=True, q_offset=11)),
+    "padded_head_dim_scale": ((2, 13, 13, 2, 2, 20), dict(causal=True, scale=0.5)),
+}
+
+
+@needs_kernel
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_fused_matches_naive_values_and_gradients(kernel, case):
+    shape, kwargs = CASES[case]
+    q, k, v, cotangent = _inputs(*shape)
+
+    def out_and_grads(impl):
+        def loss(q, k, v):
+            out = F.attention(q, k, v, impl=impl, **kwargs)
+            return jnp.sum(out * cotangent), out
+        return jax.grad(loss, argnums=(0, 1, 2), has_aux=True)
+
+    fused_fn = out_and_grads("fused")
+    assert _targets(fused_fn, q, k, v) == {fused_attention.FORWARD_TARGET, fused_attention.BACKWARD_TARGET}
+    grads, out = jax.jit(fused_fn)(q, k, v)
+    grads_ref, out_ref = jax.jit(out_and_grads("naive"))(q, k, v)
+    np.testing.assert_allclose(out, out_ref, atol=TOL, rtol=0, err_msg="output")
+    for name, grad, grad_ref in zip("qkv", grads, grads_ref):
+        np.testing.assert_allclose(grad, grad_ref, atol=TOL, rtol=0, err_msg=f"d{name}")
+
+
+@needs_kernel
+def test_fused_ignores_query_blocks_and_takes_unbatched_inputs(kernel):
+    q, k, v, _ = _inputs(1, 13, 13, 2, 1, 16)
+    reference = F.attention(q, k, v, causal=True, query_block_size=4)
+    np.testing.assert_allclose(F.attention(q, k, v, impl="fused", causal=True, query_block_size=4), reference, atol=TOL)
+    np.testing.assert_allclose(F.attention(q[0], k[0], v[0], impl="fused", causal=True), reference[0], atol=TOL)
+
+
+@needs_kernel
+def test_unsupported_arguments_take_the_plain_path(kernel):
+    """Key lengths, windows, biases, bf16 and a traced offset are the plain path's: same numbers, no FFI call."""
+    q, k, v, _ = _inputs(2, 9, 9, 2, 1, 16)
+    for kwargs in (dict(key_lengths=jnp.array([9, 4])), dict(window=3), dict(causal=True, alibi_slopes=F.alibi_slopes(2))):
+        fused = lambda q, k, v, kwargs=kwargs: F.attention(q, k, v, impl="fused", **kwargs)
+        assert _targets(fused, q, k, v) == set(), kwargs
+        np.testing.assert_allclose(fused(q, k, v), F.attention(q, k, v, **kwargs), atol=TOL, err_msg=str(kwargs))
+    bf16 = [x.astype(jnp.bfloat16) for x in (q, k, v)]
+    assert _targets(lambda *x: F.attention(*x, impl="fused"), *bf16) == set()
+    traced = lambda q, k, v, offset: F.attention(q, k, v, impl="fused", causal=True, q_offset=offset)
+    assert _targets(traced, q, k, v, 0) == set()
+
+
+@needs_kernel
+def test_train_step_with_fused_attention_equals_naive(kernel):
+    from jaxformer.train.config import load_config
+    from jaxformer.train.step import build_state, make_train_step
+
+    windows = jnp.asarray(np.random.default_rng(0).integers(0, 256, (1, 4, 33)).astype(np.int32))
+    lr = np.float32(1e-2)
+    losses = {}
+    for impl in ("naive", "fused"):
+        config = load_config(None, ["model.d_model=64", "model.num_layers=2", "model.num_heads=4",
+                                    "model.num_kv_heads=2", "model.max_seq_len=32", "train.seq_len=32",
+                                    f"kernel.attention_impl={impl}"])
+        optimizer = optax.adam(1e-2)
+        graphdef, state = build_state(config.model, 0, optimizer, config.kernel)
+        step = make_train_step(graphdef, optimizer, "float32")
+        if impl == "fused":
+            assert _targets(step, state, windows, lr) == {fused_attention.FORWARD_TARGET, fused_attention.BACKWARD_TARGET}
+        running = [0.0]
+        for _ in range(4):
+            state = step(state, windows, lr)
+            running.append(float(state["sums"]["loss"]))  # the running sum since the last log row
+        losses[impl] = np.diff(running)
+    np.testing.assert_allclose(losses["fused"], losses["naive"], rtol=1e-5)
+    assert losses["naive"][-1] < losses["naive"][0]  # the steps train
+
+
+def _run_python(script: str, env: dict) -> subprocess.CompletedProcess:
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(script)], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, **env})
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done
+
+
+def test_missing_library_falls_back_to_the_plain_path_with_one_warning(tmp_path):
+    """The loader pointed at a library that does not exist: ``fused`` computes with ``naive``, and says so once."""
+    missing = tmp_path / "absent" / "fused_attention.so"
+    done = _run_python("""
+        import warnings
+        import jax, jax.numpy as jnp, numpy as np
+        import jaxformer.functional as F
+        from jaxformer.functional import fused_attention
+        q = jax.random.normal(jax.random.key(0), (2, 13, 4, 16))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            grad = lambda impl: jax.grad(lambda q: jnp.sum(F.attention(q, q, q, impl=impl, causal=True) ** 2))(q)
+            np.testing.assert_allclose(grad("fused"), grad("naive"), atol=1e-6)
+            np.testing.assert_allclose(F.attention(q, q, q, impl="fused"), F.attention(q, q, q), atol=1e-6)
+        messages = [str(w.message) for w in caught if "fused attention is unavailable" in str(w.message)]
+        assert len(messages) == 1, messages
+        assert not fused_attention.fused_available()
+        assert "absent" in fused_attention.unavailable_reason()
+        assert fused_attention.FORWARD_TARGET not in str(jax.make_jaxpr(lambda q: F.attention(q, q, q, impl="fused"))(q))
+        print("fallback ok")
+    """, {fused_attention.LIBRARY_ENV: str(missing)})
+    assert "fallback ok" in done.stdout
+
+
+def test_bench_says_when_the_kernel_is_unavailable(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "jaxformer.cli", "bench", "attention", "--out", str(tmp_path),
+                           "--min-n", "16", "--max-n", "16", "--repeats", "1", "--impls", "naive,fused", "--modes",
+                           "forward", "--heads", "2", "--head-dim", "8", "--memory-impls", ""],
+                          capture_output=True, text=True, timeout=300,
+                          env={**os.environ, fused_attention.LIBRARY_ENV: str(tmp_path / "missing.so")})
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "fused kernel unavailable, so the fused rows time the plain path" in done.stdout
+
+
+@needs_kernel
+def test_data_parallel_mesh_splits_the_call_by_batch(kernel):
+    """Two CPU devices, batch-sharded inputs: the FFI calls run on each device's half, no all-gather."""
+    done = _run_python("""
+        import jax, jax.numpy as jnp, numpy as np
+        from jax.sharding import NamedSharding, PartitionSpec
+        import jaxformer.functional as F
+        mesh = jax.make_mesh((2,), ("data",))
+        sharding = NamedSharding(mesh, PartitionSpec("data"))
+        q, k, v = (jax.device_put(jax.random.normal(jax.random.key(i), (4, 13, 4, 16)), sharding) for i in range(3))
+        def loss(impl):
+            return jax.jit(jax.value_and_grad(
+                lambda q, k, v: jnp.sum(jnp.sin(F.attention(q, k, v, impl=impl, causal=True))), argnums=(0, 1, 2)))
+        fused = loss("fused")
+        hlo = fused.lower(q, k, v).compile().as_text()
+        assert "jaxformer_fused_attention_fwd" in hlo and "jaxformer_fused_attention_bwd" in hlo
+        assert "all-gather" not in hlo, hlo
+        (value, grads), (value_ref, grads_ref) = fused(q, k, v), loss("naive")(q, k, v)
+        np.testing.assert_allclose(value, value_ref, rtol=1e-5)
+        for grad, grad_ref in zip(grads, grads_ref):
+            np.testing.assert_allclose(grad, grad_ref, atol=1e-5)
+            assert grad.sharding.is_equivalent_to(sharding, grad.ndim)
+        print("sharded ok")
+    """, {"XLA_FLAGS": os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2",
+          "JAX_PLATFORMS": "cpu"})
+    assert "sharded ok" in done.stdout
