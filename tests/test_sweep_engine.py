@@ -28,7 +28,9 @@ def test_a_process_compiles_a_shape_once_for_every_run_of_it(tmp_path):
     jax.monitoring.register_event_duration_secs_listener(
         lambda event, seconds, **kw: compiles.append(event) if event == "/jax/core/compile/backend_compile_duration"
         else None)
-    data = ["data.markov.seed=4242"]  # a corpus no other test in this process has built (the cache is per process)
+    # a corpus and a model shape no other test builds, whichever tests ran before in this process (both caches are
+    # per process)
+    data = ["data.markov.seed=4242", "model.d_model=24"]
     first = train(load_config(None, [*TINY, *data]), tmp_path / "a")
     before = len(compiles)
     second = train(load_config(None, [*TINY, *data, "train.seed=1", "optimizer.lr=1e-3"]), tmp_path / "b")
