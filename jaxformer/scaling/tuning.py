@@ -19,6 +19,7 @@ import dataclasses
 
 import numpy as np
 
+from jaxformer.scaling.isoflop import parabola_minimum
 from jaxformer.scaling.powerlaw import loglog_fit
 
 
@@ -80,13 +81,12 @@ def lr_optimum(N: float, lr: np.ndarray, loss: np.ndarray) -> LROptimum:
     grid_point = LROptimum(float(N), float(lr[best]), float(lr[best]), float(loss[best]), edge, False)
     if edge is not None or not np.isfinite(loss[best - 1:best + 2]).all():  # beside a diverged run: as is
         return grid_point
-    u = np.log(lr[best - 1:best + 2])
-    p2, p1, p0 = np.polyfit(u, loss[best - 1:best + 2], 2)
-    if p2 <= 0:  # three equal losses: no curvature to locate a vertex
+    # the parabola in ln lr that Approach 2 fits in ln N; its vertex lies between the outer two points,
+    # the middle one being the lowest of the three
+    _, _, lr_opt, loss_opt = parabola_minimum(lr[best - 1:best + 2], loss[best - 1:best + 2])
+    if not np.isfinite(lr_opt):  # three equal losses: no curvature to locate a vertex
         return grid_point
-    vertex = -p1 / (2 * p2)  # inside (u[0], u[2]): the middle point is the lowest of the three
-    return LROptimum(float(N), float(np.exp(vertex)), float(lr[best]), float(np.polyval([p2, p1, p0], vertex)),
-                     None, True)
+    return LROptimum(float(N), lr_opt, float(lr[best]), loss_opt, None, True)
 
 
 def reference_size(N: np.ndarray) -> float:

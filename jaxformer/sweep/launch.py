@@ -73,7 +73,8 @@ def plan_table(runs: list[PlannedRun], *, workers: int, probe: bool, adapt_limit
         minutes = estimates.get(run.name)
         lines.append(f"{run.name:<{width}}{run.N:>10,}{run.D:>11.3g}{run.C:>10.3g}{run.tokens_per_param:>8.1f}"
                      f"{steps[run.name]:>{steps_width}}{'' if minutes is None else f'{minutes:.1f}':>10}")
-    total = BranchCompute.of(runs, trunks).branched if trunks else sum(run.C for run in runs)
+    compute = BranchCompute.of(runs, trunks) if trunks else None
+    total = compute.branched if compute else sum(run.C for run in runs)
     line = f"{len(runs)} runs" + (f" on {len(trunks)} trunks" if trunks else "") + f", total compute {total:.3g} FLOPs"
     if estimates:
         serial = sum(estimates.values())
@@ -84,8 +85,8 @@ def plan_table(runs: list[PlannedRun], *, workers: int, probe: bool, adapt_limit
         lines.append(f"adapt: on, up to {adapt_limit} more sizes per budget beyond the edge where its minimum lies "
                      f"(at most {adapt_limit * sum(seeds.values())} more runs, about "
                      f"{adapt_limit * sum(b * n for b, n in seeds.items()):.3g} FLOPs), trained after these")
-    if trunks:
-        lines.append(BranchCompute.of(runs, trunks).line())
+    if compute:
+        lines.append(compute.line())
     note = repeated_data_note(runs)
     return "\n".join(lines + ([note] if note else []))
 

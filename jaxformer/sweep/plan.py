@@ -107,7 +107,7 @@ def plan_run(spec: SweepSpec, budget_or_tokens: float, target: float, seed: int,
 def plan_runs(spec: SweepSpec) -> list[PlannedRun]:
     """Every run of the sweep, in launch order (budgets ascending, then sizes, then seeds); with ``branches``,
     as branches of their trunks (`jaxformer.sweep.branches.fork_runs`)."""
-    rule = spec.isoflop.flops if spec.isoflop else spec.grid.flops
+    rule = spec.flops_rule
     runs: list[PlannedRun] = []
     for budget_or_tokens in sorted(spec.isoflop.budgets if spec.isoflop else spec.grid.tokens):
         targets = spec.isoflop.targets(budget_or_tokens) if spec.isoflop else spec.grid.params

@@ -243,6 +243,11 @@ class SweepSpec:
         if isoflop.center.span <= 1:
             raise ValueError(f"isoflop.adapt needs isoflop.center.span above 1, got {isoflop.center.span}")
 
+    @property
+    def flops_rule(self) -> str:
+        """How the sweep counts a run's compute: ``exact`` or ``6ND`` (its isoflop or grid section's ``flops``)."""
+        return self.isoflop.flops if self.isoflop else self.grid.flops
+
     def _check_verify(self, verify: VerifySpec) -> None:
         if self.fit is None or 3 not in self.fit.approaches:
             raise ValueError("verify needs a fit with Approach 3 (fit.approaches), whose law predicts the loss")

@@ -42,10 +42,6 @@ TUNE_DIR = "tune"  # the tuning stage's directory inside the sweep directory
 RECORD = "tune.json"
 
 
-def _flops_rule(spec: SweepSpec) -> str:
-    return spec.isoflop.flops if spec.isoflop else spec.grid.flops
-
-
 def _tuning_spec(spec: SweepSpec) -> SweepSpec:
     """The spec the tuning runs train under: one IsoFLOP budget, the tuned sizes and seed, no fit, and
     none of the sweep's hyperparameter formulas for the settings the grid sets."""
@@ -54,7 +50,7 @@ def _tuning_spec(spec: SweepSpec) -> SweepSpec:
         | ({"train.batch_size"} if tune.batch_size else set())
     return dataclasses.replace(
         spec, name=f"{spec.name}-tune", grid=None, seeds=[tune.seed], fit=None, verify=None, tune=None,
-        isoflop=IsoFlopSpec(budgets=[tune.budget], params=list(tune.params), flops=_flops_rule(spec)),
+        isoflop=IsoFlopSpec(budgets=[tune.budget], params=list(tune.params), flops=spec.flops_rule),
         hyperparameters={key: value for key, value in spec.hyperparameters.items() if key not in tuned})
 
 
@@ -73,7 +69,7 @@ def plan_tuning(spec: SweepSpec) -> list[PlannedRun]:
             set_dotted(base, "train.batch_size", batch)
             prefix += f"bs{batch}-"
         runs.append(plan_run(dataclasses.replace(tuning, base=base), tune.budget, target, tune.seed,
-                             rule=_flops_rule(spec), isoflop=True, prefix=prefix))
+                             rule=spec.flops_rule, isoflop=True, prefix=prefix))
     names = [run.name for run in runs]
     if len(set(names)) != len(names):
         duplicate = next(name for name in names if names.count(name) > 1)
@@ -128,7 +124,7 @@ def write_record(spec: SweepSpec, runs: list[PlannedRun], rows: list[dict], dire
         optimum.update(beta2=first["beta2"], batch_size=first["batch_size"])
     save(plot_tuning(fit), directory, "tune")
     failed = [r["run"] for r in records if r["status"] != "done"]
-    record = {"tune": _jsonable_tune(spec), "flops_rule": _flops_rule(spec), "runs": records, **fitted,
+    record = {"tune": _jsonable_tune(spec), "flops_rule": spec.flops_rule, "runs": records, **fitted,
               "failed": failed, "plot": "tune.png"}
     write_bytes_atomic(directory / RECORD, (json.dumps(record, indent=1, allow_nan=False) + "\n").encode())
     lines = [f"tuning: N = {o['N']:,.0f}: best lr {o['lr']:.3g} "
