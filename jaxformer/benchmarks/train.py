@@ -37,7 +37,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="comma-separated d_model:layers:seq_len")
     parser.add_argument("--batch", type=int, default=32, help="sequences per step")
     parser.add_argument("--attention-impl", default="naive",
-                        help="jaxformer's kernel.attention_impl (naive | blockwise | xla | fused); torch uses SDPA")
+                        help="jaxformer's kernel.attention_impl (naive | blockwise | xla | fused | auto: the "
+                             "fastest measured per size, kept in the machine's cache for later runs); torch uses SDPA")
     parser.add_argument("--dtypes", default="float32,bfloat16",
                         help="compute dtypes to time, comma-separated (bfloat16: fp32 masters, against torch autocast)")
     parser.add_argument("--steps", type=int, default=10, help="steps per timed repeat")
@@ -76,8 +77,10 @@ def parse_sizes(text: str) -> list[tuple[int, int, int]]:
 def measure(config, *, steps: int, repeats: int, torch_too: bool) -> dict:
     """Alternating repeats of the JAX and PyTorch steps; medians of tokens/s."""
     from jaxformer.accounting import count_params
+    from jaxformer.train.kernel_choice import choose
     from jaxformer.train.throughput import TrainStepRunner
 
+    config, choice = choose(config)
     runner = TrainStepRunner(config)
     torch_step = _torch_step(config) if torch_too else None
     if torch_step is not None:
@@ -89,7 +92,8 @@ def measure(config, *, steps: int, repeats: int, torch_too: bool) -> dict:
             torch_times.append(torch_step(steps=steps))
     tokens = steps * runner.tokens_per_step
     result = {
-        "dtype": config.train.compute_dtype, "d_model": config.model.d_model, "layers": config.model.num_layers, "seq_len": config.train.seq_len,
+        "dtype": config.train.compute_dtype, "attention_impl": choice.attention_impl, "kernel_choice": choice.to_record(),
+        "d_model": config.model.d_model, "layers": config.model.num_layers, "seq_len": config.train.seq_len,
         "batch": config.train.batch_size, "params": count_params(config.model).total, "compile_s": runner.compile_s,
         "devices": runner.devices,
         "flops_per_token": runner.flops_per_step / runner.tokens_per_step,
@@ -179,7 +183,8 @@ def run(args: argparse.Namespace) -> int:
     from jaxformer.functional.dispatch import check_impl
 
     sizes, dtypes = parse_sizes(args.sizes), parse_dtypes(args.dtypes)
-    check_impl(args.attention_impl)
+    if args.attention_impl != "auto":
+        check_impl(args.attention_impl)
     for name in ("batch", "steps", "repeats"):
         if getattr(args, name) <= 0:
             raise ValueError(f"--{name} must be positive, got {getattr(args, name)}")
@@ -196,7 +201,7 @@ def run(args: argparse.Namespace) -> int:
             torch_dtypes.discard("bfloat16")
             notes.append(f"torch bf16 steps not timed: its bf16 matmul runs at {torch_peak / 1e9:.1f} GFLOP/s, "
                          f"under {TORCH_BF16_FLOOR:.0%} of its fp32 one on this CPU")
-    if args.attention_impl == "fused":
+    if args.attention_impl in ("fused", "auto"):
         from jaxformer.functional import fused_attention
 
         if not fused_attention.fused_available():
@@ -230,12 +235,12 @@ def _print(report: dict, args: argparse.Namespace) -> None:
     for dtype, peak in report["matmul_peaks"].items():
         print(f"matmul peak {dtype} (this run): jax {peak['jax'] / 1e9:.1f} GFLOP/s"
               + (f", torch {peak['torch'] / 1e9:.1f} GFLOP/s, ratio {peak['jax'] / peak['torch']:.2f}" if "torch" in peak else ""))
-    print(f"{'dtype':>9}{'d':>5}{'L':>3}{'T':>5}{'params':>11}{'dev':>4}{'jax tok/s':>12}{'torch tok/s':>13}{'ratio':>7}"
+    print(f"{'dtype':>9}{'attn':>7}{'d':>5}{'L':>3}{'T':>5}{'params':>11}{'dev':>4}{'jax tok/s':>12}{'torch tok/s':>13}{'ratio':>7}"
           f"{'jax MFU':>9}{'torch MFU':>10}{'compile s':>10}")
     for row in report["sizes"]:
         torch_part = (f"{row['torch_tokens_per_s']:>13,.0f}{row['ratio']:>7.2f}" if "ratio" in row else f"{'':>20}")
         torch_mfu = f"{row['torch_mfu']:>10.1%}" if "torch_mfu" in row else f"{'':>10}"
-        print(f"{row['dtype']:>9}{row['d_model']:>5}{row['layers']:>3}{row['seq_len']:>5}{row['params']:>11,}{row['devices']:>4}"
+        print(f"{row['dtype']:>9}{row['attention_impl']:>7}{row['d_model']:>5}{row['layers']:>3}{row['seq_len']:>5}{row['params']:>11,}{row['devices']:>4}"
               f"{row['jax_tokens_per_s']:>12,.0f}{torch_part}{row['jax_mfu']:>9.1%}{torch_mfu}{row['compile_s']:>10.1f}")
     for note in report["notes"]:
         print(note)

@@ -29,6 +29,10 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "jaxformer.benchmarks.profile",
         "where the train step's time goes: thread time per XLA instruction, by class (matmul, copy, other)",
     ),
+    "together": (
+        "jaxformer.benchmarks.together",
+        "R runs of one shape as one program (vmap, lax.map) against R lone steps: ms per round, ratios, compile",
+    ),
     "sweep": (
         "jaxformer.benchmarks.sweep",
         "a sweep plan end to end: jaxformer sweep vs a PyTorch eager twin of the same runs, wall times, "

@@ -37,6 +37,9 @@ IMPLEMENTATIONS = ("naive", "blockwise", "xla", "fused")
 
 
 def check_impl(impl: str) -> None:
+    if impl == "auto":
+        raise ValueError("attention_impl 'auto' is chosen per run by training (jaxformer.train.kernel_choice); "
+                         f"a model built directly needs one of {', '.join(IMPLEMENTATIONS)}")
     if impl not in IMPLEMENTATIONS:
         raise ValueError(f"attention_impl must be one of {', '.join(IMPLEMENTATIONS)}, got {impl!r}")
 

@@ -18,7 +18,9 @@ from jaxformer.functional.dispatch import IMPLEMENTATIONS
 
 @dataclasses.dataclass(frozen=True)
 class KernelConfig(Section):
-    """attention_impl: naive | blockwise | xla | fused (`jaxformer.functional.attention`).
+    """attention_impl: naive | blockwise | xla | fused (`jaxformer.functional.attention`), or ``auto``: a
+    training run times the candidates on its machine and trains with the fastest
+    (`jaxformer.train.kernel_choice`); a model built outside training needs one of the four.
 
     attention_block_size: the key tile of ``blockwise``. attention_query_block_size: causal
     self-attention over a whole sequence is computed in blocks of this many queries, skipping
@@ -27,7 +29,7 @@ class KernelConfig(Section):
 
     SECTION = "kernel"
 
-    attention_impl: Literal[IMPLEMENTATIONS] = "naive"
+    attention_impl: Literal[(*IMPLEMENTATIONS, "auto")] = "naive"
     attention_block_size: int = setting(128, SIZE)
     attention_query_block_size: int | None = setting(64, SIZE)
 

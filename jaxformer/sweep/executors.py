@@ -5,6 +5,7 @@ training runs back to back, fed by a supervising thread from one queue. ``ray``:
 workers as Ray actors, each asking for its CPUs (and GPUs), on a local Ray instance or an
 existing cluster (``ray_address``); the sweep directory must be on a filesystem every node sees.
 A worker that dies is replaced and its run resumed (`WarmWorker`); the other runs go on.
+Both take runs and groups of runs (a tuple of names: one request, trained together by one worker).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import os
 import socket
 import threading
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Sequence
 
 from jaxformer.runtime import HOST_DEVICES
 from jaxformer.sweep.runs import Outcome
@@ -34,10 +35,16 @@ def thread_environment(threads: int) -> dict[str, str]:
     return env
 
 
-def run_local(sweep_dir: Path, names: Iterable[str], workers: int, threads: int,
+def _groups(names: Iterable[str | Sequence[str]]) -> list[tuple[str, ...]]:
+    """Each item as a group: a name alone, or the names of runs to train together."""
+    return [(item,) if isinstance(item, str) else tuple(item) for item in names]
+
+
+def run_local(sweep_dir: Path, names: Iterable[str | Sequence[str]], workers: int, threads: int,
               on_event: Callable[[str, str, Outcome | None], None]) -> list[Outcome]:
-    """Trains ``names`` on ``workers`` warm worker processes; ``on_event(name, "running"|"finished", outcome)``."""
-    queue, lock, outcomes = list(names), threading.Lock(), []
+    """Trains ``names`` (run names, or tuples of names to train together) on ``workers`` warm worker processes;
+    ``on_event(name, "running"|"finished", outcome)`` for each run."""
+    queue, lock, outcomes = _groups(names), threading.Lock(), []
     env = thread_environment(threads)
 
     def supervise(slot: int) -> None:
@@ -47,12 +54,14 @@ def run_local(sweep_dir: Path, names: Iterable[str], workers: int, threads: int,
                 with lock:
                     if not queue:
                         return
-                    name = queue.pop(0)
-                on_event(name, "running", None)
-                outcome = worker.train(name)
+                    group = queue.pop(0)
+                for name in group:
+                    on_event(name, "running", None)
+                finished = worker.train_group(group)
                 with lock:
-                    outcomes.append(outcome)
-                on_event(name, "finished", outcome)
+                    outcomes.extend(finished)
+                for outcome in finished:
+                    on_event(outcome.name, "finished", outcome)
         finally:
             worker.close()
 
@@ -99,38 +108,40 @@ class _RayWorker:
         self.worker = WarmWorker(Path(sweep_dir), thread_environment(threads),
                                  Path(sweep_dir) / "logs" / f"worker-ray-{slot}-{socket.gethostname()}.log")
 
-    def train(self, name: str) -> Outcome:
-        return self.worker.train(name)
+    def train_group(self, names: tuple[str, ...]) -> list[Outcome]:
+        return self.worker.train_group(names)
 
     def close(self) -> None:
         self.worker.close()
 
 
-def run_ray(ray, sweep_dir: Path, names: Iterable[str], workers: int | None, threads: int, gpus_per_run: float,
-            on_event: Callable[[str, str, Outcome | None], None]) -> list[Outcome]:
-    """Trains ``names`` on Ray actors (``workers`` of them: default, as many as the cluster's CPUs allow),
-    each asking for ``max(threads, 1)`` CPUs and ``gpus_per_run`` GPUs and keeping one warm worker."""
-    names = list(names)
+def run_ray(ray, sweep_dir: Path, names: Iterable[str | Sequence[str]], workers: int | None, threads: int,
+            gpus_per_run: float, on_event: Callable[[str, str, Outcome | None], None]) -> list[Outcome]:
+    """Trains ``names`` (runs, or tuples of runs to train together) on Ray actors (``workers`` of them: default,
+    as many as the cluster's CPUs allow), each asking for ``max(threads, 1)`` CPUs and ``gpus_per_run`` GPUs
+    and keeping one warm worker."""
+    queue = _groups(names)
     cpus = max(threads, 1)
     count = workers or max(1, int(ray.cluster_resources().get("CPU", 1) // cpus))
     actor = ray.remote(num_cpus=cpus, num_gpus=gpus_per_run, max_restarts=0)(_RayWorker)
-    actors = [actor.remote(str(sweep_dir.resolve()), threads, slot) for slot in range(min(count, len(names)))]
-    pending, outcomes, queue = {}, [], list(names)
-    for name in queue:
-        on_event(name, "submitted", None)
+    actors = [actor.remote(str(sweep_dir.resolve()), threads, slot) for slot in range(min(count, len(queue)))]
+    pending, outcomes = {}, []
+    for group in queue:
+        for name in group:
+            on_event(name, "submitted", None)
     for handle in actors:
         if queue:
-            name = queue.pop(0)
-            pending[handle.train.remote(name)] = (handle, name)
+            pending[handle.train_group.remote(queue.pop(0))] = handle
     while pending:
         ready, _ = ray.wait(list(pending), num_returns=1)
-        handle, name = pending.pop(ready[0])
-        outcome = ray.get(ready[0])
-        outcomes.append(outcome)
-        on_event(outcome.name, "finished", outcome)
+        handle = pending.pop(ready[0])
+        for outcome in ray.get(ready[0]):
+            outcomes.append(outcome)
+            on_event(outcome.name, "finished", outcome)
         if queue:
-            name = queue.pop(0)
-            on_event(name, "running", None)
-            pending[handle.train.remote(name)] = (handle, name)
+            group = queue.pop(0)
+            for name in group:
+                on_event(name, "running", None)
+            pending[handle.train_group.remote(group)] = handle
     ray.get([handle.close.remote() for handle in actors])
     return outcomes

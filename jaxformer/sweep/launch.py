@@ -94,6 +94,7 @@ def plan_table(runs: list[PlannedRun], *, workers: int, probe: bool, adapt_limit
 def _estimate_minutes(runs: list[PlannedRun]) -> dict[str, float]:
     """Probes each distinct model shape once (compile + a few steps) in this process."""
     from jaxformer.train.config import config_from_dict
+    from jaxformer.train.kernel_choice import choose as choose_kernel
     from jaxformer.train.throughput import time_train_step
 
     timings = {}
@@ -102,7 +103,7 @@ def _estimate_minutes(runs: list[PlannedRun]) -> dict[str, float]:
         config = config_from_dict(run.config)
         key = (json.dumps(run.config["model"], sort_keys=True), config.train.batch_size, config.train.seq_len)
         if key not in timings:
-            timings[key] = time_train_step(config, steps=3)
+            timings[key] = time_train_step(choose_kernel(config)[0], steps=3)
         timing = timings[key]
         estimates[run.name] = (timing.compile_s + (run.steps - (run.fork_step or 0)) * timing.step_s) / 60
     return estimates
@@ -191,13 +192,16 @@ def launch(spec: SweepSpec, runs: list[PlannedRun], out: Path, options: LaunchOp
         report(note)
     def train(planned: list[PlannedRun], names: list[str], initial: dict[str, str]) -> list:
         progress = SweepProgress(out, [dataclasses.asdict(run) for run in planned], initial, write=report)
+        items = together_groups(planned, names) if spec.together else names
+        if len(items) < len(names):
+            report(f"together: {len(names)} runs in {len(items)} worker requests, each group one program")
         with progress:
             if ray is not None:
-                outcomes = run_ray(ray, out, names, options.workers, threads, options.gpus_per_run, progress.event)
-            elif len(names) == 1 and threads:  # a lone run gets every core the layout would have used
-                outcomes = run_local(out, names, 1, workers * threads, progress.event)
+                outcomes = run_ray(ray, out, items, options.workers, threads, options.gpus_per_run, progress.event)
+            elif len(items) == 1 and threads:  # a lone run (or group) gets every core the layout would have used
+                outcomes = run_local(out, items, 1, workers * threads, progress.event)
             else:
-                outcomes = run_local(out, names, workers, threads, progress.event)
+                outcomes = run_local(out, items, workers, threads, progress.event)
         report(progress.summary())
         return outcomes
 
@@ -225,6 +229,17 @@ def launch(spec: SweepSpec, runs: list[PlannedRun], out: Path, options: LaunchOp
         if spec.verify is not None and fitted is not None:
             failed += _verify(spec, runs, fitted, out, train, report)
     return LaunchResult(rows, failed, elsewhere)
+
+
+def together_groups(planned: list[PlannedRun], names: list[str]) -> list[str | tuple[str, ...]]:
+    """``names`` with the runs that can train as one program (`jaxformer.train.together`: the spec's
+    ``together``) as tuples, in the order of each group's first run; a run without a partner stays a name."""
+    from jaxformer.train.config import config_from_dict
+    from jaxformer.train.together import together_groups as groups
+
+    configs = {run.name: run.config for run in planned}
+    return [group if len(group) > 1 else group[0]
+            for group in groups({name: config_from_dict(configs[name]) for name in names})]
 
 
 def _elsewhere(rows: list[dict], outcomes: list) -> list[str]:

@@ -18,7 +18,13 @@ verify: {factor: 3}                               # a held-out compute-optimal r
 tune: {budget: 3e10, params: [1e4, 3e4, 1e5], lr: [1e-3, 3e-3, 1e-2, 3e-2]}   # optional beta2: [...], batch_size: [...]
 branches: true    # base optimizer {schedule: wsd, warmup_tokens: ...}: one stable-lr trunk per model, each run a
                   # cooldown forked from its checkpoint (branches.py); hyperparameters then may not use D or C
+together: true    # runs differing only in the lr schedule and seed (a tuning size's rates, a budget's seeds) train
+                  # as one program in one worker request (jaxformer.train.together); default false
 ```
+
+``together`` is off by default: a group's R runs take one worker, so it pays only where the
+stacked step beats R lone steps (`jaxformer bench together` measures a shape; docs/sweep-speed.md)
+and there are at least as many groups as workers — else cores that would train other runs sit idle.
 
 IsoFLOP runs take ``D = C / (3·F)`` with F the exact forward FLOPs per token, attention and
 the output head included (``flops: exact``, the default), or ``D = C / (6·N)`` (``flops: 6ND``),
@@ -193,6 +199,7 @@ class SweepSpec:
     verify: VerifySpec | None = None
     tune: TuneSpec | None = None
     branches: bool = False
+    together: bool = False
 
     def __post_init__(self) -> None:
         if (self.isoflop is None) == (self.grid is None):

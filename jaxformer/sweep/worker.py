@@ -1,7 +1,10 @@
 """A warm sweep worker: one process that imports JAX once and trains runs back to back.
 
-``python -m jaxformer.sweep.worker SWEEP_DIR`` reads run names, one per line, on stdin, and
-answers each with one JSON line on stdout (an `Outcome`). Each run trains in this process
+``python -m jaxformer.sweep.worker SWEEP_DIR`` reads run names, one request per line, on stdin, and
+answers each run with one JSON line on stdout (an `Outcome`). A request of several names
+separated by tabs is a group: the worker takes every run's lock, skips the finished ones and
+trains the others together as one program (`jaxformer.train.together`; alone when they cannot),
+with the group's output in its first run's log. Each run trains in this process
 (`jaxformer.train.attempt.attempt_run`) under the run's lock, with the process's output
 (file descriptors 1 and 2, so XLA's C++ logging too) appended to ``logs/NAME.log``. What a
 warm process keeps between runs is what makes short runs cheap: the imports, the JAX backend,
@@ -10,7 +13,8 @@ tokenised corpus and the machine's measured matmul peak.
 
 `WarmWorker` is the supervisor's side: it starts such a process, sends it runs, and replaces
 it when it dies — a run that was training then is given to the new process, which resumes it
-from its last checkpoint (once; a run that kills its worker twice is recorded as failed).
+from its last checkpoint (once; a run that kills its worker twice is recorded as failed). The
+runs of a group whose worker died train alone, one at a time, each resuming from its checkpoints.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import IO, Iterator
+from typing import IO, Iterator, Sequence
 
 from jaxformer.sweep.runs import Outcome, RunPaths, failure_reason, run_lock
 
@@ -50,38 +54,63 @@ def _output_to(path: Path) -> Iterator[None]:
             os.close(saved[1])
 
 
-def train_here(sweep_dir: Path, name: str) -> Outcome:
-    """Trains run ``name`` in this process under its lock; its output goes to its log."""
-    from jaxformer.train.attempt import attempt_run
+def train_group_here(sweep_dir: Path, names: Sequence[str]) -> list[Outcome]:
+    """Trains the runs ``names`` (one, or a group) in this process under their locks, together where they can;
+    one outcome each. The output goes to the log of the first run trained; the others' logs say where it is."""
+    from jaxformer.train.attempt import attempt_together
 
-    paths = RunPaths(sweep_dir, name)
-    with run_lock(paths) as held:
-        if not held:
-            return Outcome(name, "busy", "another launch holds its lock")
-        if paths.final.is_file():
-            return Outcome(name, "skipped")
-        paths.log.parent.mkdir(parents=True, exist_ok=True)
-        started = time.perf_counter()
-        with _output_to(paths.log):
-            print(f"$ jaxformer train {paths.config} logging.progress=plain --run-dir {paths.run_dir} "
-                  f"(worker {os.getpid()})", flush=True)
-            attempt = attempt_run(paths.config, ["logging.progress=plain"], paths.run_dir)
-            if attempt.status != "done":
-                print(f"jaxformer train: error: {attempt.error}", flush=True)
-        wall = time.perf_counter() - started
-        if attempt.status == "done":
-            paths.record("done", wall_s=wall, worker=os.getpid())
-            return Outcome(name, "done", wall_s=wall)
-        reason = failure_reason(paths, 2 if attempt.status == "bad_input" else 1)
-        paths.record("failed", reason=reason, wall_s=wall, worker=os.getpid())
-        return Outcome(name, "failed", reason, wall)
+    outcomes: dict[str, Outcome] = {}
+    with contextlib.ExitStack() as locks:
+        todo = []
+        for paths in (RunPaths(sweep_dir, name) for name in names):
+            if not locks.enter_context(run_lock(paths)):
+                outcomes[paths.name] = Outcome(paths.name, "busy", "another launch holds its lock")
+            elif paths.final.is_file():
+                outcomes[paths.name] = Outcome(paths.name, "skipped")
+            else:
+                todo.append(paths)
+        if todo:
+            for paths in todo:
+                paths.log.parent.mkdir(parents=True, exist_ok=True)
+            for paths in todo[1:]:
+                with open(paths.log, "a") as log:
+                    print(f"$ trained together with {', '.join(p.name for p in todo if p is not paths)} "
+                          f"(worker {os.getpid()}): the output is in {todo[0].log}", file=log)
+            started = time.perf_counter()
+            with _output_to(todo[0].log):
+                together = f" together with {', '.join(p.name for p in todo[1:])}" if len(todo) > 1 else ""
+                print(f"$ jaxformer train {todo[0].config} logging.progress=plain --run-dir {todo[0].run_dir}"
+                      f"{together} (worker {os.getpid()})", flush=True)
+                attempts = attempt_together([p.config for p in todo], ["logging.progress=plain"],
+                                            [p.run_dir for p in todo])
+                for paths, attempt in zip(todo, attempts):
+                    if attempt.status != "done":
+                        print(f"jaxformer train: error: {paths.name + ': ' if together else ''}{attempt.error}",
+                              flush=True)
+            wall = time.perf_counter() - started
+            for paths, attempt in zip(todo, attempts):
+                outcomes[paths.name] = _settle(paths, attempt, wall)
+    return [outcomes[name] for name in names]
+
+
+def _settle(paths: RunPaths, attempt, wall: float) -> Outcome:
+    """The sweep's record of one attempt (status/NAME.json) and its `Outcome`."""
+    if attempt.status == "done":
+        paths.record("done", wall_s=wall, worker=os.getpid())
+        return Outcome(paths.name, "done", wall_s=wall)
+    reason = failure_reason(paths, 2 if attempt.status == "bad_input" else 1)
+    paths.record("failed", reason=reason, wall_s=wall, worker=os.getpid())
+    return Outcome(paths.name, "failed", reason, wall)
 
 
 def serve(sweep_dir: Path, requests: IO[str], answers: IO[str]) -> None:
-    """Answers each run name read from ``requests`` with the JSON of its `Outcome`, until end of input."""
+    """Answers each request read from ``requests`` (a run name, or tab-separated names of a group) with one JSON
+    line per run (its `Outcome`), until end of input."""
     for line in requests:
-        if line.strip():
-            answers.write(json.dumps(dataclasses.asdict(train_here(sweep_dir, line.strip()))) + "\n")
+        names = [name for name in line.strip().split("\t") if name]
+        if names:
+            for outcome in train_group_here(sweep_dir, names):
+                answers.write(json.dumps(dataclasses.asdict(outcome)) + "\n")
             answers.flush()
 
 
@@ -120,6 +149,27 @@ class WarmWorker:
         reason = f"its worker died {ATTEMPTS} times (exit status {code}); last output: {failure_reason(paths, code)}"
         paths.record("failed", reason=reason, returncode=code)
         return Outcome(name, "failed", reason)
+
+    def train_group(self, names: Sequence[str]) -> list[Outcome]:
+        """The outcomes of the runs ``names``, trained together in one request; when the worker dies during it,
+        the runs it did not answer train alone, one at a time (`train`), each resuming from its checkpoints."""
+        if len(names) == 1:
+            return [self.train(names[0])]
+        process = self.process if self.process and self.process.poll() is None else self._start()
+        answers = []
+        try:
+            process.stdin.write("\t".join(names) + "\n")
+            process.stdin.flush()
+            while len(answers) < len(names) and (answer := process.stdout.readline()):
+                answers.append(Outcome(**json.loads(answer)))
+        except BrokenPipeError:
+            pass
+        if len(answers) < len(names):  # it died mid-group
+            self.process = None
+            process.wait()
+            answered = {outcome.name for outcome in answers}
+            answers += [self.train(name) for name in names if name not in answered]
+        return answers
 
     def close(self) -> None:
         if self.process is not None and self.process.poll() is None:

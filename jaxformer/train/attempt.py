@@ -4,7 +4,8 @@
 must tell apart into an `Attempt`: ``done``, ``bad_input`` (one line naming the field; exit 2
 from the command) or ``failed`` (a non-finite loss or unreadable checkpoints; exit 1). A failed
 attempt leaves ``RUN_DIR/error.json`` — except bad input aimed at a directory that already
-holds a run (a refused resume, say), which writes nothing there.
+holds a run (a refused resume, say), which writes nothing there. `attempt_together` makes one
+attempt at several runs, trained together (`jaxformer.train.together`) where they can.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Sequence
 
 from jaxformer.files import write_json_atomic
 from jaxformer.train.checkpoint import CheckpointError
@@ -44,6 +45,30 @@ def attempt_run(config_path: str | Path | None, overrides: list[str], run_dir: P
         attempt = Attempt("failed", error=error)
     write_error(run_dir, attempt)
     return attempt
+
+
+def attempt_together(config_paths: Sequence[str | Path], overrides: list[str],
+                     run_dirs: Sequence[Path]) -> list[Attempt]:
+    """`attempt_run` of each run, the runs trained together when their configs allow (`together_conflict`) and
+    every input is good; otherwise each alone, so bad input or a failure is one run's alone."""
+    from jaxformer.train.together import together_conflict, train_together  # it builds on this module's `train`
+
+    try:
+        configs = [load_config(path, overrides) for path in config_paths]
+    except (ValueError, FileNotFoundError):
+        configs = None  # one run's bad config: each alone, the bad one says why
+    if configs is None or together_conflict(configs) is not None:
+        return [attempt_run(path, overrides, run_dir) for path, run_dir in zip(config_paths, run_dirs)]
+    try:
+        results = train_together(configs, run_dirs)
+    except (ValueError, FileNotFoundError):  # a run's own input is bad (a refused resume, say): each alone
+        return [attempt_run(path, overrides, run_dir) for path, run_dir in zip(config_paths, run_dirs)]
+    attempts = []
+    for run_dir, result in zip(run_dirs, results):
+        attempts.append(Attempt("done", result) if isinstance(result, dict) else Attempt("failed", error=result))
+        if attempts[-1].status == "failed":
+            write_error(run_dir, attempts[-1])
+    return attempts
 
 
 def write_error(run_dir: Path, attempt: Attempt) -> None:

@@ -105,8 +105,14 @@ def state_digest(state: Any) -> str:
 
 def has_checkpoints(run_dir: Path) -> bool:
     """Whether ``RUN_DIR/checkpoints`` holds at least one saved step."""
+    return latest_saved_step(run_dir) is not None
+
+
+def latest_saved_step(run_dir: Path) -> int | None:
+    """The newest step saved in ``RUN_DIR/checkpoints`` (readable or not); None when there is none."""
     directory = Path(run_dir) / "checkpoints"
-    return directory.is_dir() and any(child.name.isdigit() for child in directory.iterdir())
+    steps = [int(child.name) for child in directory.iterdir() if child.name.isdigit()] if directory.is_dir() else []
+    return max(steps, default=None)
 
 
 class Checkpointer:

@@ -8,6 +8,8 @@ and the batch shapes — not on the seed, the learning rate (an argument of ever
 number of steps; the initial state's program takes the seed as an argument. `initial_state` and
 `compiled_steps` compile each such program once per process; JAX's
 persistent compilation cache (``train.compilation_cache``) serves other processes and relaunches.
+Runs trained together (`jaxformer.train.together`) step R states stacked on a leading axis
+(``stacked``: ``vmap`` or ``map``), placed by `stacked_shardings`: a program per shape, R and way.
 """
 
 from __future__ import annotations
@@ -17,12 +19,13 @@ from typing import Any, Callable
 import jax
 import numpy as np
 import optax
+from jax.sharding import NamedSharding, PartitionSpec
 
 from jaxformer.architecture import ModelConfig
 from jaxformer.functional.kernel import KernelConfig
 from jaxformer.parallel import Layout
 from jaxformer.train.optimizer import OptimizerConfig, transformation_settings
-from jaxformer.train.step import build_state, make_eval_pass, make_train_step
+from jaxformer.train.step import Stacked, build_state, make_eval_pass, make_train_step
 
 _PROGRAMS: dict[tuple, tuple[Callable, Callable]] = {}
 _INITS: dict[tuple, tuple[Any, Callable]] = {}
@@ -47,19 +50,35 @@ def initial_state(model: ModelConfig, kernel: KernelConfig, optimizer_config: Op
     return graphdef, init(np.int32(seed))
 
 
+def stacked_shardings(layout: Layout, state: Any) -> Any:
+    """Where R runs' states stacked on a leading axis live: each run's slice as `Layout.shardings` places one
+    run's ``state`` (arrays or ``ShapeDtypeStruct``), the run axis not split."""
+    return jax.tree.map(lambda s: NamedSharding(s.mesh, PartitionSpec(None, *s.spec)), layout.shardings(state))
+
+
 def compiled_steps(graphdef, optimizer_config: OptimizerConfig, optimizer: optax.GradientTransformation,
                    compute_dtype: str, layout: Layout, state: Any, batch: jax.ShapeDtypeStruct,
-                   val_batches: jax.Array) -> tuple[Callable, Callable, bool]:
-    """``(train_step, eval_pass, reused)``: the run's compiled steps; ``reused`` when this process had them."""
+                   val_batches: jax.Array, *, stacked: Stacked = None) -> tuple[Callable, Callable, bool]:
+    """``(train_step, eval_pass, reused)``: the run's compiled steps; ``reused`` when this process had them.
+
+    ``stacked`` (``vmap`` or ``map``): ``state`` and ``batch`` hold R runs on a leading axis (`make_train_step`'s
+    ``stacked``), the state placed by `stacked_shardings`; ``val_batches`` are one set for every run.
+    """
     key = (graphdef, transformation_settings(optimizer_config), compute_dtype, *_layout_key(layout),
-           batch.shape, batch.sharding, val_batches.shape, val_batches.sharding,
+           batch.shape, batch.sharding, val_batches.shape, val_batches.sharding, stacked,
            jax.tree.structure(state), tuple((x.shape, x.dtype) for x in jax.tree.leaves(state)))
     if key in _PROGRAMS:
         return (*_PROGRAMS[key], True)
-    state_sharding = layout.shardings(state)
+    if stacked:
+        one_run = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), state)  # keeps logical axes
+        state_sharding = stacked_shardings(layout, one_run)
+    else:
+        state_sharding = layout.shardings(state)
+    lr = np.zeros((batch.shape[0],) if stacked else (), np.float32)
     train_step = make_train_step(graphdef, optimizer, compute_dtype, state_sharding=state_sharding,
-                                 batch_sharding=batch.sharding).lower(state, batch, np.float32(0.0)).compile()
+                                 batch_sharding=batch.sharding, stacked=stacked).lower(state, batch, lr).compile()
     eval_pass = make_eval_pass(graphdef, compute_dtype, params_sharding=state_sharding["params"],
-                               batch_sharding=val_batches.sharding).lower(state["params"], val_batches).compile()
+                               batch_sharding=val_batches.sharding,
+                               stacked=stacked).lower(state["params"], val_batches).compile()
     _PROGRAMS[key] = train_step, eval_pass
     return train_step, eval_pass, False

@@ -184,9 +184,9 @@ def resume_conflict(saved: dict[str, Any], current: TrainConfig) -> str | None:
     Fields the model derives from others (``d_ff`` from ``d_model``…) are compared last, so the
     message names the field the user changed.
     """
-    before, after = _flatten(migrate(saved, note=False)), _flatten(config_to_dict(current))
+    before, after = flatten_dotted(migrate(saved, note=False)), flatten_dotted(config_to_dict(current))
     # a field added since the run was saved reads as its default (the value the run trained with)
-    before = {**{key: value for key, value in _flatten(config_to_dict(TrainConfig())).items() if key not in before},
+    before = {**{key: value for key, value in flatten_dotted(config_to_dict(TrainConfig())).items() if key not in before},
               **before}
     derived = {f"model.{name}" for name in DERIVED_FIELDS}
     for key in sorted(before.keys() | after.keys(), key=lambda key: (key in derived, key)):
@@ -195,11 +195,11 @@ def resume_conflict(saved: dict[str, Any], current: TrainConfig) -> str | None:
     return None
 
 
-def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+def flatten_dotted(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     flat = {}
     for key, value in tree.items():
         if isinstance(value, dict):
-            flat.update(_flatten(value, f"{prefix}{key}."))
+            flat.update(flatten_dotted(value, f"{prefix}{key}."))
         else:
             flat[f"{prefix}{key}"] = value
     return flat

@@ -40,6 +40,8 @@ from jaxformer.train.config import TrainConfig, config_to_dict, resume_conflict
 from jaxformer.train.dataset import Dataset, prepare_dataset
 from jaxformer.train.loader import Loader, eval_batches
 from jaxformer.train.compiled import compiled_steps, initial_state
+from jaxformer.train.kernel_choice import KernelChoice
+from jaxformer.train.kernel_choice import choose as choose_kernel
 from jaxformer.train.metrics import MetricsLogger
 from jaxformer.train.optimizer import learning_rates, make_optimizer
 from jaxformer.train.peak import machine_peak_flops
@@ -64,14 +66,16 @@ def check_resume(config: TrainConfig, run_dir: Path) -> bool:
     return True
 
 
-def _check_host_memory(config: TrainConfig) -> None:
-    """On a CPU, one fp32 copy of the training state (parameters, gradients, two AdamW moments) must fit in RAM."""
+def _check_host_memory(config: TrainConfig, runs: int = 1) -> None:
+    """On a CPU, one fp32 copy of the training state (parameters, gradients, two AdamW moments) of each of
+    ``runs`` runs held at once must fit in RAM."""
     if jax.default_backend() != "cpu":
         return
-    need = 16 * count_params(config.model).total
+    need = 16 * count_params(config.model).total * runs
     have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     if need > have:
-        raise ValueError(f"the model has {count_params(config.model).total:,} parameters, whose training state needs "
+        held = f"{runs} training states" if runs > 1 else "training state"
+        raise ValueError(f"the model has {count_params(config.model).total:,} parameters, whose {held} needs "
                          f"{need / 2**30:,.1f} GiB, more than this machine's {have / 2**30:,.1f} GiB of memory")
 
 
@@ -80,26 +84,42 @@ def train(config: TrainConfig, run_dir: Path) -> dict:
     started = time.perf_counter()
     times = {"startup_s": process_startup_s()}
     run_dir = Path(run_dir)
+    layout, dataset, final = prepare_run(config, run_dir)
+    times["data_s"] = time.perf_counter() - started
+    if final is not None:  # a finished run: nothing left to do
+        return final
+    # --- all input checks passed: from here on the run directory is written ---
+    begin_run(config, run_dir, dataset)
+    enable_compilation_cache(config.train.compilation_cache)
+    config, kernel_choice = choose_kernel(config)  # `auto`: timed here, or read from this machine's cache
+    times["kernel_choice_s"] = kernel_choice.seconds
+    return _Run(config, run_dir, dataset, layout, started, times, kernel_choice).run()
+
+
+def prepare_run(config: TrainConfig, run_dir: Path, runs: int = 1) -> tuple[Layout, Dataset, dict | None]:
+    """Every check of a run's input, before anything is written: ``(layout, dataset, final)``, ``final`` the
+    ``final.json`` record of a run that has finished, else None. ``runs``: states held at once (the memory check)."""
     initialize_distributed(config.parallel.distributed)
-    _check_host_memory(config)
+    _check_host_memory(config, runs)
     layout = Layout.for_run(config.parallel, config.model, config.micro_batch)
     resuming = check_resume(config, run_dir)
     dataset = prepare_dataset(config, run_dir / "tokenizer.json" if resuming else _checkpoint_tokenizer(config))
-    times["data_s"] = time.perf_counter() - started
     if resuming and (run_dir / "data.json").is_file():
         saved = json.loads((run_dir / "data.json").read_text()).get("sha256")
         if saved != dataset.info["sha256"]:
             raise ValueError(f"cannot resume {run_dir}: the contents of data.corpus {config.data.corpus!r} changed "
                              f"(sha256 {str(saved)[:12]}… then, {dataset.info['sha256'][:12]}… now)")
-    if resuming and (run_dir / "final.json").is_file():  # a finished run: nothing left to do
-        return json.loads((run_dir / "final.json").read_text())
-    # --- all input checks passed: from here on the run directory is written ---
+    if resuming and (run_dir / "final.json").is_file():
+        return layout, dataset, json.loads((run_dir / "final.json").read_text())
+    return layout, dataset, None
+
+
+def begin_run(config: TrainConfig, run_dir: Path, dataset: Dataset) -> None:
+    """The first writes into a checked run directory: the resolved config and the data record (`_write_run_files`)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     if jax.process_index() == 0:
         (run_dir / "error.json").unlink(missing_ok=True)
         _write_run_files(config, run_dir, dataset)
-    enable_compilation_cache(config.train.compilation_cache)
-    return _Run(config, run_dir, dataset, layout, started, times).run()
 
 
 def _write_run_files(config: TrainConfig, run_dir: Path, dataset: Dataset) -> None:
@@ -156,14 +176,17 @@ class _Silent:
 
 
 class _Run:
-    """The state of one training process (one segment of a possibly resumed run)."""
+    """The state of one training process (one segment of a possibly resumed run), trained alone by `run`; runs
+    trained together (`jaxformer.train.together`) each keep one for their files, loader, schedule and rows
+    (`open` … `final_record`), sharing one ``times`` dict: the seconds of the one program they all ran."""
 
     def __init__(self, config: TrainConfig, run_dir: Path, dataset: Dataset, layout: Layout, started: float,
-                 times: dict[str, float]) -> None:
+                 times: dict[str, float], kernel_choice: KernelChoice) -> None:
         self.config, self.run_dir, self.dataset, self.layout, self.started = config, run_dir, dataset, layout, started
+        self.kernel_choice = kernel_choice
         # where this segment's seconds go (``final.json["time"]``); data_s counts from the call of `train`
-        self.times = {**times, "init_s": 0.0, "restore_s": 0.0, "compile_s": 0.0, "train_s": 0.0, "eval_s": 0.0,
-                      "checkpoint_s": 0.0}
+        self.times = times
+        times.update(init_s=0.0, restore_s=0.0, compile_s=0.0, train_s=0.0, eval_s=0.0, checkpoint_s=0.0)
         train = config.train
         self.total_steps = config.total_steps
         self.tokens_per_step = config.tokens_per_step
@@ -183,17 +206,45 @@ class _Run:
         self.val_batches = layout.global_array(val[:, rows.start:rows.stop], self.val_sharding, val.shape)
 
     def run(self) -> dict:
-        config, run_dir = self.config, self.run_dir
-        layout = self.layout
+        config, layout = self.config, self.layout
         mark = time.perf_counter()
         graphdef, state = initial_state(config.model, config.kernel, config.optimizer, self.optimizer,
                                         config.train.seed, layout)
         self.times["init_s"] = time.perf_counter() - mark  # with the init program's compile for a new shape
+        state = self.open(state)
+        example = jax.ShapeDtypeStruct(self.batch_shape, np.int32, sharding=self.batch_sharding)
+        compile_start = time.perf_counter()
+        train_step, eval_pass, self.reused_program = compiled_steps(
+            graphdef, config.optimizer, self.optimizer, config.train.compute_dtype, layout, state, example,
+            self.val_batches)
+        self.times["compile_s"] = time.perf_counter() - compile_start
+        self.mark = time.perf_counter()
+        try:
+            for step in range(self.start_step + 1, self.total_steps + 1):
+                local = self.loader.next_batch(self.loader_rows).reshape(self.batch_shape[0], -1, self.batch_shape[2])
+                batch = self.layout.global_array(local, self.batch_sharding, self.batch_shape)
+                state = train_step(state, batch, self.learning_rates[step - 1])
+                self.logger.advance()
+                state = self._maybe_report(step, state, eval_pass)
+            if self.val_loss is None:  # resumed at the very end: evaluate the restored parameters
+                self.val_loss = self._timed("eval_s", lambda: float(eval_pass(state["params"], self.val_batches)))
+        finally:
+            self.close()
+        record = self.final_record()
+        if jax.process_index() == 0:
+            write_json_atomic(self.run_dir / "final.json", record)
+        return record
+
+    def open(self, state):
+        """``state`` (a fresh one) restored from the run's latest readable checkpoint, or its parameters from
+        ``model.init_from``; opens the run's checkpointer and metrics logger (`close` closes them)."""
+        config, run_dir = self.config, self.run_dir
         mark = time.perf_counter()
-        checkpointer = Checkpointer(run_dir / "checkpoints", config.checkpoint.keep, kept_steps=config.checkpoint.steps)
+        self.checkpointer = Checkpointer(run_dir / "checkpoints", config.checkpoint.keep,
+                                         kept_steps=config.checkpoint.steps)
         abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state)
-        restored = checkpointer.restore_latest(abstract)
-        self.times["restore_s"] = time.perf_counter() - mark
+        restored = self.checkpointer.restore_latest(abstract)
+        self.times["restore_s"] += time.perf_counter() - mark
         self.previous_wall_s, self.resumed_from = 0.0, None
         if restored is None and config.model.init_from:
             state = {**state, "params": _checkpoint_params(config.model, abstract["params"])}
@@ -201,85 +252,86 @@ class _Run:
             step, state, meta = restored
             self.loader.load_state_dict(meta["loader"])
             self.previous_wall_s = float(meta["wall_s"])
-            self.resumed_from = {"step": step, "checkpoint": str(checkpointer.directory / str(step))}
+            self.resumed_from = {"step": step, "checkpoint": str(self.checkpointer.directory / str(step))}
             if jax.process_index() == 0:
                 print(f"resumed from step {step} (checkpoint {self.resumed_from['checkpoint']})", file=sys.stderr,
                       flush=True)
         start_step = self.start_step = int(state["step"])
         self.peak_flops = config.train.peak_flops or machine_peak_flops(config.train.compute_dtype)
-
-        example = jax.ShapeDtypeStruct(self.batch_shape, np.int32, sharding=self.batch_sharding)
-        compile_start = time.perf_counter()
-        train_step, eval_pass, self.reused_program = compiled_steps(
-            graphdef, config.optimizer, self.optimizer, config.train.compute_dtype, layout, state, example,
-            self.val_batches)
-        self.times["compile_s"] = time.perf_counter() - compile_start
-
-        logger = _Silent()
+        self.logger = _Silent()
         if jax.process_index() == 0:
-            logger = MetricsLogger(run_dir, start_step=start_step, total_steps=self.total_steps,
-                                   progress=config.logging.progress, tensorboard=config.logging.tensorboard)
+            self.logger = MetricsLogger(run_dir, start_step=start_step, total_steps=self.total_steps,
+                                        progress=config.logging.progress, tensorboard=config.logging.tensorboard)
         self.last_train_loss = _last_logged(run_dir / "metrics.jsonl", "train_loss")
         self.val_loss = None
-        self.mark = time.perf_counter()
         self.logged = (start_step, 0.0)  # (step, training seconds) at the last train-loss row
-        try:
-            for step in range(start_step + 1, self.total_steps + 1):
-                local = self.loader.next_batch(self.loader_rows).reshape(self.batch_shape[0], -1, self.batch_shape[2])
-                batch = self.layout.global_array(local, self.batch_sharding, self.batch_shape)
-                state = train_step(state, batch, self.learning_rates[step - 1])
-                logger.advance()
-                state = self._maybe_report(step, state, eval_pass, checkpointer, logger)
-            if self.val_loss is None:  # resumed at the very end: evaluate the restored parameters
-                self.val_loss = self._timed("eval_s", lambda: float(eval_pass(state["params"], self.val_batches)))
-        finally:
-            logger.close()
-            checkpointer.close()
-        record = self._final_record()
-        if jax.process_index() == 0:
-            write_json_atomic(run_dir / "final.json", record)
-        return record
+        return state
 
-    def _maybe_report(self, step, state, eval_pass, checkpointer, logger):
+    def close(self) -> None:
+        self.logger.close()
+        self.checkpointer.close()
+
+    def _maybe_report(self, step, state, eval_pass):
         """At log, eval and checkpoint steps: synchronise, check the loss, write rows and checkpoints."""
-        cfg, last = self.config, step == self.total_steps
-        log = step % cfg.logging.interval == 0 or last
-        evaluate = (cfg.train.eval_interval and step % cfg.train.eval_interval == 0) or last
-        save = last or step in cfg.checkpoint.steps or (step % cfg.checkpoint.interval == 0
-                                                        and not self._saving_over_budget())
+        log, evaluate, save = self.due(step)
         if not (log or evaluate or save):
             return state
         host = jax.device_get({"sums": state["sums"], "first_nonfinite": state["first_nonfinite"]})
-        now = time.perf_counter()
-        self.times["train_s"] += now - self.mark
-        if host["first_nonfinite"] >= 0:
-            saved = checkpointer.steps()
+        self.times["train_s"] += time.perf_counter() - self.mark
+        self.check_finite(int(host["first_nonfinite"]))
+        if log:
+            state = {**state, "sums": jax.device_put(empty_sums(), self.layout.replicated)}
+        val_loss = None
+        if evaluate:
+            val_loss = self._timed("eval_s", lambda: float(eval_pass(state["params"], self.val_batches)))
+        self.logger.log(self.row(step, host["sums"] if log else None, val_loss))
+        if save:
+            self.save(step, state)
+        self.mark = time.perf_counter()
+        return state
+
+    def due(self, step: int) -> tuple[bool, bool, bool]:
+        """``(log, evaluate, save)`` at ``step``: a train-loss row, a validation pass, a checkpoint."""
+        cfg, last = self.config, step == self.total_steps
+        log = step % cfg.logging.interval == 0 or last
+        evaluate = bool(cfg.train.eval_interval and step % cfg.train.eval_interval == 0) or last
+        save = last or step in cfg.checkpoint.steps or (step % cfg.checkpoint.interval == 0
+                                                        and not self._saving_over_budget())
+        return log, evaluate, save
+
+    def check_finite(self, first_nonfinite: int) -> None:
+        """Raises `NonFiniteLoss` when the state has recorded a first non-finite step (``first_nonfinite ≥ 0``)."""
+        if first_nonfinite >= 0:
+            saved = self.checkpointer.steps()
             kept = f"the last good checkpoint is step {saved[-1]}" if saved else "no checkpoint was saved yet"
             raise NonFiniteLoss(
-                f"non-finite loss, gradient or parameters at step {int(host['first_nonfinite'])} "
-                f"(optimizer.lr={cfg.optimizer.lr}); {kept} in {self.run_dir / 'checkpoints'}"
+                f"non-finite loss, gradient or parameters at step {first_nonfinite} "
+                f"(optimizer.lr={self.config.optimizer.lr}); {kept} in {self.run_dir / 'checkpoints'}"
             )
+
+    def row(self, step: int, sums: dict | None, val_loss: float | None) -> dict:
+        """The metrics row of ``step`` from the host copy of the state's ``sums`` since the last row (None: no
+        train loss at this step) and ``val_loss`` (None: no evaluation); rates use ``times["train_s"]``."""
         row = {"step": step, "tokens": step * self.tokens_per_step}
-        if log:
-            count = int(host["sums"]["count"])
-            self.last_train_loss = float(host["sums"]["loss"]) / count
+        if sums is not None:
+            count = int(sums["count"])
+            self.last_train_loss = float(sums["loss"]) / count
             steps_done, seconds = step - self.logged[0], self.times["train_s"] - self.logged[1]
             tokens_per_s = steps_done * self.tokens_per_step / seconds if seconds > 0 else None
-            row.update(train_loss=self.last_train_loss, grad_norm=float(host["sums"]["grad_norm"]) / count,
+            row.update(train_loss=self.last_train_loss, grad_norm=float(sums["grad_norm"]) / count,
                        lr=float(self.learning_rates[step - 1]), tokens_per_s=tokens_per_s,
                        mfu=tokens_per_s * self.flops_per_token / self.peak_flops if tokens_per_s else None)
             self.logged = (step, self.times["train_s"])
-            state = {**state, "sums": jax.device_put(empty_sums(), self.layout.replicated)}
-        if evaluate:
-            self.val_loss = self._timed("eval_s", lambda: float(eval_pass(state["params"], self.val_batches)))
-            row.update(val_loss=self.val_loss, val_bits_per_byte=self.dataset.bits_per_byte(self.val_loss))
+        if val_loss is not None:
+            self.val_loss = val_loss
+            row.update(val_loss=val_loss, val_bits_per_byte=self.dataset.bits_per_byte(val_loss))
         row["wall_s"] = self._wall_s()
-        logger.log(row)
-        if save:
-            meta = {"loader": self.loader.state_dict(), "wall_s": self._wall_s()}
-            self._timed("checkpoint_s", lambda: checkpointer.save(step, state, meta))
-        self.mark = time.perf_counter()
-        return state
+        return row
+
+    def save(self, step: int, state) -> None:
+        """Checkpoints this run's ``state`` at ``step`` with the loader's position and the wall time so far."""
+        meta = {"loader": self.loader.state_dict(), "wall_s": self._wall_s()}
+        self._timed("checkpoint_s", lambda: self.checkpointer.save(step, state, meta))
 
     def _saving_over_budget(self) -> bool:
         """Whether saving has cost more than ``checkpoint.max_overhead`` of the training time so far."""
@@ -296,7 +348,7 @@ class _Run:
     def _wall_s(self) -> float:
         return self.previous_wall_s + time.perf_counter() - self.started
 
-    def _final_record(self) -> dict:
+    def final_record(self) -> dict:
         cfg, counts = self.config, count_params(self.config.model)
         tokens = self.total_steps * self.tokens_per_step
         flops = training_flops(cfg.model, tokens, cfg.train.seq_len)
@@ -327,6 +379,7 @@ class _Run:
             "compiled": "reused in this process" if self.reused_program else "compiled or loaded from the cache",
             "resumed_from": self.resumed_from,
             "mesh": dict(self.layout.mesh.shape),
+            "kernel_choice": self.kernel_choice.to_record(),
             "tokens_per_s": tokens_per_s,
             "mfu": tokens_per_s * self.flops_per_token / self.peak_flops if tokens_per_s else None,
             "peak_flops": self.peak_flops,

@@ -17,7 +17,7 @@ objective, not to the reported loss).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable, Literal
 
 import jax
 import jax.numpy as jnp
@@ -31,6 +31,30 @@ from jaxformer.functional.kernel import KernelConfig
 from jaxformer.models.pure import init_params
 
 State = dict[str, Any]
+Stacked = Literal["vmap", "map"] | None  # how a program steps R runs on a leading axis (`over_runs`)
+
+
+def over_runs(fn: Callable, how: Stacked, in_axes: tuple = (0, 0, 0)) -> Callable:
+    """``fn`` applied to R runs stacked on a leading axis of the arguments ``in_axes`` marks (None: shared).
+
+    ``vmap``: batched into one computation; ``map``: ``jax.lax.map``, the runs one after another inside
+    one program (plain matmuls, one dispatch for all; `jaxformer bench together` times both). Either way
+    no value crosses runs.
+    """
+    if how == "vmap":
+        return jax.vmap(fn, in_axes=in_axes)
+    stacked = [i for i, axis in enumerate(in_axes) if axis is not None]
+
+    def mapped(*args):
+        def one(slices):
+            whole = list(args)
+            for i, value in zip(stacked, slices):
+                whole[i] = value
+            return fn(*whole)
+
+        return jax.lax.map(one, tuple(args[i] for i in stacked))
+
+    return mapped
 
 
 def empty_sums() -> dict[str, jax.Array]:
@@ -74,7 +98,7 @@ def next_token_loss(graphdef: nnx.GraphDef, params: nnx.State, window_BW: jax.Ar
 
 
 def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformation, compute_dtype: str, *,
-                    state_sharding: Any = None, batch_sharding: NamedSharding | None = None):
+                    state_sharding: Any = None, batch_sharding: NamedSharding | None = None, stacked: Stacked = None):
     """``train_step(state, windows_ABW, lr) -> state``: one update from ``A`` accumulated micro-batches.
 
     ``optimizer`` works at unit learning rate (`jaxformer.train.optimizer`); ``lr`` (a float32
@@ -82,6 +106,10 @@ def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformat
     With ``state_sharding`` (a tree of ``NamedSharding``, `jaxformer.parallel.Layout.shardings`)
     and ``batch_sharding`` the step is compiled for that layout (pjit semantics): the state
     keeps its sharding from step to step, ``lr`` is replicated, and GSPMD adds the collectives.
+
+    ``stacked``: R runs at once (`jaxformer.train.together`), ``train_step(state_R, windows_RABW, lr_R)``:
+    every state leaf, the windows and the learning rate carry a leading run axis, and the same
+    step is applied over it (`over_runs`: ``vmap`` or ``map``).
     """
     dtype = jnp.dtype(compute_dtype)
     grad_fn = jax.value_and_grad(lambda p, w: next_token_loss(graphdef, p, w, dtype), has_aux=True)
@@ -116,6 +144,8 @@ def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformat
             "first_nonfinite": first_nonfinite,
         }
 
+    if stacked:
+        train_step = over_runs(train_step, stacked)
     if state_sharding is None:
         return jax.jit(train_step, donate_argnums=0)
     replicated = NamedSharding(batch_sharding.mesh, PartitionSpec())
@@ -124,13 +154,14 @@ def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformat
 
 
 def make_eval_pass(graphdef: nnx.GraphDef, compute_dtype: str, *, params_sharding: Any = None,
-                   batch_sharding: NamedSharding | None = None):
+                   batch_sharding: NamedSharding | None = None, stacked: Stacked = None):
     """``eval_pass(params, batches_ABW) -> mean cross-entropy`` (nats/token) over all A batches.
 
     MoE layers drop no token (as at inference), so with ``capacity_factor < X/R`` this can
     differ from the training loss on the same windows.
 
-    Shardings as for `make_train_step`; the loss comes back replicated.
+    Shardings as for `make_train_step`; the loss comes back replicated. ``stacked``: the parameters of
+    R runs with a leading run axis, one set of batches for all, ``[R]`` losses (`over_runs` of the same pass).
     """
     dtype = jnp.dtype(compute_dtype)
 
@@ -139,6 +170,8 @@ def make_eval_pass(graphdef: nnx.GraphDef, compute_dtype: str, *, params_shardin
                              batches_ABW)
         return losses.mean()  # equal-sized batches: the mean of means is the mean over tokens
 
+    if stacked:
+        eval_pass = over_runs(eval_pass, stacked, in_axes=(0, None))
     if params_sharding is None:
         return jax.jit(eval_pass)
     replicated = NamedSharding(batch_sharding.mesh, PartitionSpec())

@@ -1,0 +1,126 @@
+"""``kernel.attention_impl: auto``: the run times its candidates, trains with the fastest, and caches the answer."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import jaxformer.functional as F
+from jaxformer.functional import fused_attention
+from jaxformer.train import kernel_choice
+from jaxformer.train.config import load_config
+from jaxformer.train.loop import train
+
+TINY = ["model.d_model=32", "model.num_layers=1", "model.num_heads=4", "model.max_seq_len=64",
+        "data.corpus=synthetic-markov", "data.markov.order=1", "data.markov.alphabet=32",
+        "data.markov.bytes=200000", "optimizer.lr=1e-2", "train.batch_size=8", "train.seq_len=64",
+        "train.tokens=20480", "train.eval_tokens=4096", "logging.progress=plain", "logging.tensorboard=false"]
+compiler = pytest.mark.skipif(shutil.which(os.environ.get("CXX", "g++")) is None and
+                              not os.environ.get(fused_attention.LIBRARY_ENV),
+                              reason="no C++ compiler to build the fused kernel")
+
+
+def test_fastest_needs_a_margin_over_the_reference():
+    assert kernel_choice.fastest({"naive": 1.0, "fused": 0.5}) == "fused"
+    assert kernel_choice.fastest({"naive": 1.0, "fused": 0.98}) == "naive"  # within the 3% margin
+    assert kernel_choice.fastest({"naive": 0.7, "fused": 1.0}) == "naive"
+    assert kernel_choice.fastest({"naive": 1.0, "xla": 0.9}) == "xla"
+
+
+def test_out_of_scope_models_have_one_candidate_and_say_why():
+    cases = {"train.compute_dtype=bfloat16": "fp32 only", "model.position=alibi": "attention bias"}
+    for override, why in cases.items():
+        impls, reason = kernel_choice.candidates(load_config(None, TINY + [override]))
+        assert impls == ["naive"] and why in reason
+
+
+def test_a_named_implementation_is_kept():
+    config = load_config(None, TINY + ["kernel.attention_impl=naive"])
+    assert kernel_choice.choose(config) == (config, kernel_choice.KernelChoice("naive", "set"))
+
+
+def test_auto_is_resolved_by_training_not_by_the_layers():
+    with pytest.raises(ValueError, match="'auto' is chosen per run by training"):
+        F.attention(np.zeros((1, 4, 2, 8), np.float32), np.zeros((1, 4, 2, 8), np.float32),
+                    np.zeros((1, 4, 2, 8), np.float32), impl="auto")
+
+
+@compiler
+def test_auto_measures_once_then_reads_the_cache(tmp_path, monkeypatch):
+    path = tmp_path / "kernel.json"
+    config = load_config(None, TINY + ["kernel.attention_impl=auto"])
+    chosen, choice = kernel_choice.choose(config, path)
+    assert choice.source == "measured" and set(choice.step_s) == {"naive", "fused"}
+    assert all(seconds > 0 for seconds in choice.step_s.values()) and choice.seconds > 0
+    assert choice.attention_impl == kernel_choice.fastest(choice.step_s)
+    assert chosen.kernel.attention_impl == choice.attention_impl
+    saved = json.loads(path.read_text())
+    assert list(saved) == [kernel_choice.program_key(config)]
+    assert saved[kernel_choice.program_key(config)]["step_s"] == choice.step_s
+
+    def no_measuring(*args, **kwargs):
+        raise AssertionError("a cached program was measured again")
+
+    monkeypatch.setattr(kernel_choice, "measure", no_measuring)
+    again, cached = kernel_choice.choose(load_config(None, TINY + ["kernel.attention_impl=auto", "train.seed=3",
+                                                                  "optimizer.lr=3e-3", "train.tokens=40960"]), path)
+    assert cached.source == "cache" and cached.attention_impl == choice.attention_impl
+    assert cached.step_s == choice.step_s and cached.seconds == 0.0
+    # another model shape is another program: it is measured afresh
+    other = load_config(None, TINY + ["kernel.attention_impl=auto", "model.d_model=48"])
+    assert kernel_choice.program_key(other) != kernel_choice.program_key(config)
+    with pytest.raises(AssertionError, match="measured again"):
+        kernel_choice.choose(other, path)
+
+
+@compiler
+def test_a_run_with_auto_trains_as_the_chosen_implementation_does(tmp_path, monkeypatch):
+    monkeypatch.setattr(kernel_choice, "KERNEL_FILE", tmp_path / "kernel.json")
+    auto = train(load_config(None, TINY + ["kernel.attention_impl=auto"]), tmp_path / "auto")
+    choice = auto["kernel_choice"]
+    assert choice["source"] == "measured" and choice["attention_impl"] in ("naive", "fused")
+    assert auto["config"]["kernel"]["attention_impl"] == choice["attention_impl"]
+    assert auto["time"]["kernel_choice_s"] == choice["seconds"] > 0
+    assert "attention_impl: auto" in (tmp_path / "auto" / "config.yaml").read_text()  # as the user asked
+    named = train(load_config(None, TINY + [f"kernel.attention_impl={choice['attention_impl']}"]), tmp_path / "named")
+    assert named["kernel_choice"]["source"] == "set"
+    np.testing.assert_allclose(auto["val_loss"], named["val_loss"], rtol=1e-6)
+    np.testing.assert_allclose(auto["train_loss"], named["train_loss"], rtol=1e-6)
+
+
+def test_without_the_kernel_auto_is_naive_and_measures_nothing(tmp_path):
+    """The loader pointed at a library that does not exist: one candidate, nothing timed, nothing cached."""
+    script = f"""
+        from jaxformer.train import kernel_choice
+        from jaxformer.train.config import load_config
+        config = load_config(None, {TINY + ['kernel.attention_impl=auto']!r})
+        chosen, choice = kernel_choice.choose(config, {str(tmp_path / 'kernel.json')!r})
+        assert chosen.kernel.attention_impl == "naive", choice
+        assert choice.source == "only" and choice.step_s == {{}}, choice
+        assert "unavailable" in choice.reason and "absent" in choice.reason, choice
+        print("naive without the kernel")
+    """
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(script)], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, fused_attention.LIBRARY_ENV: str(tmp_path / "absent" / "lib.so")})
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "naive without the kernel" in done.stdout
+    assert not (tmp_path / "kernel.json").exists()
+
+
+@compiler
+def test_bench_train_auto_reports_each_sizes_choice_and_fills_the_cache(tmp_path, monkeypatch, capsys):
+    from jaxformer.cli import main
+
+    monkeypatch.setattr(kernel_choice, "KERNEL_FILE", tmp_path / "kernel.json")
+    assert main(["bench", "train", "--sizes", "16:1:32", "--batch", "4", "--steps", "1", "--repeats", "1",
+                 "--no-torch", "--dtypes", "float32", "--attention-impl", "auto", "--json", str(tmp_path / "b.json")]) == 0
+    row = json.loads((tmp_path / "b.json").read_text())["sizes"][0]
+    assert row["kernel_choice"]["source"] == "measured"
+    assert row["attention_impl"] == kernel_choice.fastest(row["kernel_choice"]["step_s"])
+    assert len(json.loads((tmp_path / "kernel.json").read_text())) == 1
+    assert f" {row['attention_impl']:>6}" in capsys.readouterr().out

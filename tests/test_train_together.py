@@ -1,0 +1,185 @@
+"""Runs trained together (`jaxformer.train.together`) equal the same runs trained alone: curves, schedules,
+parameters, a divergence failing its run alone, resume, refusals."""
+
+import json
+import shutil
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+import yaml
+
+from jaxformer.train.attempt import attempt_run, attempt_together
+from jaxformer.train.config import config_to_dict, load_config
+from jaxformer.train.loop import NonFiniteLoss, train
+from jaxformer.train.restore import restore_params
+from jaxformer.train.together import together_conflict, together_groups, train_together
+
+# 32 steps of 256 tokens, WSD (stable to step 26, then a linear cooldown to 0.1 lr); checkpoints every 8 steps
+TINY = ["model.d_model=32", "model.num_layers=1", "model.num_heads=2", "model.max_seq_len=64",
+        "data.corpus=synthetic-markov", "data.markov.bytes=200000", "train.batch_size=8", "train.seq_len=32",
+        "train.tokens=8192", "train.eval_tokens=2048", "train.eval_interval=16", "checkpoint.interval=8",
+        "logging.interval=4", "logging.progress=none", "logging.tensorboard=false", "train.compilation_cache=",
+        "train.peak_flops=1e10", "optimizer.schedule=wsd", "optimizer.warmup_fraction=0.1"]
+LRS = (1e-3, 3e-3, 1e-2)
+CURVE = ("train_loss", "grad_norm", "val_loss", "val_bits_per_byte")
+TIMING = ("wall_s", "compile_s", "time", "compiled", "tokens_per_s", "mfu", "resumed_from")
+
+
+def configs(lrs=LRS, extra=()):
+    """Run i: learning rate ``lrs[i]``, seed i (its own data order and initialisation)."""
+    return [load_config(None, [*TINY, f"optimizer.lr={lr}", f"train.seed={seed}", *extra])
+            for seed, lr in enumerate(lrs)]
+
+
+def rows(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def final(run_dir: Path) -> dict:
+    return json.loads((run_dir / "final.json").read_text())
+
+
+def assert_same_run(together: Path, alone: Path, *, trained_with: bool = True) -> None:
+    """Rows, final record and parameters of ``together`` equal ``alone``'s within fp32 tolerance; ``trained_with``:
+    ``together`` was (its final.json says with whom)."""
+    got, want = rows(together), rows(alone)
+    assert [(r["step"], r["tokens"], r.get("lr")) for r in got] == [(r["step"], r["tokens"], r.get("lr")) for r in want]
+    for g, w in zip(got, want):
+        assert g.keys() == w.keys()
+        for key in set(CURVE) & w.keys():
+            assert g[key] == pytest.approx(w[key], rel=1e-5)
+    a, b = final(together), final(alone)
+    assert a.keys() - b.keys() == ({"trained_with", "trained_as"} if trained_with else set())
+    losses = ("train_loss", "val_loss", "val_bits_per_byte")
+    skip = TIMING + losses + ("trained_with", "trained_as")
+    assert {k: v for k, v in a.items() if k not in skip} == {k: v for k, v in b.items() if k not in skip}
+    assert [a[k] for k in losses] == pytest.approx([b[k] for k in losses], rel=1e-5)
+    assert a["time"].keys() == b["time"].keys()
+    step_a, params_a = restore_params(together)
+    step_b, params_b = restore_params(alone)
+    assert step_a == step_b == 32
+    for x, y in zip(jax.tree.leaves(params_a), jax.tree.leaves(params_b)):
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-5, atol=1e-6)
+
+
+@pytest.fixture(scope="module")
+def alone(tmp_path_factory) -> list[Path]:
+    """The three runs trained alone: the reference every test here compares with."""
+    root = tmp_path_factory.mktemp("alone")
+    for i, config in enumerate(configs()):
+        train(config, root / f"lr{i}")
+    return [root / f"lr{i}" for i in range(len(LRS))]
+
+
+@pytest.fixture(scope="module")
+def together(tmp_path_factory) -> list[Path]:
+    root = tmp_path_factory.mktemp("together")
+    run_dirs = [root / f"lr{i}" for i in range(len(LRS))]
+    records = train_together(configs(), run_dirs)  # on a CPU: the runs in turn inside one program (lax.map)
+    assert [r["trained_with"] for r in records] == [["lr1", "lr2"], ["lr0", "lr2"], ["lr0", "lr1"]]
+    assert [r["trained_as"] for r in records] == ["map"] * 3
+    return run_dirs
+
+
+def test_runs_trained_together_equal_the_same_runs_trained_alone(together, alone):
+    for run_together, run_alone in zip(together, alone):
+        assert sorted(p.name for p in run_together.iterdir()) == sorted(p.name for p in run_alone.iterdir())
+        assert (run_together / "config.yaml").read_text() == (run_alone / "config.yaml").read_text()
+        assert sorted(p.name for p in (run_together / "checkpoints").iterdir()) == ["16", "24", "32"]
+        assert_same_run(run_together, run_alone)
+    # each run kept its own schedule: the peak in the stable phase, 0.1 of it at the end
+    for run_dir, lr in zip(together, LRS):
+        by_step = {row["step"]: row for row in rows(run_dir)}
+        assert by_step[8]["lr"] == pytest.approx(lr) and by_step[32]["lr"] == pytest.approx(0.1 * lr)
+    assert len({final(run_dir)["val_loss"] for run_dir in together}) == 3  # three different runs
+    times = [final(run_dir)["time"] for run_dir in together]
+    assert times[0]["train_s"] == times[1]["train_s"] > 0  # one program: one shared breakdown
+    assert sum(v for k, v in times[0].items() if k not in ("total_s", "startup_s", "other_s")) < times[0]["total_s"]
+
+
+def test_runs_vmapped_together_equal_the_same_runs_trained_alone(tmp_path, alone):
+    run_dirs = [tmp_path / f"lr{i}" for i in range(len(LRS))]
+    records = train_together(configs(), run_dirs, stacked="vmap")
+    assert [r["trained_as"] for r in records] == ["vmap"] * 3
+    for run_together, run_alone in zip(run_dirs, alone):
+        assert_same_run(run_together, run_alone)
+
+
+def _write_configs(root: Path, runs) -> list[Path]:
+    paths = []
+    for i, config in enumerate(runs):
+        paths.append(root / f"run{i}.yaml")
+        paths[-1].write_text(yaml.safe_dump(config_to_dict(config)))
+    return paths
+
+
+def test_a_diverging_run_fails_alone_and_the_others_finish_as_they_would_alone(tmp_path, alone):
+    lrs = (LRS[0], 1e10, LRS[2])  # the middle run's loss becomes non-finite within a few steps
+    paths = _write_configs(tmp_path, configs(lrs))
+    run_dirs = [tmp_path / "runs" / name for name in ("lr0", "diverges", "lr2")]
+    attempts = attempt_together(paths, [], run_dirs)
+    assert [a.status for a in attempts] == ["done", "failed", "done"]
+    assert isinstance(attempts[1].error, NonFiniteLoss)
+    assert_same_run(run_dirs[0], alone[0])
+    assert_same_run(run_dirs[2], alone[2])
+    assert final(run_dirs[0])["trained_with"] == ["diverges", "lr2"]
+
+    lone = attempt_run(paths[1], [], tmp_path / "lone")  # the same run alone: the same record
+    error, lone_error = (json.loads((d / "error.json").read_text()) for d in (run_dirs[1], tmp_path / "lone"))
+    assert error["error"] == lone_error["error"] == "NonFiniteLoss"
+    assert error["message"] == lone_error["message"].replace(str(tmp_path / "lone"), str(run_dirs[1]))
+    assert "non-finite loss, gradient or parameters at step" in error["message"]
+    assert not (run_dirs[1] / "final.json").exists() and lone.status == "failed"
+    assert [r["step"] for r in rows(run_dirs[1])] == [r["step"] for r in rows(tmp_path / "lone")]
+    assert sorted(p.name for p in (run_dirs[1] / "checkpoints").iterdir()) \
+        == sorted(p.name for p in (tmp_path / "lone" / "checkpoints").iterdir())
+
+
+def _interrupt(run_dir: Path, after: int) -> None:
+    """What a kill after the checkpoint of step ``after`` leaves: no final.json, no later checkpoint."""
+    (run_dir / "final.json").unlink()
+    for step in (run_dir / "checkpoints").iterdir():
+        if int(step.name) > after:
+            shutil.rmtree(step)
+
+
+def test_an_interrupted_group_resumes_together_or_alone_and_ends_as_uninterrupted(tmp_path, together, alone):
+    same = [tmp_path / "same" / d.name for d in together]
+    for source, target in zip(together, same):
+        shutil.copytree(source, target)
+        _interrupt(target, 16)
+    train_together(configs(), same)
+    for run_dir, run_alone in zip(same, alone):
+        assert final(run_dir)["resumed_from"]["step"] == 16 and "trained_with" in final(run_dir)
+        assert_same_run(run_dir, run_alone)
+
+    apart = [tmp_path / "apart" / d.name for d in together]
+    for source, target, after in zip(together, apart, (16, 24, 16)):
+        shutil.copytree(source, target)
+        _interrupt(target, after)
+    finished = final(together[2])
+    shutil.copy(together[2] / "final.json", apart[2] / "final.json")  # and one of them had finished
+    records = train_together(configs(), apart)  # steps 16 and 24: each alone, resuming its own checkpoints
+    assert records[2] == finished
+    for run_dir, run_alone, step in zip(apart[:2], alone, (16, 24)):
+        assert final(run_dir)["resumed_from"]["step"] == step
+        assert_same_run(run_dir, run_alone, trained_with=False)  # a lone run resumes a checkpoint written together
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    (["model.d_model=16"], "lr0 and lr1 cannot train together: model.d_model is 32 in one and 16 in the other"),
+    (["train.tokens=4096"], "lr0 and lr1 cannot train together: train.tokens is 8192 in one and 4096 in the other"),
+    (["optimizer.weight_decay=0.0"], "optimizer.weight_decay is 0.1 in one and 0.0 in the other"),
+])
+def test_runs_that_differ_in_more_than_the_schedule_are_refused_with_one_line(tmp_path, change, message):
+    first, second = configs(LRS[:2])
+    second = load_config(None, [*TINY, "optimizer.lr=3e-3", *change])
+    with pytest.raises(ValueError) as error:
+        train_together([first, second], [tmp_path / "lr0", tmp_path / "lr1"])
+    assert message in str(error.value) and "\n" not in str(error.value)
+    assert "(only the learning-rate schedule and train.seed may differ)" in str(error.value)
+    assert not (tmp_path / "lr0").exists() and not (tmp_path / "lr1").exists()  # refused before any write
+    assert together_conflict([first]) == "training together needs two runs or more, got 1"
+    assert together_groups({"a": first, "b": second, "c": configs(LRS)[2]}) == [("a", "c"), ("b",)]
