@@ -1,5 +1,6 @@
 """Sweep formulas: the hyperparameter rules evaluate, and nothing else does (no code from a spec ever runs)."""
 
+import json
 import math
 from pathlib import Path
 
@@ -75,6 +76,10 @@ def test_every_formula_in_the_committed_sweeps_is_accepted():
                 value = evaluate(formula, VARIABLES)
                 assert isinstance(value, (int, float)) and math.isfinite(value), (path.name, key)
                 formulas += 1
+    for path in sorted((ROOT / "experiments").glob("*/tune.json")):  # the rules tuning stages wrote
+        value = evaluate(json.loads(path.read_text())["rule"]["formula"], VARIABLES)
+        assert isinstance(value, (int, float)) and math.isfinite(value), path
+        formulas += 1
     assert formulas >= 5
 
 

@@ -74,7 +74,7 @@ def test_attention_impl_selects_an_equal_implementation(impl):
 
 
 def test_unknown_attention_impl_is_one_line_error():
-    with pytest.raises(ValueError, match=r"kernel.attention_impl must be one of naive, blockwise, xla, fused, got 'flash'"):
+    with pytest.raises(ValueError, match=r"kernel.attention_impl must be one of naive, blockwise, xla, fused, auto, got 'flash'"):
         KernelConfig(attention_impl="flash")
     with pytest.raises(TypeError):  # not architecture: ModelConfig has no such field
         ModelConfig(attention_impl="flash")
