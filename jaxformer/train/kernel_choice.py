@@ -7,7 +7,8 @@ that asks for ``auto`` times the candidates' real train steps (`TrainStepRunner`
 program, layout and batch shape, on random tokens) and trains with the fastest. The answer is
 kept per machine and program in ``~/.cache/jaxformer/kernel.json``, like the matmul peak
 (`jaxformer.train.peak`) and the sweep layout, so every later run of that shape (a sweep's other
-budgets, its relaunches, other workers) reads it instead of measuring.
+budgets, its relaunches, other workers) reads it instead of measuring; a worker that meets a
+program another worker is timing waits for that answer (a lock file per program).
 
 Candidates: ``naive`` (the reference) and, on a CPU where the kernel builds and the model is in
 its scope (fp32 compute, no ALiBi or T5 bias), ``fused``; on other backends ``xla``
@@ -19,12 +20,15 @@ timings decide for every process, so that all compile the same program.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
 import hashlib
 import json
 import statistics
 import time
 from pathlib import Path
+from typing import Iterator
 
 import jax
 import numpy as np
@@ -116,33 +120,53 @@ def _read(path: Path) -> dict:
         return {}
 
 
-def choose(config: TrainConfig, path: Path | None = None) -> tuple[TrainConfig, KernelChoice]:
+def choose(config: TrainConfig, path: str | Path | None = None) -> tuple[TrainConfig, KernelChoice]:
     """``(config with a concrete attention_impl, the choice)``; measures and caches when ``auto`` meets a new
     program. A config that names an implementation is returned as it is."""
     if config.kernel.attention_impl != "auto":
         return config, KernelChoice(config.kernel.attention_impl, "set")
-    path = KERNEL_FILE if path is None else path
+    path = KERNEL_FILE if path is None else Path(path)
     started = time.perf_counter()
     impls, reason = candidates(config)
     if len(impls) == 1:
         return with_impl(config, impls[0]), KernelChoice(impls[0], "only", reason=reason)
     key = program_key(config)
-    cached = _read(path).get(key)
-    if _from_process_0(cached is not None and set(cached["step_s"]) == set(impls)):
-        chosen = _from_process_0(impls.index(cached["attention_impl"]) if jax.process_index() == 0 else 0)
-        choice = KernelChoice(impls[chosen], "cache", cached["step_s"] if cached else {}, reason)
-    else:  # every process times the same global steps; process 0's timings decide for all
-        step_s = measure(config, impls)
-        chosen = _from_process_0(impls.index(fastest(step_s)))
-        choice = KernelChoice(impls[chosen], "measured", step_s, reason, time.perf_counter() - started)
-        cache = _read(path)  # re-read: another worker may have written meanwhile
-        cache[key] = {"attention_impl": choice.attention_impl, "step_s": step_s, "measured_at": time.time()}
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            write_json_atomic(path, cache)
-        except OSError:  # an unwritable cache only costs the next run a measurement
-            pass
+    with _timing_lock(path, key):  # a worker that meets a program another is timing waits for its answer
+        cached = _read(path).get(key)
+        if _from_process_0(cached is not None and set(cached["step_s"]) == set(impls)):
+            chosen = _from_process_0(impls.index(cached["attention_impl"]) if jax.process_index() == 0 else 0)
+            choice = KernelChoice(impls[chosen], "cache", cached["step_s"] if cached else {}, reason,
+                                  time.perf_counter() - started)
+        else:  # every process times the same global steps; process 0's timings decide for all
+            step_s = measure(config, impls)
+            chosen = _from_process_0(impls.index(fastest(step_s)))
+            choice = KernelChoice(impls[chosen], "measured", step_s, reason, time.perf_counter() - started)
+            cache = _read(path)  # re-read: another worker may have written meanwhile
+            cache[key] = {"attention_impl": choice.attention_impl, "step_s": step_s, "measured_at": time.time()}
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                write_json_atomic(path, cache)
+            except OSError:  # an unwritable cache only costs the next run a measurement
+                pass
     return with_impl(config, choice.attention_impl), choice
+
+
+@contextlib.contextmanager
+def _timing_lock(path: Path, key: str) -> Iterator[None]:
+    """Holds this machine's lock on timing program ``key`` (a file beside the cache); none where it cannot be made."""
+    lock_path = path.parent / "kernel-locks" / hashlib.sha256(key.encode()).hexdigest()[:16]
+    try:
+        lock_path.parent.mkdir(parents=True, exist_ok=True)
+        handle = open(lock_path, "a")
+    except OSError:
+        yield
+        return
+    with handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _from_process_0(value: int | bool) -> int:
