@@ -66,3 +66,20 @@ def load_jsonl(path: Path) -> list[object]:
             except json.JSONDecodeError as error:
                 raise ValueError(f"{path}, line {number}: not valid JSON ({error.msg})") from None
     return records
+
+
+def read_cache(path: Path) -> dict:
+    """A per-machine cache file's entries (the matmul peak, kernel choices); {} when it is missing or unreadable."""
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+
+
+def write_cache(path: Path, cache: dict) -> None:
+    """Writes a per-machine cache file; an unwritable cache is skipped (it only costs a later process a re-measure)."""
+    try:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(Path(path), cache)
+    except OSError:
+        pass

@@ -34,7 +34,7 @@ import jax
 import numpy as np
 
 from jaxformer.configs import to_dict
-from jaxformer.files import write_json_atomic
+from jaxformer.files import read_cache, write_cache
 from jaxformer.functional import fused_attention
 from jaxformer.train.config import TrainConfig
 from jaxformer.train.peak import machine_key
@@ -113,13 +113,6 @@ def with_impl(config: TrainConfig, impl: str) -> TrainConfig:
     return dataclasses.replace(config, kernel=dataclasses.replace(config.kernel, attention_impl=impl))
 
 
-def _read(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        return {}
-
-
 def choose(config: TrainConfig, path: str | Path | None = None) -> tuple[TrainConfig, KernelChoice]:
     """``(config with a concrete attention_impl, the choice)``; measures and caches when ``auto`` meets a new
     program. A config that names an implementation is returned as it is."""
@@ -132,7 +125,7 @@ def choose(config: TrainConfig, path: str | Path | None = None) -> tuple[TrainCo
         return with_impl(config, impls[0]), KernelChoice(impls[0], "only", reason=reason)
     key = program_key(config)
     with _timing_lock(path, key):  # a worker that meets a program another is timing waits for its answer
-        cached = _read(path).get(key)
+        cached = read_cache(path).get(key)
         if _from_process_0(cached is not None and set(cached["step_s"]) == set(impls)):
             chosen = _from_process_0(impls.index(cached["attention_impl"]) if jax.process_index() == 0 else 0)
             choice = KernelChoice(impls[chosen], "cache", cached["step_s"] if cached else {}, reason,
@@ -141,13 +134,9 @@ def choose(config: TrainConfig, path: str | Path | None = None) -> tuple[TrainCo
             step_s = measure(config, impls)
             chosen = _from_process_0(impls.index(fastest(step_s)))
             choice = KernelChoice(impls[chosen], "measured", step_s, reason, time.perf_counter() - started)
-            cache = _read(path)  # re-read: another worker may have written meanwhile
+            cache = read_cache(path)  # re-read: another worker may have written meanwhile
             cache[key] = {"attention_impl": choice.attention_impl, "step_s": step_s, "measured_at": time.time()}
-            try:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                write_json_atomic(path, cache)
-            except OSError:  # an unwritable cache only costs the next run a measurement
-                pass
+            write_cache(path, cache)
     return with_impl(config, choice.attention_impl), choice
 
 

@@ -8,7 +8,6 @@ backend, devices, XLA flags, dtype) in ``~/.cache/jaxformer/peak.json`` and reus
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import platform
@@ -18,7 +17,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 
-from jaxformer.files import write_json_atomic
+from jaxformer.files import read_cache, write_cache
 
 PEAK_FILE = Path("~/.cache/jaxformer/peak.json").expanduser()
 
@@ -57,15 +56,8 @@ def machine_key(dtype: str) -> str:
 def machine_peak_flops(dtype: str = "float32", path: Path = PEAK_FILE) -> float:
     """The cached peak of this machine and layout for ``dtype``, probing (and caching) it the first time."""
     key = machine_key(dtype)
-    try:
-        cache = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        cache = {}
+    cache = read_cache(path)
     if key not in cache:
         cache[key] = probe_matmul_peak(dtype)
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            write_json_atomic(path, cache)
-        except OSError:  # an unwritable cache only costs the next run a probe
-            pass
+        write_cache(path, cache)
     return float(cache[key])
