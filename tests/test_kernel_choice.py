@@ -33,7 +33,8 @@ def test_fastest_needs_a_margin_over_the_reference():
 
 
 def test_out_of_scope_models_have_one_candidate_and_say_why():
-    cases = {"train.compute_dtype=bfloat16": "fp32 only", "model.position=alibi": "attention bias"}
+    cases = {"train.compute_dtype=bfloat16": "fp32 only", "model.position=alibi": "attention bias",
+             "model.sliding_window=16": "no sliding window"}
     for override, why in cases.items():
         impls, reason = kernel_choice.candidates(load_config(None, TINY + [override]))
         assert impls == ["naive"] and why in reason
@@ -55,27 +56,31 @@ def test_auto_measures_once_then_reads_the_cache(tmp_path, monkeypatch):
     path = tmp_path / "kernel.json"
     config = load_config(None, TINY + ["kernel.attention_impl=auto"])
     chosen, choice = kernel_choice.choose(config, path)
-    assert choice.source == "measured" and set(choice.step_s) == {"naive", "fused"}
-    assert all(seconds > 0 for seconds in choice.step_s.values()) and choice.seconds > 0
-    assert choice.attention_impl == kernel_choice.fastest(choice.step_s)
+    assert choice.source == "measured" and set(choice.call_s) == {"naive", "fused"}
+    assert all(seconds > 0 for seconds in choice.call_s.values()) and choice.seconds > 0
+    assert choice.attention_impl == kernel_choice.fastest(choice.call_s)
     assert chosen.kernel.attention_impl == choice.attention_impl
     saved = json.loads(path.read_text())
-    assert list(saved) == [kernel_choice.program_key(config)]
-    assert saved[kernel_choice.program_key(config)]["step_s"] == choice.step_s
+    assert list(saved) == [kernel_choice.call_key(config)]
+    assert saved[kernel_choice.call_key(config)]["call_s"] == choice.call_s
 
     def no_measuring(*args, **kwargs):
-        raise AssertionError("a cached program was measured again")
+        raise AssertionError("a cached attention call was measured again")
 
     monkeypatch.setattr(kernel_choice, "measure", no_measuring)
     again, cached = kernel_choice.choose(load_config(None, TINY + ["kernel.attention_impl=auto", "train.seed=3",
                                                                   "optimizer.lr=3e-3", "train.tokens=40960"]), path)
     assert cached.source == "cache" and cached.attention_impl == choice.attention_impl
-    assert cached.step_s == choice.step_s and cached.seconds < 1.0
-    # another model shape is another program: it is measured afresh
-    other = load_config(None, TINY + ["kernel.attention_impl=auto", "model.d_model=48"])
-    assert kernel_choice.program_key(other) != kernel_choice.program_key(config)
-    with pytest.raises(AssertionError, match="measured again"):
-        kernel_choice.choose(other, path)
+    assert cached.call_s == choice.call_s and cached.seconds < 1.0
+    # a model that differs outside attention (depth, MLP width) makes the same call: the answer is shared
+    deeper = load_config(None, TINY + ["kernel.attention_impl=auto", "model.num_layers=3", "model.d_ff=96"])
+    assert kernel_choice.choose(deeper, path)[1].source == "cache"
+    # other heads, another sequence length or another batch are another call: measured afresh
+    for change in ("model.d_model=48", "train.seq_len=32", "train.batch_size=4"):
+        other = load_config(None, TINY + ["kernel.attention_impl=auto", change])
+        assert kernel_choice.call_key(other) != kernel_choice.call_key(config), change
+        with pytest.raises(AssertionError, match="measured again"):
+            kernel_choice.choose(other, path)
 
 
 @compiler
@@ -101,7 +106,7 @@ def test_without_the_kernel_auto_is_naive_and_measures_nothing(tmp_path):
         config = load_config(None, {TINY + ['kernel.attention_impl=auto']!r})
         chosen, choice = kernel_choice.choose(config, {str(tmp_path / 'kernel.json')!r})
         assert chosen.kernel.attention_impl == "naive", choice
-        assert choice.source == "only" and choice.step_s == {{}}, choice
+        assert choice.source == "only" and choice.call_s == {{}}, choice
         assert "unavailable" in choice.reason and "absent" in choice.reason, choice
         print("naive without the kernel")
     """
@@ -121,14 +126,14 @@ def test_bench_train_auto_reports_each_sizes_choice_and_fills_the_cache(tmp_path
                  "--no-torch", "--dtypes", "float32", "--attention-impl", "auto", "--json", str(tmp_path / "b.json")]) == 0
     row = json.loads((tmp_path / "b.json").read_text())["sizes"][0]
     assert row["kernel_choice"]["source"] == "measured"
-    assert row["attention_impl"] == kernel_choice.fastest(row["kernel_choice"]["step_s"])
+    assert row["attention_impl"] == kernel_choice.fastest(row["kernel_choice"]["call_s"])
     assert len(json.loads((tmp_path / "kernel.json").read_text())) == 1
     assert f" {row['attention_impl']:>6}" in capsys.readouterr().out
 
 
 @compiler
-def test_two_workers_meeting_one_program_time_it_once(tmp_path):
-    """Two processes choose for the same program at once: one times it, the other waits and reads its answer."""
+def test_two_workers_meeting_one_attention_call_time_it_once(tmp_path):
+    """Two processes choose for the same attention call at once: one times it, the other waits and reads its answer."""
     script = f"""
         import json, sys
         from jaxformer.train import kernel_choice
@@ -143,4 +148,20 @@ def test_two_workers_meeting_one_program_time_it_once(tmp_path):
     choices = [json.loads(out.strip().splitlines()[-1]) for out, _ in outputs]
     assert sorted(choice["source"] for choice in choices) == ["cache", "measured"]
     assert choices[0]["attention_impl"] == choices[1]["attention_impl"]
-    assert choices[0]["step_s"] == choices[1]["step_s"]
+    assert choices[0]["call_s"] == choices[1]["call_s"]
+
+
+@compiler
+def test_the_timed_call_is_the_runs_attention_forward_and_backward():
+    """The program `measure` times computes the gradients of the run's own attention, for every candidate."""
+    import jax
+
+    config = load_config(None, TINY + ["model.num_kv_heads=2"])
+    grads = {impl: kernel_choice.attention_program(config, impl) for impl in ("naive", "fused")}
+    program, (q, k, v, cotangent) = grads["naive"]
+    assert q.shape == (8, 64, 4, 8) and k.shape == (8, 64, 2, 8)
+    expected = jax.vjp(lambda q, k, v: F.dot_product_attention(
+        q, k, v, mask=F.causal_mask(64)), q, k, v)[1](cotangent)
+    for impl, (program, inputs) in grads.items():
+        for got, want in zip(program(*inputs), expected):
+            np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=2e-5, atol=2e-5, err_msg=impl)

@@ -3,15 +3,19 @@
 Which implementation trains a model fastest depends on the machine as much as on the model: on
 one CPU the fused kernel (`jaxformer.functional.fused_attention`) was 1.5–2.7× the plain step at
 8-wide heads and level with it at d = 256, and another CPU of the same kind may differ. So a run
-that asks for ``auto`` times the candidates' real train steps (`TrainStepRunner`: the run's own
-program, layout and batch shape, on random tokens) and trains with the fastest. The answer is
-kept per machine and program in ``~/.cache/jaxformer/kernel.json``, like the matmul peak
-(`jaxformer.train.peak`) and the sweep layout, so every later run of that shape (a sweep's other
-budgets, its relaunches, other workers) reads it instead of measuring; a worker that meets a
-program another worker is timing waits for that answer (a lock file per program).
+that asks for ``auto`` times the candidates and trains with the fastest. Only attention differs
+between the candidates' train steps, so what is timed is the run's attention call alone, forward
+and backward (`AttentionCall`: its micro-batch, sequence, heads, window, scale and tiles, sharded
+over the run's mesh as the step shards it): a program compiled in a fraction of a second, where
+timing whole train steps compiled each candidate's step, which cost a sweep's workers a sixth of
+their time. The answer is kept per machine and attention call in ``~/.cache/jaxformer/kernel.json``,
+like the matmul peak (`jaxformer.train.peak`) and the sweep layout, so every later run with that
+attention (a sweep's other budgets and widths, its relaunches, other workers) reads it instead of
+measuring; a worker that meets a call another worker is timing waits for that answer (a lock file
+per call).
 
 Candidates: ``naive`` (the reference) and, on a CPU where the kernel builds and the model is in
-its scope (fp32 compute, no ALiBi or T5 bias), ``fused``; on other backends ``xla``
+its scope (fp32 compute, no ALiBi or T5 bias, no sliding window), ``fused``; on other backends ``xla``
 (`jax.nn.dot_product_attention`, cuDNN's fused attention on GPUs). Another implementation wins
 only when it is at least `MARGIN` faster than ``naive``: the implementations compute the same
 function, but only the reference is the reference. In a multi-process run process 0's cache and
@@ -32,16 +36,19 @@ from typing import Iterator
 
 import jax
 import numpy as np
+from jax.sharding import NamedSharding
 
 from jaxformer.configs import to_dict
 from jaxformer.files import read_cache, write_cache
-from jaxformer.functional import fused_attention
+from jaxformer.functional import attention, fused_attention
+from jaxformer.parallel import Layout
+from jaxformer.parallel.rules import spec_for
 from jaxformer.train.config import TrainConfig
 from jaxformer.train.peak import machine_key
 
 KERNEL_FILE = Path("~/.cache/jaxformer/kernel.json").expanduser()
-MARGIN = 0.03  # a candidate must be this much faster than naive (a fraction of naive's step time)
-STEPS, REPEATS = 3, 3  # timed steps per repeat, alternating repeats per candidate (medians)
+MARGIN = 0.03  # a candidate must be this much faster than naive (a fraction of naive's attention time)
+CALLS, REPEATS = 5, 5  # timed calls per repeat, alternating repeats per candidate (medians)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,18 +56,44 @@ class KernelChoice:
     """What ``auto`` became: the implementation, where the answer came from, and the timings behind it.
 
     source: ``measured`` (timed by this run), ``cache`` (read from `KERNEL_FILE`), ``only`` (one
-    candidate, nothing to time) or ``set`` (the config named an implementation). step_s: seconds
-    per train step of each candidate timed (median of `REPEATS`).
+    candidate, nothing to time) or ``set`` (the config named an implementation). call_s: seconds
+    per attention call, forward and backward, of each candidate timed (median of `REPEATS`).
     """
 
     attention_impl: str
     source: str
-    step_s: dict[str, float] = dataclasses.field(default_factory=dict)
+    call_s: dict[str, float] = dataclasses.field(default_factory=dict)
     reason: str = ""
     seconds: float = 0.0  # spent choosing: compiling and timing the candidates
 
     def to_record(self) -> dict:
         return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionCall:
+    """The self-attention call every layer of a run makes: ``q [B, T, H, D]``, ``k, v [B, T, K, D]``, causal.
+
+    batch: sequences per micro-batch over the whole mesh; window, scale: the model's; block_size,
+    query_block_size: the kernel config's tiles.
+    """
+
+    batch: int
+    seq_len: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    window: int | None
+    scale: float | None
+    block_size: int
+    query_block_size: int | None
+
+    @classmethod
+    def of(cls, config: TrainConfig) -> AttentionCall:
+        model, kernel = config.model, config.kernel
+        return cls(config.micro_batch, config.train.seq_len, model.num_heads, model.num_kv_heads, model.head_dim,
+                   model.sliding_window, model.attention_scale, kernel.attention_block_size,
+                   kernel.attention_query_block_size)
 
 
 def candidates(config: TrainConfig) -> tuple[list[str], str]:
@@ -71,6 +104,8 @@ def candidates(config: TrainConfig) -> tuple[list[str], str]:
         return ["naive"], f"fused computes fp32 only (train.compute_dtype={config.train.compute_dtype})"
     if config.model.position in ("alibi", "relative_bias"):
         return ["naive"], f"fused has no attention bias (model.position={config.model.position})"
+    if config.model.sliding_window is not None:
+        return ["naive"], f"fused has no sliding window (model.sliding_window={config.model.sliding_window})"
     if config.model.head_dim > fused_attention.MAX_HEAD_DIM:
         return ["naive"], f"fused takes heads up to {fused_attention.MAX_HEAD_DIM} wide (head_dim {config.model.head_dim})"
     if not fused_attention.fused_available():
@@ -78,34 +113,59 @@ def candidates(config: TrainConfig) -> tuple[list[str], str]:
     return ["naive", "fused"], ""
 
 
-def program_key(config: TrainConfig) -> str:
-    """What the choice depends on: the machine and layout (`machine_key`), the model, the batch shape and
-    the rest of the kernel config — not the seed, the learning rate or the run's length."""
-    program = {"model": {k: v for k, v in to_dict(config.model).items() if k != "init_from"},
-               "kernel": {k: v for k, v in to_dict(config.kernel).items() if k != "attention_impl"},
-               "parallel": to_dict(config.parallel), "seq_len": config.train.seq_len,
-               "micro_batch": config.micro_batch, "grad_accum": config.train.grad_accum}
+def call_key(config: TrainConfig) -> str:
+    """What the choice depends on: the machine (`machine_key`), the mesh and the attention call — not the rest
+    of the model, the seed, the learning rate or the run's length."""
+    program = {"attention": dataclasses.asdict(AttentionCall.of(config)), "parallel": to_dict(config.parallel)}
     digest = hashlib.sha256(json.dumps(program, sort_keys=True, default=str).encode()).hexdigest()[:16]
     return f"{machine_key(config.train.compute_dtype)} | {digest}"
 
 
-def fastest(step_s: dict[str, float], margin: float = MARGIN) -> str:
+def fastest(call_s: dict[str, float], margin: float = MARGIN) -> str:
     """The implementation to train with: the fastest, unless it beats ``naive`` by less than ``margin``."""
-    best = min(step_s, key=step_s.get)
-    if "naive" in step_s and step_s[best] > (1 - margin) * step_s["naive"]:
+    best = min(call_s, key=call_s.get)
+    if "naive" in call_s and call_s[best] > (1 - margin) * call_s["naive"]:
         return "naive"
     return best
 
 
-def measure(config: TrainConfig, impls: list[str], steps: int = STEPS, repeats: int = REPEATS) -> dict[str, float]:
-    """Seconds per train step of ``config`` with each attention implementation, in alternating repeats."""
-    from jaxformer.train.throughput import TrainStepRunner  # lazily: it builds models
+def attention_program(config: TrainConfig, impl: str):
+    """``(jitted q, k, v → their gradients, its inputs)``: the run's attention call, forward and backward, as
+    the train step computes it (on the run's mesh, batch and heads sharded as the step's rules shard them)."""
+    call = AttentionCall.of(config)
+    layout = Layout.for_run(config.parallel, config.model, config.micro_batch)
+    shapes = {"q": (call.batch, call.seq_len, call.heads, call.head_dim),
+              "kv": (call.batch, call.seq_len, call.kv_heads, call.head_dim)}
+    heads = {"q": "heads", "kv": "kv_heads"}
+    shardings = {name: NamedSharding(layout.mesh, spec_for(("batch", None, heads[name], None), shape, layout.mesh,
+                                                           layout.rules)) for name, shape in shapes.items()}
+    rng = np.random.default_rng(0)
+    q, k, v, cotangent = (jax.device_put(rng.standard_normal(shapes[name], np.float32), shardings[name])
+                          for name in ("q", "kv", "kv", "q"))
+    options = with_impl(config, impl).kernel.attention_options()
 
-    runners = {impl: TrainStepRunner(with_impl(config, impl)) for impl in impls}
+    def forward_backward(q, k, v, cotangent):
+        out, pullback = jax.vjp(lambda q, k, v: attention(q, k, v, causal=True, window=call.window,
+                                                          scale=call.scale, **options), q, k, v)
+        return pullback(cotangent)
+
+    sharding = (shardings["q"], shardings["kv"], shardings["kv"])
+    program = jax.jit(forward_backward, in_shardings=(*sharding, shardings["q"]), out_shardings=sharding)
+    return program, (q, k, v, cotangent)
+
+
+def measure(config: TrainConfig, impls: list[str], calls: int = CALLS, repeats: int = REPEATS) -> dict[str, float]:
+    """Seconds per attention call (forward and backward) of ``config`` with each implementation, in alternating
+    repeats after one call that compiles."""
+    programs = {impl: attention_program(config, impl) for impl in impls}
+    for program, inputs in programs.values():
+        jax.block_until_ready(program(*inputs))
     times: dict[str, list[float]] = {impl: [] for impl in impls}
     for _ in range(repeats):
-        for impl, runner in runners.items():
-            times[impl].append(runner.run(steps) / steps)
+        for impl, (program, inputs) in programs.items():
+            started = time.perf_counter()
+            jax.block_until_ready([program(*inputs) for _ in range(calls)])
+            times[impl].append((time.perf_counter() - started) / calls)
     return {impl: statistics.median(values) for impl, values in times.items()}
 
 
@@ -115,7 +175,7 @@ def with_impl(config: TrainConfig, impl: str) -> TrainConfig:
 
 def choose(config: TrainConfig, path: str | Path | None = None) -> tuple[TrainConfig, KernelChoice]:
     """``(config with a concrete attention_impl, the choice)``; measures and caches when ``auto`` meets a new
-    program. A config that names an implementation is returned as it is."""
+    attention call. A config that names an implementation is returned as it is."""
     if config.kernel.attention_impl != "auto":
         return config, KernelChoice(config.kernel.attention_impl, "set")
     path = KERNEL_FILE if path is None else Path(path)
@@ -123,26 +183,26 @@ def choose(config: TrainConfig, path: str | Path | None = None) -> tuple[TrainCo
     impls, reason = candidates(config)
     if len(impls) == 1:
         return with_impl(config, impls[0]), KernelChoice(impls[0], "only", reason=reason)
-    key = program_key(config)
-    with _timing_lock(path, key):  # a worker that meets a program another is timing waits for its answer
+    key = call_key(config)
+    with _timing_lock(path, key):  # a worker that meets a call another is timing waits for its answer
         cached = read_cache(path).get(key)
-        if _from_process_0(cached is not None and set(cached["step_s"]) == set(impls)):
+        if _from_process_0(cached is not None and set(cached["call_s"]) == set(impls)):
             chosen = _from_process_0(impls.index(cached["attention_impl"]) if jax.process_index() == 0 else 0)
-            choice = KernelChoice(impls[chosen], "cache", cached["step_s"] if cached else {}, reason,
+            choice = KernelChoice(impls[chosen], "cache", cached["call_s"] if cached else {}, reason,
                                   time.perf_counter() - started)
-        else:  # every process times the same global steps; process 0's timings decide for all
-            step_s = measure(config, impls)
-            chosen = _from_process_0(impls.index(fastest(step_s)))
-            choice = KernelChoice(impls[chosen], "measured", step_s, reason, time.perf_counter() - started)
+        else:  # every process times the same global calls; process 0's timings decide for all
+            call_s = measure(config, impls)
+            chosen = _from_process_0(impls.index(fastest(call_s)))
+            choice = KernelChoice(impls[chosen], "measured", call_s, reason, time.perf_counter() - started)
             cache = read_cache(path)  # re-read: another worker may have written meanwhile
-            cache[key] = {"attention_impl": choice.attention_impl, "step_s": step_s, "measured_at": time.time()}
+            cache[key] = {"attention_impl": choice.attention_impl, "call_s": call_s, "measured_at": time.time()}
             write_cache(path, cache)
     return with_impl(config, choice.attention_impl), choice
 
 
 @contextlib.contextmanager
 def _timing_lock(path: Path, key: str) -> Iterator[None]:
-    """Holds this machine's lock on timing program ``key`` (a file beside the cache); none where it cannot be made."""
+    """Holds this machine's lock on timing attention call ``key`` (a file beside the cache); none where it cannot be made."""
     lock_path = path.parent / "kernel-locks" / hashlib.sha256(key.encode()).hexdigest()[:16]
     try:
         lock_path.parent.mkdir(parents=True, exist_ok=True)
