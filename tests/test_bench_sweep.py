@@ -1,15 +1,15 @@
-"""`jaxformer bench sweep`: the PyTorch twin trains the planned steps on jaxformer's schedule, and the bench runs."""
+"""`jaxformer bench sweep`: the PyTorch twin trains the planned steps on jaxformer's schedule, branches continue their
+trunk, and the bench replays a whole sweep (tuning stage, trunks, branches) on both sides."""
 
 import dataclasses
 import json
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import yaml
 
-from jaxformer.benchmarks.torch_sweep import train_twin, twin_runs
+from jaxformer.benchmarks.torch_sweep import ReplayedRun, train_twin, twin_runs
 from jaxformer.cli import main
 from jaxformer.train.config import config_from_dict, config_to_dict
 from jaxformer.train.optimizer import learning_rates
@@ -17,8 +17,8 @@ from jaxformer.train.optimizer import learning_rates
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _planned(changes: dict, name: str = "run"):
-    """A stand-in for a `PlannedRun`: what `twin_runs` reads (name, steps, config)."""
+def _planned(changes: dict, name: str = "run", **fork):
+    """A run as `twin_runs` reads it (name, steps, config; ``trunk`` and ``fork_step`` for a branch)."""
     base = {"model": {"preset": "tiny", "d_model": 32, "num_layers": 1, "num_heads": 2, "max_seq_len": 32},
             "train": {"batch_size": 4, "seq_len": 16, "tokens": 4 * 16 * 7, "eval_tokens": 64},
             "optimizer": {"lr": 1e-2, "warmup_fraction": 0.3, "final_lr_fraction": 0.2},
@@ -26,7 +26,7 @@ def _planned(changes: dict, name: str = "run"):
     for section, values in changes.items():
         base[section] = {**base.get(section, {}), **values}
     config = config_from_dict(base)
-    return SimpleNamespace(name=name, steps=config.total_steps, config=config_to_dict(config)), config
+    return ReplayedRun(name, config.total_steps, config_to_dict(config), **fork), config
 
 
 @pytest.mark.parametrize("grad_accum", [1, 2])
@@ -43,6 +43,27 @@ def test_torch_twin_takes_the_planned_steps_at_jaxformers_learning_rates(grad_ac
     assert np.isfinite(record["val_loss"]) and record["time"]["train_s"] > 0
 
 
+def test_a_branch_continues_its_trunks_model_optimizer_and_data(tmp_path):
+    """Trunk to step 4, branch from there to 10: the same run as 10 steps straight through (constant lr)."""
+    constant = {"optimizer": {"schedule": "constant", "warmup_fraction": 0.0}}
+    straight, config = _planned({**constant, "train": {"tokens": 4 * 16 * 10}}, name="straight")
+    trunk, _ = _planned({**constant, "train": {"tokens": 4 * 16 * 4}}, name="trunk")
+    branch = ReplayedRun("branch", straight.steps, straight.config, trunk="trunk", fork_step=4)
+    tokens = np.random.default_rng(0).integers(0, 256, 4000, dtype=np.uint8)
+    with pytest.raises(ValueError, match="fork_dir"):
+        twin_runs([trunk, branch])
+    alone, trunk_run, branch_run = twin_runs([straight, trunk, branch], fork_dir=str(tmp_path))
+    assert trunk_run.forks == (4,) and alone.forks == () and branch_run.flops_exact == pytest.approx(alone.flops_exact * 0.6)
+    expected = train_twin(alone, tokens[:3000], tokens[3000:])
+    train_twin(trunk_run, tokens[:3000], tokens[3000:])
+    assert (tmp_path / "trunk" / "4.pt").is_file()
+    record = train_twin(branch_run, tokens[:3000], tokens[3000:])
+    assert record["optimizer_steps"] == expected["optimizer_steps"] == 10 and record["tokens"] == 6 * 4 * 16
+    assert [step for step, _ in record["losses"]] == [6, 9, 10]
+    np.testing.assert_allclose(record["losses"][-1][1], expected["losses"][-1][1], rtol=1e-5)
+    np.testing.assert_allclose(record["val_loss"], expected["val_loss"], rtol=1e-5)
+
+
 @pytest.mark.parametrize("changes, field", [({"model": {"position": "alibi"}}, "model.position"),
                                             ({"model": {"norm_position": "post"}}, "model.norm_position"),
                                             ({"train": {"compute_dtype": "bfloat16"}}, "train.compute_dtype")])
@@ -54,20 +75,36 @@ def test_torch_twin_refuses_what_it_does_not_cover_in_one_line(changes, field):
 
 
 @pytest.mark.slow
-def test_bench_sweep_times_both_sides_of_a_small_plan(tmp_path, capsys):
+def test_bench_sweep_replays_a_tuned_branched_sweep_on_both_sides(tmp_path, capsys):
     spec = yaml.safe_load((ROOT / "sweeps" / "tiny.yaml").read_text())
-    spec["isoflop"]["budgets"] = [1e9]  # 1 budget × 2 sizes
+    spec.pop("hyperparameters")  # the tuning stage fits the learning-rate rule
+    spec["base"]["optimizer"] = {"schedule": "wsd", "warmup_tokens": 512, "cooldown_fraction": 0.2}
+    spec["tune"] = {"budget": 1e9, "params": [8e3, 16e3], "lr": [1e-3, 3e-3, 1e-2]}
+    spec["branches"] = True  # 2 sizes × 2 budgets: 2 trunks, 4 branches
     path = tmp_path / "small.yaml"
     path.write_text(yaml.safe_dump(spec))
-    assert main(["bench", "sweep", str(path), "--workers", "2", "--json", str(tmp_path / "b.json")]) == 0
+    assert main(["bench", "sweep", str(path), "--workers", "2", "--out", str(tmp_path / "b"),
+                 "--json", str(tmp_path / "b.json")]) == 0
     report = json.loads((tmp_path / "b.json").read_text())
-    assert report["planned_runs"] == report["runs"] == report["jax"]["runs"] == report["torch"]["runs"] == 2
-    assert report["jax_wall_s"] > 0 and report["torch_wall_s"] > 0
+    assert report["planned_runs"] == 4 + 6  # the main plan and the tuning stage
+    assert report["runs"] == report["jax"]["runs"] == report["torch"]["runs"] == 6 + 2 + 4
+    assert report["jax_wall_s"] > 0 and report["torch_wall_s"] > 0 and report["schedules_s"] > 0
     assert report["ratio"] == pytest.approx(report["torch_wall_s"] / report["jax_wall_s"], rel=1e-9)
     for side in (report["jax"], report["torch"]):
         assert 0 < side["train_share_of_busy"] <= 1 and 0 < side["train_share_of_capacity"] <= 1
         assert side["flops_per_s_per_worker"] > 0 and 0 < side["utilization"] <= 1
+    # the same work: a branch counts only its steps after the fork, on both sides
     assert report["torch"]["flops_exact"] == pytest.approx(report["jax"]["flops_exact"])
     assert report["torch"]["steps"] == report["torch"]["optimizer_steps"]
+    twin = json.loads((tmp_path / "b" / "r0" / "torch.json").read_text())["runs"]
+    branches = [run for run in twin if run["fork_step"]]
+    assert len(branches) == 4 and all(run["tokens"] < run["steps"] * 8 * 32 for run in branches)
+    plan = json.loads((tmp_path / "b" / "r0" / "jax" / "plan.json").read_text())
+    rates = {entry["name"]: yaml.safe_load((tmp_path / "b" / "r0" / "jax" / "configs" / f"{entry['name']}.yaml")
+                                           .read_text())["optimizer"]["lr"] for entry in plan["runs"]}
+    with np.load(tmp_path / "b" / "schedules.npz") as schedules:  # the twin trained at the tuned rates
+        assert {name: float(schedules[name].max()) for name in rates} == pytest.approx(rates)
+    assert plan["lr_rule"]["source"] == "tune/tune.json"
+    assert set(report["torch"]["val_loss"]) == set(report["jax"]["val_loss"])  # the same runs, by name
     assert report["cpu_model"] and report["jax_version"] and report["torch_version"] and report["date"]
     assert "ratio torch wall / jaxformer wall" in capsys.readouterr().out

@@ -92,6 +92,19 @@ def test_bench_profile_sums_the_traced_step(tmp_path, capsys):
     assert "matmul" in capsys.readouterr().out
 
 
+def test_bench_profile_traces_the_named_attention_implementation(tmp_path, capsys):
+    from jaxformer.functional import fused_attention
+
+    assert main(["bench", "profile", "--size", "16:1:32", "--batch", "4", "--steps", "1", "--top", "40",
+                 "--attention-impl", "fused", "--json", str(tmp_path / "p.json")]) == 0
+    report = json.loads((tmp_path / "p.json").read_text())
+    names = [row["name"] for row in report["instructions"]]
+    assert report["attention_impl"] == "fused"
+    assert any(name.startswith("ffi_call") or "custom-call" in name for name in names) == fused_attention.fused_available()
+    assert main(["bench", "profile", "--attention-impl", "flash"]) == 2
+    assert "attention_impl must be one of" in capsys.readouterr().err
+
+
 def test_bench_train_times_the_fused_kernel_and_says_when_it_is_missing(tmp_path):
     from jaxformer.functional import fused_attention
 

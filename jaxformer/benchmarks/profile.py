@@ -35,6 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch", type=int, default=32, help="sequences per step")
     parser.add_argument("--steps", type=int, default=3, help="steps traced")
     parser.add_argument("--dtype", default="float32", help="compute dtype: float32 or bfloat16")
+    parser.add_argument("--attention-impl", default="naive", help="kernel.attention_impl: naive | blockwise | xla | fused")
     parser.add_argument("--top", type=int, default=15, help="instructions listed")
     parser.add_argument("--json", help="write the profile to this JSON file")
 
@@ -116,6 +117,7 @@ def profile(config, *, steps: int) -> dict:
 
 def run(args: argparse.Namespace) -> int:
     from jaxformer.benchmarks.train import parse_dtypes, parse_sizes, bench_config
+    from jaxformer.functional.dispatch import check_impl
     from jaxformer.train.peak import cpu_model, probe_matmul_peak
 
     sizes, dtypes = parse_sizes(args.size), parse_dtypes(args.dtype)
@@ -125,8 +127,9 @@ def run(args: argparse.Namespace) -> int:
     for name in ("batch", "steps", "top"):
         if getattr(args, name) <= 0:
             raise ValueError(f"--{name} must be positive, got {getattr(args, name)}")
-    result = profile(bench_config(d, layers, seq_len, args.batch, dtype), steps=args.steps)
-    result.update(cpu_model=cpu_model(), size=args.size, batch=args.batch, dtype=dtype,
+    check_impl(args.attention_impl)
+    result = profile(bench_config(d, layers, seq_len, args.batch, dtype, args.attention_impl), steps=args.steps)
+    result.update(cpu_model=cpu_model(), size=args.size, batch=args.batch, dtype=dtype, attention_impl=args.attention_impl,
                   peak_flops=probe_matmul_peak(dtype))
     _print(result, args.top)
     if args.json:

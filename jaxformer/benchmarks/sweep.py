@@ -1,19 +1,21 @@
-"""`jaxformer bench sweep SPEC`: a whole sweep plan trained by jaxformer and by a PyTorch twin, side by side.
+"""`jaxformer bench sweep SPEC`: a whole sweep trained by jaxformer and by a PyTorch twin, side by side.
 
-In one invocation, on the same machine, one after the other (the order alternates between
-``--repeats``):
+In one invocation, on the same machine, one after the other (jaxformer first, then the order
+alternates between ``--repeats``):
 
 - jaxformer as a user runs it: ``python -m jaxformer.cli sweep SPEC --out DIR`` in a
-  subprocess, timed from outside (interpreter start-up, planning, every run's process,
-  results table). The spec is run from a copy without its ``fit`` section (the twin fits
-  nothing; ``--with-fit`` keeps it); ``--cold`` also points ``base.train.compilation_cache``
-  at a fresh directory, so every train step is compiled from scratch.
-- the PyTorch twin of the same plan (`jaxformer.benchmarks.torch_sweep`): identical
-  shapes, steps, batches, AdamW and learning-rate schedule, on the same number of
-  long-lived worker processes with as many threads each, timed from outside the same way.
-  Its learning-rate arrays (jaxformer's `learning_rates`, a JAX compile per run length) are
-  computed beforehand, outside both timings, and handed over (``schedules_s`` says how long
-  they took: jaxformer's runs pay that inside their own time).
+  subprocess, timed from outside (interpreter start-up, planning, the tuning stage, every run,
+  the adapt rounds, the results table). The spec is run from a copy without its ``fit`` section
+  (the twin fits nothing; ``--with-fit`` keeps it); ``--cold`` also points
+  ``base.train.compilation_cache`` at a fresh directory, so every train step is compiled from
+  scratch.
+- the PyTorch twin of the same runs (`jaxformer.benchmarks.torch_sweep`): it replays what the
+  first jaxformer sweep trained (its tuning runs, the main runs at their tuned learning rates, the
+  adapt-added sizes, trunks and cooldown branches), with identical shapes, steps, batches, AdamW
+  and learning-rate schedules, on the same number of long-lived worker processes with as many
+  threads each, timed from outside the same way. Its learning-rate arrays (jaxformer's
+  `learning_rates`) are computed beforehand, outside both timings, and handed over
+  (``schedules_s`` says how long they took: jaxformer's runs pay that inside their own time).
 
 Reported: both wall times and their ratio (torch / jaxformer: jaxformer's speedup);
 jaxformer's training-step share of worker time, two ways — ``Σ train_s / Σ busy_s`` (busy:
@@ -45,7 +47,6 @@ import time
 from importlib import metadata
 from pathlib import Path
 
-import numpy as np
 
 from jaxformer.files import write_json_atomic
 from jaxformer.train.peak import cpu_model
@@ -150,23 +151,37 @@ def _cache_entries(path: str) -> int | None:
 
 # --- reading what each side did ---
 
-def jax_side(sweep_dir: Path, names: list[str], wall_s: float, workers: int) -> dict:
-    """Time breakdown, shares and FLOP/s of a finished jaxformer sweep directory.
+def trained_runs(sweep_dir: Path) -> list[tuple[Path, str]]:
+    """``(directory, run name)`` of every run a finished jaxformer sweep trained: its tuning stage's (``tune/``),
+    its trunks and its runs, as their plan.json files list them."""
+    found = []
+    for directory in (sweep_dir / "tune", sweep_dir):
+        if (directory / "plan.json").is_file():
+            plan = json.loads((directory / "plan.json").read_text())
+            found += [(directory, entry["name"]) for entry in plan.get("trunks", []) + plan["runs"]]
+    return found
+
+
+def jax_side(sweep_dir: Path, wall_s: float, workers: int) -> dict:
+    """Time breakdown, shares and FLOP/s of a finished jaxformer sweep directory (every run of `trained_runs`).
 
     A run's busy time is the sum of its ``final.json["time"]`` parts (``startup_s``, the
     process's start-up, is counted by the first run of each warm worker process and lies
     outside ``total_s``; whichever of ``total_s`` and the sum is larger is taken). Without a
     ``time`` section: the executor's status ``wall_s`` (else ``final.json``'s), of which
-    ``compile_s`` and ``tokens / tokens_per_s`` are compile and train time.
+    ``compile_s`` and ``tokens / tokens_per_s`` are compile and train time. A branch's FLOPs are those of
+    its steps after the fork (its ``final.json`` counts the whole run, trunk included).
     """
     sums: dict[str, float] = {}
     flops, peaks, sources, count, val_loss = 0.0, [], set(), 0, {}
-    for name in names:
-        final_path = sweep_dir / "runs" / name / "final.json"
+    for directory, name in trained_runs(sweep_dir):
+        final_path = directory / "runs" / name / "final.json"
         if not final_path.is_file():
             continue
         count += 1
         final = json.loads(final_path.read_text())
+        fork_path = directory / "runs" / name / "fork.json"
+        fork_step = json.loads(fork_path.read_text())["step"] if fork_path.is_file() else 0
         breakdown = final.get("time")
         if isinstance(breakdown, dict) and "train_s" in breakdown:
             sources.add("final.json 'time' sections")
@@ -174,7 +189,7 @@ def jax_side(sweep_dir: Path, names: list[str], wall_s: float, workers: int) -> 
                      if isinstance(value, (int, float)) and key != "total_s"}
             busy = max(float(breakdown.get("total_s", 0.0)), sum(parts.values()))
         else:
-            status_path = sweep_dir / "status" / f"{name}.json"
+            status_path = directory / "status" / f"{name}.json"
             status = json.loads(status_path.read_text()) if status_path.is_file() else {}
             if isinstance(status.get("wall_s"), (int, float)) and status["wall_s"] > 0:
                 busy = float(status["wall_s"])
@@ -188,7 +203,7 @@ def jax_side(sweep_dir: Path, names: list[str], wall_s: float, workers: int) -> 
         for key, value in parts.items():
             sums[key] = sums.get(key, 0.0) + value
         sums["busy_s"] = sums.get("busy_s", 0.0) + busy
-        flops += float(final["flops_exact"])
+        flops += float(final["flops_exact"]) * (final["steps"] - fork_step) / final["steps"]
         peaks.append(float(final["peak_flops"]))
         val_loss[name] = final.get("val_loss")
     result = _figures(count, sums, wall_s, workers, flops, statistics.median(peaks) if peaks else None,
@@ -247,6 +262,7 @@ def _figures(count: int, sums: dict, wall_s: float, workers: int, flops: float, 
 def run(args: argparse.Namespace) -> int:
     from jaxformer.sweep.plan import plan_runs
     from jaxformer.sweep.spec import load_spec
+    from jaxformer.sweep.tune import plan_tuning
     from jaxformer.train.config import config_from_dict
 
     if args.repeats < 1:
@@ -255,41 +271,31 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--workers must be positive, got {args.workers}")
     spec_path = Path(args.spec)
     spec = load_spec(spec_path)
-    planned = plan_runs(spec)
-    names = [run.name for run in planned]
-    temporary = None if args.out else tempfile.TemporaryDirectory(prefix="jaxformer-bench-sweep-")
-    out = Path(args.out) if args.out else Path(temporary.name)
-    schedules, schedules_s = None, None
+    planned = plan_runs(spec) + (plan_tuning(spec) if spec.tune is not None else [])
     if not args.skip_torch:
         if _version("torch") is None:
             raise ValueError("the PyTorch twin needs torch installed (or pass --skip-torch)")
-        from jaxformer.benchmarks.torch_sweep import save_schedules, twin_runs
+        from jaxformer.benchmarks.torch_sweep import check_supported
 
-        # jaxformer's learning-rate arrays, computed here, outside both timings (a JAX compile per run length)
-        started = time.perf_counter()
-        schedules = out / "schedules.npz"
-        out.mkdir(parents=True, exist_ok=True)
-        save_schedules(planned, schedules)
-        schedules_s = time.perf_counter() - started
-        with np.load(schedules) as arrays:
-            # refuses, in one line, a run the twin cannot train, before anything starts
-            twin_runs(planned, schedules={name: arrays[name] for name in arrays.files})
+        check_supported(planned)  # refuses, in one line, a run the twin cannot train, before anything starts
+    temporary = None if args.out else tempfile.TemporaryDirectory(prefix="jaxformer-bench-sweep-")
+    out = Path(args.out) if args.out else Path(temporary.name)
     workers, threads = _layout(args.workers)
     torch_threads = threads or os.cpu_count() or 1
     cache_setting = config_from_dict(dict(spec.base)).train.compilation_cache
     started_load = os.getloadavg()
     report = {"spec": str(spec_path), "name": spec.name, "planned_runs": len(planned), "workers": workers,
               "threads": threads, "torch_threads": torch_threads, "cold": args.cold, "with_fit": args.with_fit,
-              "torch_checkpoints": args.torch_checkpoints, "schedules_s": schedules_s, **environment(),
+              "torch_checkpoints": args.torch_checkpoints, **environment(),
               "load_average_before": started_load,
               "repeats": []}
-    print(f"bench sweep {spec.name}: {len(planned)} runs on {workers} workers × {threads or 'all'} threads, "
+    print(f"bench sweep {spec.name}: {len(planned)} planned runs on {workers} workers × {threads or 'all'} threads, "
           f"{report['cpu_model']}, load {' '.join(f'{x:.2f}' for x in started_load)}, "
           f"compilation cache {'cold' if args.cold else 'as configured'}", flush=True)
     try:
         for repeat in range(args.repeats):
-            report["repeats"].append(_repeat(args, spec_path, out / f"r{repeat}", repeat, names, workers, threads,
-                                             torch_threads, cache_setting, schedules))
+            report["repeats"].append(_repeat(args, spec_path, out, repeat, workers, threads, torch_threads,
+                                             cache_setting, report))
     finally:
         if temporary is not None:
             temporary.cleanup()
@@ -303,8 +309,13 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _repeat(args, spec_path: Path, directory: Path, repeat: int, names: list[str], workers: int, threads: int,
-            torch_threads: int, cache_setting: str, schedules: Path | None) -> dict:
+def _repeat(args, spec_path: Path, out: Path, repeat: int, workers: int, threads: int, torch_threads: int,
+            cache_setting: str, report: dict) -> dict:
+    """One repeat in ``out/r{repeat}``: jaxformer's sweep and the twin's replay of the first one (``out/r0/jax``).
+
+    After the first jaxformer sweep the twin's learning-rate arrays are computed, outside both timings,
+    into ``out/schedules.npz`` (``report["schedules_s"]``)."""
+    directory = out / f"r{repeat}"
     if directory.exists():
         shutil.rmtree(directory)
     cache = directory / "xla-cache" if args.cold else None
@@ -316,6 +327,7 @@ def _repeat(args, spec_path: Path, directory: Path, repeat: int, names: list[str
     result = {"order": order, "load_average_before": os.getloadavg(),
               "compilation_cache": str(cache) if cache else cache_setting,
               "cache_entries_before": _cache_entries(str(cache) if cache else cache_setting)}
+    replayed, schedules = out / "r0" / "jax", out / "schedules.npz"
     for side in order:
         if side == "jax":
             # the layout is passed even when it is the default, so both sides surely use the same one
@@ -323,11 +335,17 @@ def _repeat(args, spec_path: Path, directory: Path, repeat: int, names: list[str
                        "--workers", str(workers), "--threads", str(threads)]
             print(f"[{repeat}] jaxformer sweep …", flush=True)
             wall = _timed(command, directory / "jax.log", "jaxformer sweep")
-            result["jax"] = jax_side(directory / "jax", names, wall, workers)
+            result["jax"] = jax_side(directory / "jax", wall, workers)
             print(f"[{repeat}] jaxformer: {wall:.1f}s", flush=True)
         else:
+            if not schedules.is_file():
+                from jaxformer.benchmarks.torch_sweep import replay_plan, save_schedules
+
+                started = time.perf_counter()
+                save_schedules([run for stage in replay_plan(replayed) for run in stage], schedules)
+                report["schedules_s"] = time.perf_counter() - started
             twin_json = directory / "torch.json"
-            command = [sys.executable, "-m", "jaxformer.benchmarks.torch_sweep", str(spec_copy), "--workers",
+            command = [sys.executable, "-m", "jaxformer.benchmarks.torch_sweep", str(replayed), "--workers",
                        str(workers), "--threads", str(torch_threads), "--json", str(twin_json),
                        "--schedules", str(schedules)]
             if args.torch_checkpoints:

@@ -1,10 +1,16 @@
-"""The PyTorch twin of a sweep plan, for `jaxformer bench sweep` (PyTorch is a peer, not a dependency).
+"""The PyTorch twin of a sweep, for `jaxformer bench sweep` (PyTorch is a peer, not a dependency).
 
-``python -m jaxformer.benchmarks.torch_sweep SPEC.yaml --workers 2 --json twin.json`` plans the
-sweep as `jaxformer sweep` does (`jaxformer.sweep.plan.plan_runs`) and trains every run with a
-plain PyTorch eager loop on ``--workers`` long-lived worker processes (spawned, one run at a
-time each, in launch order), ``--threads`` intra-op threads each (default 1). Per run it does
-the work jaxformer's run does:
+``python -m jaxformer.benchmarks.torch_sweep SWEEP_DIR --workers 2 --json twin.json`` trains, with a
+plain PyTorch eager loop, the runs a finished ``jaxformer sweep`` trained into ``SWEEP_DIR``
+(`replay_plan`: its ``plan.json`` and ``configs/``, and those of its tuning stage in ``tune/``), so
+that both sides do the same work even where the plan depends on results: the tuning stage's runs,
+then the main runs at the learning rates the fitted rule gave them, the sizes an adapt round added,
+and, with ``branches``, each trunk once and every run as a cooldown branch of its trunk's state.
+It runs on ``--workers`` long-lived worker processes (spawned, one run at a time each),
+``--threads`` intra-op threads each (default 1), in stages with a barrier between them as
+jaxformer's: the tuning runs; the trunks and the runs trained from scratch; the branches (the twin
+trains adapt-added sizes in the middle stage, without the barrier jaxformer puts before them).
+Per run it does the work jaxformer's run does:
 
 - the same model (`torch_reference.TorchDecoder`: dense pre-norm decoders; other
   architectures are refused in one line naming the field), fp32;
@@ -18,6 +24,9 @@ the work jaxformer's run does:
   it costs a JAX compile per distinct run length (about a second each), which a PyTorch
   script would not pay: `jaxformer bench sweep` computes the arrays beforehand
   (`save_schedules`) and hands them over with ``--schedules FILE.npz``;
+- a branch starts from its trunk's model, optimizer and data position at its fork step
+  (``torch.save`` by the trunk, ``torch.load`` by the branch, both counted as checkpoint time)
+  and trains the remaining steps of its own schedule;
 - the training loss read at ``logging.interval`` steps and a final validation pass over the
   same ``eval_tokens`` windows (`eval_batches`); optionally a ``torch.save`` of model and
   optimizer at ``checkpoint.interval`` steps and the last, skipping interval saves past
@@ -25,8 +34,8 @@ the work jaxformer's run does:
 
 Each run's record carries ``time``: ``startup_s`` (model and optimizer), ``data_s`` (batches),
 ``train_s`` (the updates), ``eval_s``, ``checkpoint_s``, ``total_s``; the report carries the
-whole wall time, the parent's preparation time (planning, data, schedules: it imports JAX for
-them, while the workers start and import PyTorch) and when each worker was ready.
+whole wall time, the parent's preparation time (reading the plan, data, schedules: it imports
+JAX for them, while the workers start and import PyTorch) and when each worker was ready.
 """
 
 from __future__ import annotations
@@ -72,6 +81,45 @@ class TwinRun:
     record_lrs: bool = False
     checkpoint_dir: str | None = None
     checkpoint_max_overhead: float | None = None  # as checkpoint.max_overhead: skip interval saves past it
+    trunk: str | None = None  # a branch: the trunk whose state at fork_step it continues from
+    fork_step: int | None = None
+    forks: tuple[int, ...] = ()  # a trunk: the steps its branches fork at (its state is saved there)
+    fork_dir: str | None = None  # where trunks leave those states
+
+
+@dataclasses.dataclass(frozen=True)
+class ReplayedRun:
+    """A run a finished jaxformer sweep trained: its name, steps, config (a dict) and, for a branch, its fork."""
+
+    name: str
+    steps: int
+    config: dict
+    trunk: str | None = None
+    fork_step: int | None = None
+
+
+def replay_plan(sweep_dir: str | Path) -> list[list[ReplayedRun]]:
+    """The runs of the jaxformer sweep in ``sweep_dir``, in the stages it trained them: its tuning stage
+    (``tune/``), then its trunks and the runs it trained from scratch, then its branches (empty stages
+    dropped). ``ValueError`` when ``sweep_dir`` holds no finished plan."""
+    from jaxformer.configs import load_yaml
+
+    sweep_dir = Path(sweep_dir)
+    if not (sweep_dir / "plan.json").is_file():
+        raise ValueError(f"{sweep_dir} holds no plan.json: the twin replays a sweep jaxformer has run there")
+
+    def runs_of(directory: Path, key: str) -> list[ReplayedRun]:
+        if not (directory / "plan.json").is_file():
+            return []
+        entries = json.loads((directory / "plan.json").read_text()).get(key, [])
+        return [ReplayedRun(entry["name"], int(entry["steps"]), load_yaml(directory / "configs" / f"{entry['name']}.yaml"),
+                            entry.get("trunk"), entry.get("fork_step")) for entry in entries]
+
+    main = runs_of(sweep_dir, "runs")
+    stages = [runs_of(sweep_dir / "tune", "runs"),
+              runs_of(sweep_dir, "trunks") + [run for run in main if run.trunk is None],
+              [run for run in main if run.trunk is not None]]
+    return [stage for stage in stages if stage]
 
 
 def unsupported(config) -> str | None:
@@ -96,43 +144,62 @@ def unsupported(config) -> str | None:
     return None
 
 
-def twin_runs(planned: list, *, checkpoint_dir: str | None = None,
+def check_supported(planned: list) -> None:
+    """``ValueError``, one line naming the run and the field, on the first run (``.name``, ``.config``) the twin
+    cannot train."""
+    from jaxformer.train.config import config_from_dict
+
+    for run in planned:
+        reason = unsupported(config_from_dict(dict(run.config)))
+        if reason is not None:
+            raise ValueError(f"run {run.name}: the PyTorch twin cannot train {reason}")
+
+
+def twin_runs(planned: list, *, checkpoint_dir: str | None = None, fork_dir: str | None = None,
               schedules: dict[str, np.ndarray] | None = None) -> list[TwinRun]:
-    """`TwinRun`s of `PlannedRun`s (``.name``, ``.steps``, ``.config``); ``ValueError`` on one the twin cannot train.
+    """`TwinRun`s of planned or replayed runs (``.name``, ``.steps``, ``.config``, ``.trunk``, ``.fork_step``);
+    ``ValueError`` on one the twin cannot train.
 
     schedules: run name -> its `learning_rates` array, computed beforehand (each costs a JAX
     compile of about a second per distinct run length); missing ones are computed here.
+    fork_dir: where trunks save their state for their branches (needed when there are branches).
     """
     from jaxformer.accounting.compute import training_flops
     from jaxformer.train.config import config_from_dict
 
+    forks: dict[str, set[int]] = {}
+    for run in planned:
+        if run.trunk is not None:
+            forks.setdefault(run.trunk, set()).add(int(run.fork_step))
+    if forks and fork_dir is None:
+        raise ValueError("branched runs need a fork_dir for their trunks' states")
+    check_supported(planned)
     runs = []
     for run in planned:
         config = config_from_dict(dict(run.config))
-        reason = unsupported(config)
-        if reason is not None:
-            raise ValueError(f"run {run.name}: the PyTorch twin cannot train {reason}")
         if config.total_steps != run.steps:
             raise ValueError(f"run {run.name}: planned {run.steps} steps, its config takes {config.total_steps}")
         opt, train = config.optimizer, config.train
         runs.append(TwinRun(
             name=run.name, model=config.model, steps=run.steps, batch_size=train.batch_size, seq_len=train.seq_len,
             grad_accum=train.grad_accum, seed=train.seed,
-            learning_rates=_schedule(schedules, run.name, opt, run.steps),
+            learning_rates=_schedule(schedules, run.name, config, run.steps),
             betas=(opt.beta1, opt.beta2), eps=opt.eps, weight_decay=opt.weight_decay, grad_clip=opt.grad_clip,
             log_interval=config.logging.interval, checkpoint_interval=config.checkpoint.interval,
             eval_tokens=train.eval_tokens, data_key=json.dumps(run.config.get("data", {}), sort_keys=True),
-            flops_exact=training_flops(config.model, run.steps * config.tokens_per_step, train.seq_len)["exact"],
-            checkpoint_dir=checkpoint_dir, checkpoint_max_overhead=getattr(config.checkpoint, "max_overhead", None)))
+            # a branch computes only the steps after its fork
+            flops_exact=training_flops(config.model, (run.steps - (run.fork_step or 0)) * config.tokens_per_step,
+                                       train.seq_len)["exact"],
+            checkpoint_dir=checkpoint_dir, checkpoint_max_overhead=getattr(config.checkpoint, "max_overhead", None),
+            trunk=run.trunk, fork_step=run.fork_step, forks=tuple(sorted(forks.get(run.name, ()))),
+            fork_dir=fork_dir))
     return runs
 
 
-def _schedule(schedules: dict | None, name: str, opt, steps: int) -> np.ndarray:
-    from jaxformer.train.optimizer import learning_rates
-
+def _schedule(schedules: dict | None, name: str, config, steps: int) -> np.ndarray:
     given = None if schedules is None else schedules.get(name)
     if given is None:
-        return learning_rates(opt, steps)
+        return _learning_rates(config, steps)
     if given.shape != (steps,):
         raise ValueError(f"run {name}: the given schedule has {given.shape} learning rates, the run {steps} steps")
     return np.asarray(given, np.float32)
@@ -143,8 +210,15 @@ def save_schedules(planned: list, path: str | Path) -> None:
     from jaxformer.train.config import config_from_dict
     from jaxformer.train.optimizer import learning_rates
 
-    arrays = {run.name: learning_rates(config_from_dict(dict(run.config)).optimizer, run.steps) for run in planned}
+    arrays = {run.name: _learning_rates(config_from_dict(dict(run.config)), run.steps) for run in planned}
     np.savez(path, **arrays)
+
+
+def _learning_rates(config, steps: int) -> np.ndarray:
+    """jaxformer's schedule array for a `TrainConfig`, as its training loop computes it."""
+    from jaxformer.train.optimizer import learning_rates
+
+    return learning_rates(config.optimizer, steps, config.tokens_per_step)
 
 
 def prepare_data(planned: list) -> dict[str, tuple[np.ndarray, np.ndarray]]:
@@ -189,9 +263,18 @@ def train_twin(run: TwinRun, train_tokens: np.ndarray, val_tokens: np.ndarray) -
         logits = model(windows_BW[:, :-1])
         return TF.cross_entropy(logits.reshape(-1, vocab), windows_BW[:, 1:].reshape(-1))
 
+    first = 1
+    if run.trunk is not None:  # a branch continues its trunk's model, optimizer and data stream
+        mark = time.perf_counter()
+        state = torch.load(Path(run.fork_dir) / run.trunk / f"{run.fork_step}.pt")
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        loader.position = run.fork_step * run.batch_size
+        first = run.fork_step + 1
+        times["checkpoint_s"] += time.perf_counter() - mark
     applied, losses, train_loss = [], [], None
     window_sum, window_steps = torch.zeros(()), 0
-    for step in range(1, run.steps + 1):
+    for step in range(first, run.steps + 1):
         mark = time.perf_counter()
         batch = torch.from_numpy(loader.next_batch().astype(np.int64)).view(run.grad_accum, micro, run.seq_len + 1)
         now = time.perf_counter()
@@ -219,9 +302,12 @@ def train_twin(run: TwinRun, train_tokens: np.ndarray, val_tokens: np.ndarray) -
         times["train_s"] += time.perf_counter() - mark
         over_budget = run.checkpoint_max_overhead is not None and (
             times["checkpoint_s"] > run.checkpoint_max_overhead * times["train_s"])
+        due = [run.fork_dir] if step in run.forks else []  # a trunk leaves its state where its branches start
         if run.checkpoint_dir and (last or (step % run.checkpoint_interval == 0 and not over_budget)):
+            due.append(run.checkpoint_dir)
+        for directory in due:
             mark = time.perf_counter()
-            path = Path(run.checkpoint_dir) / run.name / f"{step}.pt"
+            path = Path(directory) / run.name / f"{step}.pt"
             path.parent.mkdir(parents=True, exist_ok=True)
             torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step}, path)
             times["checkpoint_s"] += time.perf_counter() - mark
@@ -232,7 +318,7 @@ def train_twin(run: TwinRun, train_tokens: np.ndarray, val_tokens: np.ndarray) -
     times["total_s"] = time.perf_counter() - started
     optimizer_steps = {int(state["step"]) for state in optimizer.state.values()}
     record = {"name": run.name, "steps": run.steps, "optimizer_steps": max(optimizer_steps, default=0),
-              "tokens": run.steps * run.batch_size * run.seq_len, "flops_exact": run.flops_exact,
+              "fork_step": run.fork_step, "tokens": (run.steps - first + 1) * run.batch_size * run.seq_len, "flops_exact": run.flops_exact,
               "train_loss": train_loss, "val_loss": val_loss, "losses": losses, "time": times,
               "pid": os.getpid()}
     if run.record_lrs:
@@ -271,11 +357,12 @@ def _train_in_worker(task: tuple[TwinRun, str]) -> dict:
     return record
 
 
-def run_plan(spec_path: str | Path, *, workers: int, threads: int = 1, checkpoint_dir: str | None = None,
+def run_plan(sweep_dir: str | Path, *, workers: int, threads: int = 1, checkpoint_dir: str | None = None,
              schedules: str | Path | None = None, report=print) -> dict[str, Any]:
-    """Plans ``spec_path`` and trains every run on ``workers`` spawned processes of ``threads`` threads.
+    """Trains the runs of the jaxformer sweep in ``sweep_dir`` (`replay_plan`), stage by stage, on ``workers``
+    spawned processes of ``threads`` threads.
 
-    The workers start (import PyTorch) while this process plans the sweep and prepares the data.
+    The workers start (import PyTorch) while this process reads the plan and prepares the data.
     Returns the twin's report: ``wall_s`` from the pool's start to its end, ``prepare_s``, each
     worker's ready time, and every run's record in launch order.
     """
@@ -286,15 +373,15 @@ def run_plan(spec_path: str | Path, *, workers: int, threads: int = 1, checkpoin
     context = multiprocessing.get_context("spawn")
     with context.Pool(workers, initializer=_init_worker, initargs=(threads,)) as pool, \
             tempfile.TemporaryDirectory(prefix="jaxformer-twin-") as data_dir:
-        from jaxformer.sweep.plan import plan_runs
-        from jaxformer.sweep.spec import load_spec
-
-        planned = plan_runs(load_spec(spec_path))
+        stages = replay_plan(sweep_dir)
+        planned = [run for stage in stages for run in stage]
         given = None
         if schedules is not None:
             with np.load(schedules) as arrays:
                 given = {name: arrays[name] for name in arrays.files}
-        runs = twin_runs(planned, checkpoint_dir=checkpoint_dir, schedules=given)
+        runs = twin_runs(planned, checkpoint_dir=checkpoint_dir, fork_dir=str(Path(data_dir) / "forks"),
+                         schedules=given)
+        by_name = {run.name: run for run in runs}
         datasets = prepare_data(planned)
         keys = list(datasets)
         for index, key in enumerate(keys):
@@ -303,10 +390,12 @@ def run_plan(spec_path: str | Path, *, workers: int, threads: int = 1, checkpoin
         (Path(data_dir) / "keys.json").write_text(json.dumps(keys))
         prepare_s = time.perf_counter() - started
         records = []
-        for record in pool.imap_unordered(_train_in_worker, [(run, data_dir) for run in runs], chunksize=1):
-            records.append(record)
-            report(f"torch twin: {record['name']} done in {record['time']['total_s']:.1f}s "
-                   f"(val loss {record['val_loss']:.3f}), {len(records)}/{len(runs)}")
+        for stage in stages:  # a barrier between stages, as jaxformer's sweep has
+            tasks = [(by_name[run.name], data_dir) for run in stage]
+            for record in pool.imap_unordered(_train_in_worker, tasks, chunksize=1):
+                records.append(record)
+                report(f"torch twin: {record['name']} done in {record['time']['total_s']:.1f}s "
+                       f"(val loss {record['val_loss']:.3f}), {len(records)}/{len(runs)}")
         pool.close()
         pool.join()
     wall_s = time.perf_counter() - started
@@ -321,7 +410,7 @@ def run_plan(spec_path: str | Path, *, workers: int, threads: int = 1, checkpoin
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m jaxformer.benchmarks.torch_sweep",
                                      description=__doc__.splitlines()[0])
-    parser.add_argument("spec", help="sweep YAML")
+    parser.add_argument("sweep_dir", help="a finished jaxformer sweep's --out directory, whose runs the twin trains")
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="worker processes")
     parser.add_argument("--threads", type=int, default=1, help="PyTorch intra-op threads per worker")
     parser.add_argument("--checkpoints", help="torch.save model and optimizer here at checkpoint.interval steps")
@@ -332,7 +421,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.workers < 1 or args.threads < 1:
         parser.error("--workers and --threads must be positive")
     try:
-        result = run_plan(args.spec, workers=args.workers, threads=args.threads, checkpoint_dir=args.checkpoints,
+        result = run_plan(args.sweep_dir, workers=args.workers, threads=args.threads, checkpoint_dir=args.checkpoints,
                           schedules=args.schedules, report=lambda line: print(line, flush=True))
     except (ValueError, FileNotFoundError) as error:
         print(f"error: {error}", file=sys.stderr)
