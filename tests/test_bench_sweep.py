@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import yaml
 
-from jaxformer.benchmarks.torch_sweep import ReplayedRun, train_twin, twin_runs
+from jaxformer.benchmarks.replay import ReplayedRun
+from jaxformer.benchmarks.torch_sweep import train_twin, twin_runs
 from jaxformer.cli import main
 from jaxformer.train.config import config_from_dict, config_to_dict
 from jaxformer.train.optimizer import learning_rates

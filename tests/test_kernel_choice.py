@@ -157,11 +157,10 @@ def test_the_timed_call_is_the_runs_attention_forward_and_backward():
     import jax
 
     config = load_config(None, TINY + ["model.num_kv_heads=2"])
-    grads = {impl: kernel_choice.attention_program(config, impl) for impl in ("naive", "fused")}
-    program, (q, k, v, cotangent) = grads["naive"]
+    programs, (q, k, v, cotangent) = kernel_choice.attention_programs(config, ["naive", "fused"])
     assert q.shape == (8, 64, 4, 8) and k.shape == (8, 64, 2, 8)
     expected = jax.vjp(lambda q, k, v: F.dot_product_attention(
         q, k, v, mask=F.causal_mask(64)), q, k, v)[1](cotangent)
-    for impl, (program, inputs) in grads.items():
-        for got, want in zip(program(*inputs), expected):
+    for impl, program in programs.items():
+        for got, want in zip(program(q, k, v, cotangent), expected):
             np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=2e-5, atol=2e-5, err_msg=impl)

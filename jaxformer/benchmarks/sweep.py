@@ -48,6 +48,7 @@ from importlib import metadata
 from pathlib import Path
 
 
+from jaxformer.benchmarks.replay import replay_plan
 from jaxformer.files import write_json_atomic
 from jaxformer.train.peak import cpu_model
 
@@ -151,19 +152,8 @@ def _cache_entries(path: str) -> int | None:
 
 # --- reading what each side did ---
 
-def trained_runs(sweep_dir: Path) -> list[tuple[Path, str]]:
-    """``(directory, run name)`` of every run a finished jaxformer sweep trained: its tuning stage's (``tune/``),
-    its trunks and its runs, as their plan.json files list them."""
-    found = []
-    for directory in (sweep_dir / "tune", sweep_dir):
-        if (directory / "plan.json").is_file():
-            plan = json.loads((directory / "plan.json").read_text())
-            found += [(directory, entry["name"]) for entry in plan.get("trunks", []) + plan["runs"]]
-    return found
-
-
 def jax_side(sweep_dir: Path, wall_s: float, workers: int) -> dict:
-    """Time breakdown, shares and FLOP/s of a finished jaxformer sweep directory (every run of `trained_runs`).
+    """Time breakdown, shares and FLOP/s of a finished jaxformer sweep directory (every run of `replay_plan`).
 
     A run's busy time is the sum of its ``final.json["time"]`` parts (``startup_s``, the
     process's start-up, is counted by the first run of each warm worker process and lies
@@ -174,7 +164,7 @@ def jax_side(sweep_dir: Path, wall_s: float, workers: int) -> dict:
     """
     sums: dict[str, float] = {}
     flops, peaks, sources, count, val_loss = 0.0, [], set(), 0, {}
-    for directory, name in trained_runs(sweep_dir):
+    for directory, name in [(run.directory, run.name) for stage in replay_plan(sweep_dir) for run in stage]:
         final_path = directory / "runs" / name / "final.json"
         if not final_path.is_file():
             continue
@@ -339,7 +329,7 @@ def _repeat(args, spec_path: Path, out: Path, repeat: int, workers: int, threads
             print(f"[{repeat}] jaxformer: {wall:.1f}s", flush=True)
         else:
             if not schedules.is_file():
-                from jaxformer.benchmarks.torch_sweep import replay_plan, save_schedules
+                from jaxformer.benchmarks.torch_sweep import save_schedules
 
                 started = time.perf_counter()
                 save_schedules([run for stage in replay_plan(replayed) for run in stage], schedules)

@@ -52,6 +52,7 @@ from typing import Any
 import numpy as np
 
 from jaxformer.architecture import ModelConfig
+from jaxformer.benchmarks.replay import replay_plan
 
 # what the twin covers of ModelConfig and LoopConfig: anything else is refused before any run starts
 POSITIONS = ("learned", "rope", "none")
@@ -85,41 +86,6 @@ class TwinRun:
     fork_step: int | None = None
     forks: tuple[int, ...] = ()  # a trunk: the steps its branches fork at (its state is saved there)
     fork_dir: str | None = None  # where trunks leave those states
-
-
-@dataclasses.dataclass(frozen=True)
-class ReplayedRun:
-    """A run a finished jaxformer sweep trained: its name, steps, config (a dict) and, for a branch, its fork."""
-
-    name: str
-    steps: int
-    config: dict
-    trunk: str | None = None
-    fork_step: int | None = None
-
-
-def replay_plan(sweep_dir: str | Path) -> list[list[ReplayedRun]]:
-    """The runs of the jaxformer sweep in ``sweep_dir``, in the stages it trained them: its tuning stage
-    (``tune/``), then its trunks and the runs it trained from scratch, then its branches (empty stages
-    dropped). ``ValueError`` when ``sweep_dir`` holds no finished plan."""
-    from jaxformer.configs import load_yaml
-
-    sweep_dir = Path(sweep_dir)
-    if not (sweep_dir / "plan.json").is_file():
-        raise ValueError(f"{sweep_dir} holds no plan.json: the twin replays a sweep jaxformer has run there")
-
-    def runs_of(directory: Path, key: str) -> list[ReplayedRun]:
-        if not (directory / "plan.json").is_file():
-            return []
-        entries = json.loads((directory / "plan.json").read_text()).get(key, [])
-        return [ReplayedRun(entry["name"], int(entry["steps"]), load_yaml(directory / "configs" / f"{entry['name']}.yaml"),
-                            entry.get("trunk"), entry.get("fork_step")) for entry in entries]
-
-    main = runs_of(sweep_dir, "runs")
-    stages = [runs_of(sweep_dir / "tune", "runs"),
-              runs_of(sweep_dir, "trunks") + [run for run in main if run.trunk is None],
-              [run for run in main if run.trunk is not None]]
-    return [stage for stage in stages if stage]
 
 
 def unsupported(config) -> str | None:

@@ -129,9 +129,10 @@ def fastest(call_s: dict[str, float], margin: float = MARGIN) -> str:
     return best
 
 
-def attention_program(config: TrainConfig, impl: str):
-    """``(jitted q, k, v → their gradients, its inputs)``: the run's attention call, forward and backward, as
-    the train step computes it (on the run's mesh, batch and heads sharded as the step's rules shard them)."""
+def attention_programs(config: TrainConfig, impls: list[str]) -> tuple[dict, tuple]:
+    """``({impl: jitted (q, k, v, cotangent) → gradients of q, k, v}, those inputs)``: the run's attention call,
+    forward and backward, by each implementation, as the train step computes it (on the run's mesh, batch and
+    heads sharded as the step's rules shard them). One layout and one set of inputs serve every candidate."""
     call = AttentionCall.of(config)
     layout = Layout.for_run(config.parallel, config.model, config.micro_batch)
     shapes = {"q": (call.batch, call.seq_len, call.heads, call.head_dim),
@@ -140,29 +141,32 @@ def attention_program(config: TrainConfig, impl: str):
     shardings = {name: NamedSharding(layout.mesh, spec_for(("batch", None, heads[name], None), shape, layout.mesh,
                                                            layout.rules)) for name, shape in shapes.items()}
     rng = np.random.default_rng(0)
-    q, k, v, cotangent = (jax.device_put(rng.standard_normal(shapes[name], np.float32), shardings[name])
-                          for name in ("q", "kv", "kv", "q"))
-    options = with_impl(config, impl).kernel.attention_options()
+    inputs = tuple(jax.device_put(rng.standard_normal(shapes[name], np.float32), shardings[name])
+                   for name in ("q", "kv", "kv", "q"))
+    grads = (shardings["q"], shardings["kv"], shardings["kv"])
 
-    def forward_backward(q, k, v, cotangent):
-        out, pullback = jax.vjp(lambda q, k, v: attention(q, k, v, causal=True, window=call.window,
-                                                          scale=call.scale, **options), q, k, v)
-        return pullback(cotangent)
+    def program(impl: str):
+        options = with_impl(config, impl).kernel.attention_options()
 
-    sharding = (shardings["q"], shardings["kv"], shardings["kv"])
-    program = jax.jit(forward_backward, in_shardings=(*sharding, shardings["q"]), out_shardings=sharding)
-    return program, (q, k, v, cotangent)
+        def forward_backward(q, k, v, cotangent):
+            _, pullback = jax.vjp(lambda q, k, v: attention(q, k, v, causal=True, window=call.window,
+                                                            scale=call.scale, **options), q, k, v)
+            return pullback(cotangent)
+
+        return jax.jit(forward_backward, in_shardings=(*grads, shardings["q"]), out_shardings=grads)
+
+    return {impl: program(impl) for impl in impls}, inputs
 
 
 def measure(config: TrainConfig, impls: list[str], calls: int = CALLS, repeats: int = REPEATS) -> dict[str, float]:
     """Seconds per attention call (forward and backward) of ``config`` with each implementation, in alternating
     repeats after one call that compiles."""
-    programs = {impl: attention_program(config, impl) for impl in impls}
-    for program, inputs in programs.values():
+    programs, inputs = attention_programs(config, impls)
+    for program in programs.values():
         jax.block_until_ready(program(*inputs))
     times: dict[str, list[float]] = {impl: [] for impl in impls}
     for _ in range(repeats):
-        for impl, (program, inputs) in programs.items():
+        for impl, program in programs.items():
             started = time.perf_counter()
             jax.block_until_ready([program(*inputs) for _ in range(calls)])
             times[impl].append((time.perf_counter() - started) / calls)
