@@ -113,7 +113,8 @@ def test_a_branched_sweep_trains_trunks_then_branches_and_isolates_a_failed_trun
     out = tmp_path / "out"
     result = jaxformer("sweep", spec, "--out", out, "--workers", 2)
     assert result.returncode == 1, result.stdout + result.stderr
-    assert "trunks: 2, 2 to train first" in result.stdout and compute.line() in result.stdout
+    assert "trunks: 2, 2 to train; each branch trains from its trunk's checkpoint once" in result.stdout
+    assert compute.line() in result.stdout
     plan = json.loads((out / "plan.json").read_text())
     assert [trunk["name"] for trunk in plan["trunks"]] == [trunk.name for trunk in trunks]
     assert {run["name"]: (run["trunk"], run["fork_step"]) for run in plan["runs"]} == \
@@ -138,7 +139,7 @@ def test_a_branched_sweep_trains_trunks_then_branches_and_isolates_a_failed_trun
 
     before = {p: p.stat().st_mtime_ns for p in (out / "runs").glob("*/final.json")}
     again = jaxformer("sweep", spec, "--out", out)
-    assert "0 to train" in again.stdout and "trunks: 2, 0 to train first" in again.stdout, again.stdout
+    assert "0 to train" in again.stdout and "trunks: 2, 0 to train;" in again.stdout, again.stdout
     assert before == {p: p.stat().st_mtime_ns for p in (out / "runs").glob("*/final.json")}
 
 

@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -42,6 +43,29 @@ def test_a_process_compiles_a_shape_once_for_every_run_of_it(tmp_path):
     times = second["time"]
     parts = sum(v for k, v in times.items() if k not in ("total_s", "startup_s"))
     assert parts == pytest.approx(times["total_s"], rel=1e-9) and times["train_s"] > 0
+
+
+def test_a_run_that_restores_a_checkpoint_never_builds_an_initial_state(tmp_path, monkeypatch):
+    """A sweep's cooldown branch (or any resumed run) restores into the abstract state: the initial-state program
+    is neither compiled nor run, and the run continues from the checkpoint as before."""
+    from jaxformer.train import compiled
+
+    compiles = []
+    jax.monitoring.register_event_duration_secs_listener(
+        lambda event, seconds, **kw: compiles.append(event) if event == "/jax/core/compile/backend_compile_duration"
+        else None)
+    shape = ["data.markov.seed=4343", "model.d_model=20"]  # a shape no other test builds
+    trunk = train(load_config(None, [*TINY, *shape]), tmp_path / "trunk")
+    branch = tmp_path / "branch"
+    (branch / "checkpoints").mkdir(parents=True)
+    last = max(int(step.name) for step in (tmp_path / "trunk" / "checkpoints").iterdir() if step.name.isdigit())
+    shutil.copytree(tmp_path / "trunk" / "checkpoints" / str(last), branch / "checkpoints" / str(last))
+    monkeypatch.setattr(compiled, "_INITS", {})  # forget the init program: building a state would compile it anew
+    before = len(compiles)
+    longer = train(load_config(None, [*TINY, *shape, "train.tokens=10240"]), branch)
+    assert len(compiles) == before  # nothing compiled: the train and eval steps are reused, and no init program
+    assert longer["resumed_from"]["step"] == trunk["steps"] and longer["steps"] > trunk["steps"]
+    assert longer["val_loss"] != trunk["val_loss"]
 
 
 def test_the_matmul_peak_is_probed_once_per_machine_and_layout(tmp_path, monkeypatch):

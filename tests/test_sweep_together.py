@@ -82,9 +82,9 @@ def test_a_worker_killed_during_a_group_leaves_its_runs_to_train_alone_resuming(
         path = RunPaths(tmp_path, name).config
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(yaml.safe_dump({**RUN, "optimizer": {"lr": lr}}))
-    worker = WarmWorker(tmp_path, thread_environment(1), tmp_path / "logs" / "worker.log")
+    worker = WarmWorker(thread_environment(1), tmp_path / "logs" / "worker.log")
     result = []
-    thread = threading.Thread(target=lambda: result.extend(worker.train_group(names)))
+    thread = threading.Thread(target=lambda: result.extend(worker.train_group(tmp_path, names)))
     thread.start()
     deadline = time.time() + 600
     while not all((tmp_path / "runs" / name / "checkpoints" / "8").is_dir() for name in names):

@@ -138,6 +138,10 @@ def test_a_tuning_stage_end_to_end_then_the_sweep_trains_with_its_rule(tmp_path,
         assert config["optimizer"]["lr"] == pytest.approx(evaluate(formula, {"N": run["N"]}), rel=1e-12)
         assert (out / "runs" / run["name"] / "final.json").is_file()
     assert "tune-" not in (out / "results.csv").read_text()  # the tuning runs are no part of the sweep's table
+    records = [json.loads(p.read_text()) for p in [*(out / "tune" / "status").glob("*.json"),
+                                                    *(out / "status").glob("*.json")]]
+    assert len(records) == 8 + len(plan["runs"])  # one warm worker trained the tuning stage and the sweep
+    assert len({record["worker"] for record in records}) == 1
 
     before = {p: p.stat().st_mtime_ns for p in (out / "tune" / "runs").glob("*/final.json")}
     code, again, _ = jaxformer(capsys, "sweep", spec, "--out", out)

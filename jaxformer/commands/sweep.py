@@ -37,7 +37,7 @@ def check_worker_flags(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from jaxformer.sweep.launch import LaunchOptions, launch, plan_table
+    from jaxformer.sweep.launch import LaunchOptions, launch, plan_table, worker_pool
     from jaxformer.sweep.plan import plan_runs
     from jaxformer.sweep.spec import load_spec
 
@@ -59,12 +59,13 @@ def run(args: argparse.Namespace) -> int:
     options = LaunchOptions(executor=args.executor, workers=args.workers, threads=args.threads,
                             retry_failed=args.retry_failed, ray_address=args.ray_address,
                             gpus_per_run=args.gpus_per_run)
-    if spec.tune is not None:  # the tuning stage first: its rule sets the runs' learning rates
-        from jaxformer.sweep.tune import tune_stage
+    with worker_pool(options, out) as pool:  # one set of warm workers for the tuning stage and every later stage
+        if spec.tune is not None:  # the tuning stage first: its rule sets the runs' learning rates
+            from jaxformer.sweep.tune import tune_stage
 
-        spec = tune_stage(spec, out, options, report=say)
-        if spec is None:
-            return 0
-        runs = plan_runs(spec)
-    result = launch(spec, runs, out, options, report=say)
+            spec = tune_stage(spec, out, options, report=say, pool=pool)
+            if spec is None:
+                return 0
+            runs = plan_runs(spec)
+        result = launch(spec, runs, out, options, report=say, pool=pool)
     return 1 if result.failed else 0

@@ -236,41 +236,41 @@ def start_branch(sweep_dir: Path, run: PlannedRun) -> None:
 
 
 def train_branched(sweep_dir: Path, runs: list[PlannedRun], trunks: list[PlannedRun], wanted: set[str],
-                   train: Callable[[list[PlannedRun], list[str], dict[str, str]], list[Outcome]],
-                   report: Callable[[str], None]) -> list[Outcome]:
-    """Trains the trunks whose state is in ``wanted``, then such branches whose trunk is done; the outcomes of both.
+                   train: Callable[..., list[Outcome]], report: Callable[[str], None]) -> list[Outcome]:
+    """Trains the trunks and the runs whose state is in ``wanted``: each branch as soon as its trunk has finished
+    (while other trunks may still train), trunks before branches when both are ready; the outcomes of both.
 
-    ``train(planned, names, initial)`` trains ``names`` (the launch's executors). A branch whose
-    trunk did not finish is recorded failed, its reason naming the trunk; one whose trunk trains
-    in another launch is left to it (``busy``). Every other branch trains regardless, and so do runs
-    that are no branch (an adapt round's).
+    ``train(planned, names, initial, after=, prepare=)`` trains ``names`` (the launch's executors,
+    `jaxformer.sweep.queue.WorkQueue`). A branch whose trunk did not finish is recorded failed, its
+    reason naming the trunk; one whose trunk trains in another launch is left to it (``busy``).
+    Every other branch trains regardless, and so do runs that are no branch (an adapt round's).
     """
-    states = {trunk.name: RunPaths(sweep_dir, trunk.name).state() for trunk in trunks}
-    todo = [trunk.name for trunk in trunks if states[trunk.name] in wanted]
-    report(f"trunks: {len(trunks)}, {len(todo)} to train first; then the branches, each from its trunk's checkpoint")
-    outcomes = train(trunks, todo, {name: "queued" if state == "partial" else state for name, state in states.items()})
-    busy = {outcome.name for outcome in outcomes if outcome.status == "busy"}
-    todo, initial = [], {}
-    for run in runs:
-        paths = RunPaths(sweep_dir, run.name)
-        initial[run.name] = paths.state()
-        if initial[run.name] not in wanted:
-            continue
-        if run.trunk in busy:
-            outcomes.append(Outcome(run.name, "busy", f"its trunk {run.trunk} trains in another launch"))
-            initial[run.name] = "elsewhere"
-            continue
+    initial, todo = {}, []
+    for run in trunks + runs:
+        state = RunPaths(sweep_dir, run.name).state()
+        initial[run.name] = "queued" if state == "partial" else state
+        if state in wanted:
+            todo.append(run.name)
+    branches = {run.name: run for run in runs if run.trunk is not None}
+    report(f"trunks: {len(trunks)}, {sum(trunk.name in todo for trunk in trunks)} to train; each branch trains "
+           "from its trunk's checkpoint once that trunk has finished")
+
+    def prepare(name: str, finished: dict[str, Outcome]) -> Outcome | None:
+        run = branches.get(name)
+        if run is None:
+            return None
+        trunk = finished.get(run.trunk)
+        if trunk is not None and trunk.status == "busy":
+            return Outcome(run.name, "busy", f"its trunk {run.trunk} trains in another launch")
         try:
-            if run.trunk is not None:
-                start_branch(sweep_dir, run)
+            start_branch(sweep_dir, run)
         except (ValueError, OSError) as error:
-            paths.record("failed", reason=str(error))
-            outcomes.append(Outcome(run.name, "failed", str(error)))
-            initial[run.name] = "failed"
+            RunPaths(sweep_dir, run.name).record("failed", reason=str(error))
             report(f"failed {run.name}: {error}")
-            continue
-        initial[run.name] = "queued"
-        todo.append(run.name)
-    outcomes += train(runs, todo, initial)
+            return Outcome(run.name, "failed", str(error))
+        return None
+
+    outcomes = train(trunks + runs, todo, initial, after={name: run.trunk for name, run in branches.items()},
+                     prepare=prepare)
     report(BranchCompute.of(runs, trunks).line())
     return outcomes

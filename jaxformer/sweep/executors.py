@@ -1,11 +1,12 @@
 """Executors: where a sweep's runs train — on warm workers (`jaxformer.sweep.worker`).
 
 ``local``: one warm worker process per slot (sized to the cores by the launch layout), each
-training runs back to back, fed by a supervising thread from one queue. ``ray``: the same
-workers as Ray actors, each asking for its CPUs (and GPUs), on a local Ray instance or an
-existing cluster (``ray_address``); the sweep directory must be on a filesystem every node sees.
-A worker that dies is replaced and its run resumed (`WarmWorker`); the other runs go on.
-Both take runs and groups of runs (a tuple of names: one request, trained together by one worker).
+training runs back to back, fed by a supervising thread from one `WorkQueue`; a `LocalPool`
+keeps the processes for every stage of a launch. ``ray``: the same workers as Ray actors, each
+asking for its CPUs (and GPUs), on a local Ray instance or an existing cluster (``ray_address``);
+the sweep directory must be on a filesystem every node sees. A worker that dies is replaced and
+its run resumed (`WarmWorker`); the other runs go on. Both take runs and groups of runs (a tuple
+of names: one request, trained together by one worker), each once its dependency has finished.
 """
 
 from __future__ import annotations
@@ -14,9 +15,10 @@ import os
 import socket
 import threading
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
+from typing import Callable
 
 from jaxformer.runtime import HOST_DEVICES
+from jaxformer.sweep.queue import WorkQueue
 from jaxformer.sweep.runs import Outcome
 from jaxformer.sweep.worker import WarmWorker
 
@@ -35,42 +37,57 @@ def thread_environment(threads: int) -> dict[str, str]:
     return env
 
 
-def _groups(names: Iterable[str | Sequence[str]]) -> list[tuple[str, ...]]:
-    """Each item as a group: a name alone, or the names of runs to train together."""
-    return [(item,) if isinstance(item, str) else tuple(item) for item in names]
+class LocalPool:
+    """``workers`` warm worker processes of ``threads`` CPU threads each, kept for every stage of a launch (the
+    tuning stage, trunks, branches, adapt rounds, held-out runs): each process starts once and keeps the programs
+    it compiled. Started on first use; `close` ends them."""
 
+    def __init__(self, workers: int, threads: int, log_dir: Path) -> None:
+        env = thread_environment(threads)
+        self.workers = [WarmWorker(env, Path(log_dir) / "logs" / f"worker-{slot}.log") for slot in range(workers)]
+        self.compiled: set[str] = set()  # the shapes these processes have compiled (`WorkQueue.compiled`)
 
-def run_local(sweep_dir: Path, names: Iterable[str | Sequence[str]], workers: int, threads: int,
-              on_event: Callable[[str, str, Outcome | None], None]) -> list[Outcome]:
-    """Trains ``names`` (run names, or tuples of names to train together) on ``workers`` warm worker processes;
-    ``on_event(name, "running"|"finished", outcome)`` for each run."""
-    queue, lock, outcomes = _groups(names), threading.Lock(), []
-    env = thread_environment(threads)
+    def run(self, sweep_dir: Path, queue: WorkQueue,
+            on_event: Callable[[str, str, Outcome | None], None]) -> list[Outcome]:
+        """Trains ``queue``'s runs of ``sweep_dir``; ``on_event(name, "running"|"finished", outcome)`` for each."""
+        queue.compiled = self.compiled
+        outcomes, lock = [], threading.Lock()
 
-    def supervise(slot: int) -> None:
-        worker = WarmWorker(sweep_dir, env, sweep_dir / "logs" / f"worker-{slot}.log")
-        try:
-            while True:
-                with lock:
-                    if not queue:
-                        return
-                    group = queue.pop(0)
-                for name in group:
-                    on_event(name, "running", None)
-                finished = worker.train_group(group)
+        def supervise(worker: WarmWorker) -> None:
+            while (taken := queue.take()) is not None:
+                group, finished = taken
+                if group:
+                    for name in group:
+                        on_event(name, "running", None)
+                    trained = worker.train_group(sweep_dir, group)
+                    queue.finish(trained)
+                    finished = finished + trained
                 with lock:
                     outcomes.extend(finished)
                 for outcome in finished:
                     on_event(outcome.name, "finished", outcome)
-        finally:
+
+        supervisors = [threading.Thread(target=supervise, args=(worker,))
+                       for worker in self.workers[:min(len(self.workers), len(queue))]]
+        for supervisor in supervisors:
+            supervisor.start()
+        for supervisor in supervisors:
+            supervisor.join()
+        return outcomes
+
+    def close(self) -> None:
+        for worker in self.workers:
             worker.close()
 
-    supervisors = [threading.Thread(target=supervise, args=(slot,)) for slot in range(min(workers, len(queue)))]
-    for supervisor in supervisors:
-        supervisor.start()
-    for supervisor in supervisors:
-        supervisor.join()
-    return outcomes
+
+def run_local(sweep_dir: Path, queue: WorkQueue, workers: int, threads: int,
+              on_event: Callable[[str, str, Outcome | None], None]) -> list[Outcome]:
+    """Trains ``queue``'s runs on ``workers`` warm worker processes started for them (`LocalPool`)."""
+    pool = LocalPool(workers, threads, sweep_dir)
+    try:
+        return pool.run(sweep_dir, queue, on_event)
+    finally:
+        pool.close()
 
 
 def connect_ray(address: str | None, num_cpus: int | None):
@@ -105,43 +122,49 @@ class _RayWorker:
     """A Ray actor holding one `WarmWorker` on its node: the same warm process as a local worker."""
 
     def __init__(self, sweep_dir: str, threads: int, slot: int) -> None:
-        self.worker = WarmWorker(Path(sweep_dir), thread_environment(threads),
-                                 Path(sweep_dir) / "logs" / f"worker-ray-{slot}-{socket.gethostname()}.log")
+        self.sweep_dir = Path(sweep_dir)
+        self.worker = WarmWorker(thread_environment(threads),
+                                 self.sweep_dir / "logs" / f"worker-ray-{slot}-{socket.gethostname()}.log")
 
     def train_group(self, names: tuple[str, ...]) -> list[Outcome]:
-        return self.worker.train_group(names)
+        return self.worker.train_group(self.sweep_dir, names)
 
     def close(self) -> None:
         self.worker.close()
 
 
-def run_ray(ray, sweep_dir: Path, names: Iterable[str | Sequence[str]], workers: int | None, threads: int,
+def run_ray(ray, sweep_dir: Path, queue: WorkQueue, workers: int | None, threads: int,
             gpus_per_run: float, on_event: Callable[[str, str, Outcome | None], None]) -> list[Outcome]:
-    """Trains ``names`` (runs, or tuples of runs to train together) on Ray actors (``workers`` of them: default,
-    as many as the cluster's CPUs allow), each asking for ``max(threads, 1)`` CPUs and ``gpus_per_run`` GPUs
-    and keeping one warm worker."""
-    queue = _groups(names)
+    """Trains ``queue``'s runs on Ray actors (``workers`` of them: default, as many as the cluster's CPUs
+    allow), each asking for ``max(threads, 1)`` CPUs and ``gpus_per_run`` GPUs and keeping one warm worker."""
     cpus = max(threads, 1)
     count = workers or max(1, int(ray.cluster_resources().get("CPU", 1) // cpus))
     actor = ray.remote(num_cpus=cpus, num_gpus=gpus_per_run, max_restarts=0)(_RayWorker)
     actors = [actor.remote(str(sweep_dir.resolve()), threads, slot) for slot in range(min(count, len(queue)))]
-    pending, outcomes = {}, []
-    for group in queue:
+    for group in queue.waiting:
         for name in group:
             on_event(name, "submitted", None)
-    for handle in actors:
-        if queue:
-            pending[handle.train_group.remote(queue.pop(0))] = handle
-    while pending:
-        ready, _ = ray.wait(list(pending), num_returns=1)
-        handle = pending.pop(ready[0])
-        for outcome in ray.get(ready[0]):
+    pending, idle, outcomes = {}, list(actors), []
+
+    def settle(finished: list[Outcome]) -> None:
+        queue.finish(finished)
+        for outcome in finished:
             outcomes.append(outcome)
             on_event(outcome.name, "finished", outcome)
-        if queue:
-            group = queue.pop(0)
-            for name in group:
-                on_event(name, "running", None)
-            pending[handle.train_group.remote(group)] = handle
+
+    while True:
+        while idle and (taken := queue.take(wait=False)) is not None:
+            group, settled = taken
+            settle(settled)
+            if group:
+                for name in group:
+                    on_event(name, "running", None)
+                handle = idle.pop()
+                pending[handle.train_group.remote(group)] = handle
+        if not pending:
+            break
+        ready, _ = ray.wait(list(pending), num_returns=1)
+        idle.append(pending.pop(ready[0]))
+        settle(ray.get(ready[0]))
     ray.get([handle.close.remote() for handle in actors])
     return outcomes

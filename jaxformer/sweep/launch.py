@@ -6,20 +6,22 @@ the user to the ``report`` callback the command supplies.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import yaml
 
 from jaxformer.configs import to_dict
 from jaxformer.files import write_bytes_atomic
 from jaxformer.sweep.branches import BranchCompute, train_branched, trunks_of
-from jaxformer.sweep.executors import connect_ray, run_local, run_ray
+from jaxformer.sweep.executors import LocalPool, connect_ray, run_local, run_ray
 from jaxformer.sweep.plan import PlannedRun, plan_run, repeated_data_note
 from jaxformer.sweep.progress import SweepProgress
+from jaxformer.sweep.queue import Prepare, WorkQueue
 from jaxformer.sweep.results import collect, load_plan, render
 from jaxformer.sweep.runs import RunPaths, read_json
 from jaxformer.sweep.spec import SweepSpec
@@ -169,14 +171,41 @@ def _added_runs(spec: SweepSpec, entries: list[dict]) -> list[PlannedRun] | None
     return added if [run.name for run in added] == [entry["name"] for entry in entries] else None
 
 
+@contextlib.contextmanager
+def worker_pool(options: LaunchOptions, out: Path) -> Iterator[LocalPool | None]:
+    """The warm local workers that every stage of a launch shares, their logs in ``out/logs`` (None for the Ray
+    executor, whose actors live for one stage)."""
+    if options.executor != "local":
+        yield None
+        return
+    workers, threads, _ = choose_layout(options.workers, options.threads)
+    pool = LocalPool(workers, threads, out)
+    try:
+        yield pool
+    finally:
+        pool.close()
+
+
+def _shape(config: dict) -> str:
+    """A key equal for runs whose train and eval programs are the same (`WorkQueue`'s ``shape``)."""
+    train = config.get("train", {})
+    return json.dumps([config.get("model"), config.get("kernel"), config.get("parallel"),
+                       [train.get(key) for key in ("batch_size", "seq_len", "grad_accum", "compute_dtype")]],
+                      sort_keys=True, default=str)
+
+
 def launch(spec: SweepSpec, runs: list[PlannedRun], out: Path, options: LaunchOptions = LaunchOptions(), *,
-           report: Callable[[str], None]) -> LaunchResult:
+           report: Callable[[str], None], pool: LocalPool | None = None) -> LaunchResult:
     """Trains every run not yet done, then (``isoflop.adapt``) the sizes that bracket each budget's minimum
     (`_adapt`), then writes results.csv and the fit; each line for the user goes to ``report``.
 
     Runs train even when some fail (see `LaunchResult.failed`); when another launch still holds
-    runs, the table and the fit are left to it.
+    runs, the table and the fit are left to it. ``pool``: local workers kept from an earlier stage
+    (`worker_pool`; default: started for this launch).
     """
+    if pool is None and options.executor == "local":
+        with worker_pool(options, out) as pool:
+            return launch(spec, runs, out, options, report=report, pool=pool)
     ray = connect_ray(options.ray_address, options.workers) if options.executor == "ray" else None
     own = len(runs)
     runs = _prepare_directory(spec, runs, out)
@@ -190,18 +219,21 @@ def launch(spec: SweepSpec, runs: list[PlannedRun], out: Path, options: LaunchOp
     note = repeated_data_note(runs)
     if note:
         report(note)
-    def train(planned: list[PlannedRun], names: list[str], initial: dict[str, str]) -> list:
+    def train(planned: list[PlannedRun], names: list[str], initial: dict[str, str], *,
+              after: dict[str, str] | None = None, prepare: Prepare | None = None) -> list:
+        """Trains ``names`` of ``planned``; ``after`` and ``prepare`` as `WorkQueue` takes them."""
         progress = SweepProgress(out, [dataclasses.asdict(run) for run in planned], initial, write=report)
         items = together_groups(planned, names) if spec.together else names
         if len(items) < len(names):
             report(f"together: {len(names)} runs in {len(items)} worker requests, each group one program")
+        queue = WorkQueue(items, after=after, prepare=prepare, shape={run.name: _shape(run.config) for run in planned})
         with progress:
             if ray is not None:
-                outcomes = run_ray(ray, out, items, options.workers, threads, options.gpus_per_run, progress.event)
+                outcomes = run_ray(ray, out, queue, options.workers, threads, options.gpus_per_run, progress.event)
             elif len(items) == 1 and threads:  # a lone run (or group) gets every core the layout would have used
-                outcomes = run_local(out, items, 1, workers * threads, progress.event)
+                outcomes = run_local(out, queue, 1, workers * threads, progress.event)
             else:
-                outcomes = run_local(out, items, workers, threads, progress.event)
+                outcomes = pool.run(out, queue, progress.event)
         report(progress.summary())
         return outcomes
 

@@ -33,6 +33,7 @@ from jaxformer.files import write_bytes_atomic
 from jaxformer.scaling.plots import plot_tuning, save
 from jaxformer.scaling.tuning import edge_notes, fit_tuning
 from jaxformer.scaling.tuning import to_dict as fit_to_dict
+from jaxformer.sweep.executors import LocalPool
 from jaxformer.sweep.launch import LaunchOptions, launch, plan_table
 from jaxformer.sweep.plan import PlannedRun, plan_run
 from jaxformer.sweep.runs import read_json
@@ -141,10 +142,11 @@ def write_record(spec: SweepSpec, runs: list[PlannedRun], rows: list[dict], dire
 
 
 def tune_stage(spec: SweepSpec, out: Path, options: LaunchOptions = LaunchOptions(), *,
-               report: Callable[[str], None]) -> SweepSpec | None:
+               report: Callable[[str], None], pool: LocalPool | None = None) -> SweepSpec | None:
     """Trains the tuning runs not yet done in ``out/tune`` and fits their rule, unless its tune.json already
     matches (and ``options.retry_failed`` has no failed run to retry); returns ``spec`` training with the
-    rule, or None while another launch still trains tuning runs (then nothing is fitted)."""
+    rule, or None while another launch still trains tuning runs (then nothing is fitted). ``pool``: the
+    warm workers the sweep's own runs train on next (`jaxformer.sweep.launch.worker_pool`)."""
     runs = plan_tuning(spec)
     directory = Path(out) / TUNE_DIR
     record = matching_record(spec, runs, directory)
@@ -152,7 +154,7 @@ def tune_stage(spec: SweepSpec, out: Path, options: LaunchOptions = LaunchOption
         report(f"tuning stage: {directory / RECORD} matches the spec, nothing to train; "
                f"optimizer.lr = {record['rule']['formula']}")
         return with_rule(spec, record)
-    result = launch(_tuning_spec(spec), runs, directory, options, report=report)
+    result = launch(_tuning_spec(spec), runs, directory, options, report=report, pool=pool)
     if result.elsewhere:
         report("tuning stage: runs still training in another launch; relaunch when they are done for the rule")
         return None

@@ -1,15 +1,16 @@
 """A warm sweep worker: one process that imports JAX once and trains runs back to back.
 
-``python -m jaxformer.sweep.worker SWEEP_DIR`` reads run names, one request per line, on stdin, and
-answers each run with one JSON line on stdout (an `Outcome`). A request of several names
-separated by tabs is a group: the worker takes every run's lock, skips the finished ones and
+``python -m jaxformer.sweep.worker`` reads requests, one per line, on stdin: a sweep directory and a run
+name, separated by a tab; it answers each run with one JSON line on stdout (an `Outcome`). A request of
+several names (each after a tab) is a group: the worker takes every run's lock, skips the finished ones and
 trains the others together as one program (`jaxformer.train.together`; alone when they cannot),
 with the group's output in its first run's log. Each run trains in this process
 (`jaxformer.train.attempt.attempt_run`) under the run's lock, with the process's output
 (file descriptors 1 and 2, so XLA's C++ logging too) appended to ``logs/NAME.log``. What a
 warm process keeps between runs is what makes short runs cheap: the imports, the JAX backend,
 the compiled train and eval steps of every shape it has trained (`jaxformer.train.loop`), the
-tokenised corpus and the machine's measured matmul peak.
+tokenised corpus and the machine's measured matmul peak. Since a request names its sweep directory,
+one process serves every stage of a launch (the tuning stage's directory, then the sweep's own).
 
 `WarmWorker` is the supervisor's side: it starts such a process, sends it runs, and replaces
 it when it dies — a run that was training then is given to the new process, which resumes it
@@ -103,13 +104,13 @@ def _settle(paths: RunPaths, attempt, wall: float) -> Outcome:
     return Outcome(paths.name, "failed", reason, wall)
 
 
-def serve(sweep_dir: Path, requests: IO[str], answers: IO[str]) -> None:
-    """Answers each request read from ``requests`` (a run name, or tab-separated names of a group) with one JSON
-    line per run (its `Outcome`), until end of input."""
+def serve(requests: IO[str], answers: IO[str]) -> None:
+    """Answers each request read from ``requests`` (a sweep directory, then a run name or the names of a group,
+    tab-separated) with one JSON line per run (its `Outcome`), until end of input."""
     for line in requests:
-        names = [name for name in line.strip().split("\t") if name]
-        if names:
-            for outcome in train_group_here(sweep_dir, names):
+        fields = [field for field in line.rstrip("\n").split("\t") if field]
+        if len(fields) > 1:
+            for outcome in train_group_here(Path(fields[0]), fields[1:]):
                 answers.write(json.dumps(dataclasses.asdict(outcome)) + "\n")
             answers.flush()
 
@@ -117,26 +118,28 @@ def serve(sweep_dir: Path, requests: IO[str], answers: IO[str]) -> None:
 class WarmWorker:
     """One worker process (started on first use), replaced when it dies."""
 
-    def __init__(self, sweep_dir: Path, env: dict[str, str], log: Path) -> None:
-        self.sweep_dir, self.env, self.log = Path(sweep_dir).absolute(), env, log
+    def __init__(self, env: dict[str, str], log: Path) -> None:
+        self.env, self.log = env, log
         self.process: subprocess.Popen | None = None
         self.started = 0  # processes started, for the record
 
     def _start(self) -> subprocess.Popen:
         self.log.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log, "ab") as log:  # the worker's own output between runs
-            self.process = subprocess.Popen([sys.executable, "-m", "jaxformer.sweep.worker", str(self.sweep_dir)],
+            self.process = subprocess.Popen([sys.executable, "-m", "jaxformer.sweep.worker"],
                                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
                                             env=self.env, text=True, bufsize=1)
         self.started += 1
         return self.process
 
-    def train(self, name: str) -> Outcome:
-        """The run's outcome; a worker that dies is replaced and the run resumed, up to `ATTEMPTS` times."""
+    def train(self, sweep_dir: Path, name: str) -> Outcome:
+        """The outcome of run ``name`` of ``sweep_dir``; a worker that dies is replaced and the run resumed, up to
+        `ATTEMPTS` times."""
+        sweep_dir = Path(sweep_dir).absolute()
         for _ in range(ATTEMPTS):
             process = self.process if self.process and self.process.poll() is None else self._start()
             try:
-                process.stdin.write(name + "\n")
+                process.stdin.write(f"{sweep_dir}\t{name}\n")
                 process.stdin.flush()
                 answer = process.stdout.readline()
             except BrokenPipeError:
@@ -145,20 +148,21 @@ class WarmWorker:
                 return Outcome(**json.loads(answer))
             self.process = None  # it died mid-run: the next attempt starts a fresh one
             code = process.wait()
-        paths = RunPaths(self.sweep_dir, name)
+        paths = RunPaths(sweep_dir, name)
         reason = f"its worker died {ATTEMPTS} times (exit status {code}); last output: {failure_reason(paths, code)}"
         paths.record("failed", reason=reason, returncode=code)
         return Outcome(name, "failed", reason)
 
-    def train_group(self, names: Sequence[str]) -> list[Outcome]:
-        """The outcomes of the runs ``names``, trained together in one request; when the worker dies during it,
-        the runs it did not answer train alone, one at a time (`train`), each resuming from its checkpoints."""
+    def train_group(self, sweep_dir: Path, names: Sequence[str]) -> list[Outcome]:
+        """The outcomes of the runs ``names`` of ``sweep_dir``, trained together in one request; when the worker
+        dies during it, the runs it did not answer train alone, one at a time (`train`), each resuming from its
+        checkpoints."""
         if len(names) == 1:
-            return [self.train(names[0])]
+            return [self.train(sweep_dir, names[0])]
         process = self.process if self.process and self.process.poll() is None else self._start()
         answers = []
         try:
-            process.stdin.write("\t".join(names) + "\n")
+            process.stdin.write("\t".join([str(Path(sweep_dir).absolute()), *names]) + "\n")
             process.stdin.flush()
             while len(answers) < len(names) and (answer := process.stdout.readline()):
                 answers.append(Outcome(**json.loads(answer)))
@@ -168,7 +172,7 @@ class WarmWorker:
             self.process = None
             process.wait()
             answered = {outcome.name for outcome in answers}
-            answers += [self.train(name) for name in names if name not in answered]
+            answers += [self.train(sweep_dir, name) for name in names if name not in answered]
         return answers
 
     def close(self) -> None:
@@ -178,10 +182,9 @@ class WarmWorker:
 
 
 def main() -> None:
-    sweep_dir = Path(sys.argv[1])
     answers = os.fdopen(os.dup(1), "w")  # runs' output goes to their logs; answers keep their own descriptor
     os.dup2(2, 1)
-    serve(sweep_dir, sys.stdin, answers)
+    serve(sys.stdin, answers)
 
 
 if __name__ == "__main__":

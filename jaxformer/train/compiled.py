@@ -5,9 +5,9 @@ A sweep trains hundreds of short runs, most of them of a shape a worker has trai
 compiling costs more than training for the smallest. A step's program depends on the model
 (its graph, kernel included), the optimizer's settings, the compute dtype, the mesh and rules,
 and the batch shapes — not on the seed, the learning rate (an argument of every step) or the
-number of steps; the initial state's program takes the seed as an argument. `initial_state` and
-`compiled_steps` compile each such program once per process; JAX's
-persistent compilation cache (``train.compilation_cache``) serves other processes and relaunches.
+number of steps; the initial state's program takes the seed as an argument, and a run that
+restores a checkpoint (a resumed run, a sweep's cooldown branch) needs only its abstract state.
+`initial_state` and `compiled_steps` compile each such program once per process; JAX's persistent compilation cache (``train.compilation_cache``) serves other processes and relaunches.
 Runs trained together (`jaxformer.train.together`) step R states stacked on a leading axis
 (``stacked``: ``vmap`` or ``map``), placed by `stacked_shardings`: a program per shape, R and way.
 """
@@ -28,7 +28,7 @@ from jaxformer.train.optimizer import OptimizerConfig, transformation_settings
 from jaxformer.train.step import Stacked, build_state, make_eval_pass, make_train_step
 
 _PROGRAMS: dict[tuple, tuple[Callable, Callable]] = {}
-_INITS: dict[tuple, tuple[Any, Callable]] = {}
+_INITS: dict[tuple, tuple[Any, Any, Callable[[int], Any]]] = {}
 
 
 def _layout_key(layout: Layout) -> tuple:
@@ -36,18 +36,24 @@ def _layout_key(layout: Layout) -> tuple:
 
 
 def initial_state(model: ModelConfig, kernel: KernelConfig, optimizer_config: OptimizerConfig,
-                  optimizer: optax.GradientTransformation, seed: int, layout: Layout) -> tuple[Any, Any]:
-    """``(graphdef, state)`` of a fresh run, created sharded on ``layout`` (`Layout.materialize`'s way)
-    by a program compiled once per model, kernel, optimizer and layout; ``seed`` is its argument."""
+                  optimizer: optax.GradientTransformation, layout: Layout) -> tuple[Any, Any, Callable[[int], Any]]:
+    """``(graphdef, abstract, init)`` of a fresh run on ``layout``: ``abstract`` the state's shapes, dtypes and
+    shardings (what a checkpoint restores into, known without compiling anything) and ``init(seed)`` the state,
+    created sharded (`Layout.materialize`'s way) by a program compiled once per model, kernel, optimizer and
+    layout, on its first call — a run restored from a checkpoint never calls it."""
     key = (model, kernel, transformation_settings(optimizer_config), *_layout_key(layout))
     if key not in _INITS:
         def build(seed):
             return build_state(model, seed, optimizer, kernel)
 
         graphdef, abstract = jax.eval_shape(build, 0)
-        _INITS[key] = graphdef, jax.jit(lambda seed: build(seed)[1], out_shardings=layout.shardings(abstract))
-    graphdef, init = _INITS[key]
-    return graphdef, init(np.int32(seed))
+        shardings = layout.shardings(abstract)
+        # `shardings` holds one sharding where ``abstract`` holds a variable: a prefix of its tree
+        abstract = jax.tree.map(lambda s, x: jax.tree.map(lambda leaf: jax.ShapeDtypeStruct(
+            leaf.shape, leaf.dtype, sharding=s), x), shardings, abstract)
+        program = jax.jit(lambda seed: build(seed)[1], out_shardings=shardings)
+        _INITS[key] = graphdef, abstract, lambda seed: program(np.int32(seed))
+    return _INITS[key]
 
 
 def stacked_shardings(layout: Layout, state: Any) -> Any:

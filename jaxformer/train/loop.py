@@ -25,6 +25,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any, Callable
 
 import jax
 import numpy as np
@@ -207,11 +208,9 @@ class _Run:
 
     def run(self) -> dict:
         config, layout = self.config, self.layout
-        mark = time.perf_counter()
-        graphdef, state = initial_state(config.model, config.kernel, config.optimizer, self.optimizer,
-                                        config.train.seed, layout)
-        self.times["init_s"] = time.perf_counter() - mark  # with the init program's compile for a new shape
-        state = self.open(state)
+        graphdef, abstract, init = self._timed("init_s", lambda: initial_state(
+            config.model, config.kernel, config.optimizer, self.optimizer, layout))
+        state = self.open(abstract, lambda: init(config.train.seed))
         example = jax.ShapeDtypeStruct(self.batch_shape, np.int32, sharding=self.batch_sharding)
         compile_start = time.perf_counter()
         train_step, eval_pass, self.reused_program = compiled_steps(
@@ -235,20 +234,23 @@ class _Run:
             write_json_atomic(self.run_dir / "final.json", record)
         return record
 
-    def open(self, state):
-        """``state`` (a fresh one) restored from the run's latest readable checkpoint, or its parameters from
-        ``model.init_from``; opens the run's checkpointer and metrics logger (`close` closes them)."""
+    def open(self, abstract, fresh: Callable[[], Any]):
+        """The run's state: restored into ``abstract`` (shapes, dtypes, shardings) from its latest readable
+        checkpoint, else ``fresh()`` (a new state, timed as ``init_s``: its program compiles on a new shape),
+        with the parameters of ``model.init_from`` when set; opens the run's checkpointer and metrics logger
+        (`close` closes them)."""
         config, run_dir = self.config, self.run_dir
         mark = time.perf_counter()
         self.checkpointer = Checkpointer(run_dir / "checkpoints", config.checkpoint.keep,
                                          kept_steps=config.checkpoint.steps)
-        abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state)
         restored = self.checkpointer.restore_latest(abstract)
         self.times["restore_s"] += time.perf_counter() - mark
         self.previous_wall_s, self.resumed_from = 0.0, None
-        if restored is None and config.model.init_from:
-            state = {**state, "params": _checkpoint_params(config.model, abstract["params"])}
-        if restored is not None:
+        if restored is None:
+            state = self._timed("init_s", fresh)
+            if config.model.init_from:
+                state = {**state, "params": _checkpoint_params(config.model, abstract["params"])}
+        else:
             step, state, meta = restored
             self.loader.load_state_dict(meta["loader"])
             self.previous_wall_s = float(meta["wall_s"])

@@ -163,15 +163,14 @@ class _Together:
         """Every run's result; None when their restored steps differ (a corrupt checkpoint fell back), so they
         must train alone."""
         runs, lead, layout = self.runs, self.lead, self.layout
-        mark = time.perf_counter()
-        fresh = [initial_state(run.config.model, run.config.kernel, run.config.optimizer, run.optimizer,
-                               run.config.train.seed, layout) for run in runs]
-        graphdef = fresh[0][0]
-        self.times["init_s"] = time.perf_counter() - mark
+        programs = [lead._timed("init_s", lambda: initial_state(run.config.model, run.config.kernel,
+                                                                run.config.optimizer, run.optimizer, layout))
+                    for run in runs]
+        graphdef = programs[0][0]
         states = []
         try:
-            for run, (_, state) in zip(runs, fresh):
-                states.append(run.open(state))
+            for run, (_, abstract, init) in zip(runs, programs):
+                states.append(run.open(abstract, lambda: init(run.config.train.seed)))
         except CheckpointError:  # none of a run's checkpoints reads: alone, it fails by itself
             for run in runs[:len(states)]:
                 run.close()
@@ -182,7 +181,7 @@ class _Together:
             return None
         sharding = stacked_shardings(layout, states[0])
         state = jax.device_put(jax.tree.map(lambda *leaves: jnp.stack(leaves), *states), sharding)
-        del states, fresh
+        del states
         count = len(runs)
         self.batch_shape = (count, *lead.batch_shape)
         self.batch_sharding = layout.batch_sharding(self.batch_shape, batch_dim=2)
