@@ -155,3 +155,22 @@ def test_checkpoints_keep_last_k_and_fall_back_past_a_corrupt_latest(tmp_path, c
     with pytest.raises(CheckpointError, match="none of the checkpoints"):  # never a silent restart from 0
         _restore(tmp_path / "checkpoints", abstract)
     assert _restore(tmp_path / "fresh", abstract) is None
+
+
+def test_the_state_digest_sees_one_bit_and_compiles_once_per_leaf_shape():
+    from jaxformer.train.checkpoint import state_digest
+
+    compiles = []
+    jax.monitoring.register_event_duration_secs_listener(
+        lambda event, seconds, **kw: compiles.append(event) if event == "/jax/core/compile/backend_compile_duration"
+        else None)
+    moment = np.arange(37 * 5, dtype=np.float32).reshape(37, 5) / 7  # shapes no other test fingerprints
+    state = {"params": moment, "mu": moment * 2, "nu": moment * 3, "step": np.arange(3 * 37, dtype=np.int32)}
+    before = len(compiles)
+    digest = state_digest(state)
+    assert len(compiles) - before == 2  # one program for the three [37, 5] float32 leaves, one for the int32 one
+    assert state_digest({**state}) == digest and len(compiles) - before == 2
+    flipped = moment.copy()
+    flipped.view(np.uint32)[36, 4] ^= 1  # the lowest bit of the last element
+    assert state_digest({**state, "nu": flipped}) != digest
+    assert state_digest({**state, "mu": state["nu"], "nu": state["mu"]}) != digest  # where a value sits counts

@@ -74,31 +74,31 @@ def _mix32(h: jax.Array) -> jax.Array:
 
 
 @jax.jit
-def _fingerprints(leaves: list[jax.Array]) -> list[jax.Array]:
-    """Per leaf ``[2]`` uint32: two sums over its elements of a hash of (bits, flat index), mod 2³².
+def _fingerprint(leaf: jax.Array) -> jax.Array:
+    """``[2]`` uint32: two sums over the leaf's elements of a hash of (bits, flat index), mod 2³².
 
     Integer sums are exact in any order, so the result is the same however the leaf is
-    sharded — and each device reduces its own shards, so no host ever holds the state.
+    sharded — and each device reduces its own shards, so no host ever holds the state. One
+    program per leaf shape and dtype: a state's leaves share a few (a parameter and its two
+    AdamW moments, every layer's matrices), and so do the models of a sweep, where a program
+    over a whole state would compile anew for every model.
     """
-    prints = []
-    for leaf in leaves:
-        x = leaf.astype(jnp.uint8) if leaf.dtype == jnp.bool_ else leaf
-        if x.dtype.itemsize not in (1, 2, 4):
-            raise TypeError(f"cannot fingerprint a {x.dtype} array")
-        bits = jax.lax.bitcast_convert_type(x, jnp.dtype(f"uint{8 * x.dtype.itemsize}")).astype(jnp.uint32)
-        index = jnp.zeros(x.shape, jnp.uint32)
-        for axis, size in enumerate(x.shape):
-            index = index * jnp.uint32(size) + jax.lax.broadcasted_iota(jnp.uint32, x.shape, axis)
-        prints.append(jnp.stack([jnp.sum(_mix32(bits + _mix32(index ^ jnp.uint32(seed))), dtype=jnp.uint32)
-                                 for seed in (0x9E3779B9, 0x7F4A7C15)]))
-    return prints
+    x = leaf.astype(jnp.uint8) if leaf.dtype == jnp.bool_ else leaf
+    if x.dtype.itemsize not in (1, 2, 4):
+        raise TypeError(f"cannot fingerprint a {x.dtype} array")
+    bits = jax.lax.bitcast_convert_type(x, jnp.dtype(f"uint{8 * x.dtype.itemsize}")).astype(jnp.uint32)
+    index = jnp.zeros(x.shape, jnp.uint32)
+    for axis, size in enumerate(x.shape):
+        index = index * jnp.uint32(size) + jax.lax.broadcasted_iota(jnp.uint32, x.shape, axis)
+    return jnp.stack([jnp.sum(_mix32(bits + _mix32(index ^ jnp.uint32(seed))), dtype=jnp.uint32)
+                      for seed in (0x9E3779B9, 0x7F4A7C15)])
 
 
 def state_digest(state: Any) -> str:
-    """SHA-256 over every leaf's dtype, shape and 64-bit content fingerprint (`_fingerprints`), in tree order."""
+    """SHA-256 over every leaf's dtype, shape and 64-bit content fingerprint (`_fingerprint`), in tree order."""
     leaves = jax.tree.leaves(state)
     digest = hashlib.sha256()
-    for leaf, fingerprint in zip(leaves, jax.device_get(_fingerprints(leaves))):
+    for leaf, fingerprint in zip(leaves, jax.device_get([_fingerprint(leaf) for leaf in leaves])):
         digest.update(f"{leaf.dtype}{tuple(leaf.shape)}".encode() + np.asarray(fingerprint).tobytes())
     return digest.hexdigest()
 
