@@ -49,8 +49,8 @@ class LocalPool:
 
     def run(self, sweep_dir: Path, queue: WorkQueue,
             on_event: Callable[[str, str, Outcome | None], None]) -> list[Outcome]:
-        """Trains ``queue``'s runs of ``sweep_dir``; ``on_event(name, "running"|"finished", outcome)`` for each."""
-        queue.compiled = self.compiled
+        """Trains ``queue``'s runs of ``sweep_dir``; ``on_event(name, "running"|"finished", outcome)`` for each.
+        A queue made with ``compiled=self.compiled`` knows the shapes these processes compiled in earlier stages."""
         outcomes, lock = [], threading.Lock()
 
         def supervise(worker: WarmWorker) -> None:
@@ -146,8 +146,7 @@ def run_ray(ray, sweep_dir: Path, queue: WorkQueue, workers: int | None, threads
             on_event(name, "submitted", None)
     pending, idle, outcomes = {}, list(actors), []
 
-    def settle(finished: list[Outcome]) -> None:
-        queue.finish(finished)
+    def settle(finished: list[Outcome]) -> None:  # recorded in the queue already
         for outcome in finished:
             outcomes.append(outcome)
             on_event(outcome.name, "finished", outcome)
@@ -165,6 +164,8 @@ def run_ray(ray, sweep_dir: Path, queue: WorkQueue, workers: int | None, threads
             break
         ready, _ = ray.wait(list(pending), num_returns=1)
         idle.append(pending.pop(ready[0]))
-        settle(ray.get(ready[0]))
+        trained = ray.get(ready[0])
+        queue.finish(trained)
+        settle(trained)
     ray.get([handle.close.remote() for handle in actors])
     return outcomes

@@ -102,10 +102,9 @@ def _estimate_minutes(runs: list[PlannedRun]) -> dict[str, float]:
     timings = {}
     estimates = {}
     for run in runs:
-        config = config_from_dict(run.config)
-        key = (json.dumps(run.config["model"], sort_keys=True), config.train.batch_size, config.train.seq_len)
+        key = _shape(run.config)
         if key not in timings:
-            timings[key] = time_train_step(choose_kernel(config)[0], steps=3)
+            timings[key] = time_train_step(choose_kernel(config_from_dict(run.config))[0], steps=3)
         timing = timings[key]
         estimates[run.name] = (timing.compile_s + (run.steps - (run.fork_step or 0)) * timing.step_s) / 60
     return estimates
@@ -226,7 +225,8 @@ def launch(spec: SweepSpec, runs: list[PlannedRun], out: Path, options: LaunchOp
         items = together_groups(planned, names) if spec.together else names
         if len(items) < len(names):
             report(f"together: {len(names)} runs in {len(items)} worker requests, each group one program")
-        queue = WorkQueue(items, after=after, prepare=prepare, shape={run.name: _shape(run.config) for run in planned})
+        queue = WorkQueue(items, after=after, prepare=prepare, shape={run.name: _shape(run.config) for run in planned},
+                          compiled=pool.compiled if pool is not None else None)
         with progress:
             if ray is not None:
                 outcomes = run_ray(ray, out, queue, options.workers, threads, options.gpus_per_run, progress.event)
