@@ -2,7 +2,10 @@
 
 import dataclasses
 import json
+import os
 import re
+import subprocess
+import sys
 
 import jax
 import numpy as np
@@ -113,3 +116,35 @@ def test_bench_train_times_the_fused_kernel_and_says_when_it_is_missing(tmp_path
     report = json.loads((tmp_path / "f.json").read_text())
     assert report["attention_impl"] == "fused" and report["sizes"][0]["jax_tokens_per_s"] > 0
     assert any("fused kernel unavailable" in note for note in report["notes"]) == (not fused_attention.fused_available())
+
+
+_ONE_DEVICE = """
+import json, sys
+import jax, numpy as np
+from jaxformer.benchmarks.train import bench_config
+from jaxformer.cli import main
+from jaxformer.train.throughput import TrainStepRunner
+
+config = bench_config(16, 1, 32, 4)
+mesh, alone = TrainStepRunner(config), TrainStepRunner(config, one_device=True)
+assert (mesh.devices, alone.devices) == (2, 1)
+difference = jax.tree.map(lambda a, b: float(np.abs(np.asarray(a) - np.asarray(b)).max()),
+                          mesh.state["params"], alone.state["params"])
+print("max difference", max(jax.tree.leaves(difference)))
+sys.exit(main(["bench", "train", "--sizes", "16:1:32", "--batch", "4", "--steps", "1", "--repeats", "1", "--no-torch",
+               "--dtypes", "float32", "--one-device", "--json", sys.argv[1]]))
+"""
+
+
+def test_one_device_trains_the_same_step_as_the_mesh_and_the_bench_compares_them(tmp_path):
+    """The per-size device layout: the first device alone (every core's threads) against one device per core."""
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu",
+           "JAXFORMER_TUNE": "0"}
+    done = subprocess.run([sys.executable, "-c", _ONE_DEVICE, str(tmp_path / "o.json")], env=env,
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert float(done.stdout.split("max difference ")[1].split()[0]) < 1e-5  # one step from one initial state
+    row = json.loads((tmp_path / "o.json").read_text())["sizes"][0]
+    assert row["devices"] == 2 and row["one_device_tokens_per_s"] > 0
+    assert row["one_device_ratio"] == pytest.approx(row["one_device_tokens_per_s"] / row["jax_tokens_per_s"])
+    assert "one device" in done.stdout and "the 2-device mesh" in done.stdout

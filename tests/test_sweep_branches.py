@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import yaml
 
-from jaxformer.sweep.branches import BranchCompute, copy_fork, fork_step, trunk_config, trunks_of
+from jaxformer.sweep.branches import BranchCompute, copy_fork, trunk_config, trunks_of
+from jaxformer.sweep.plan import fork_step
 from jaxformer.sweep.launch import plan_table
 from jaxformer.sweep.plan import plan_runs
 from jaxformer.sweep.results import collect

@@ -1,9 +1,11 @@
-"""A sweep's ``together: true``: a tuning stage's rates of one size train as one program in one worker request;
-a worker that dies during a group leaves its runs to train alone, resuming."""
+"""A sweep's ``together: true``: a tuning stage's rates of one size train as one program in one worker request (and in
+one Ray actor request); a worker that dies during a group leaves its runs to train alone, resuming."""
 
 import json
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -101,3 +103,33 @@ def test_a_worker_killed_during_a_group_leaves_its_runs_to_train_alone_resuming(
         assert final["resumed_from"]["step"] >= 8 and "trained_with" not in final  # alone, from its checkpoint
         log = RunPaths(tmp_path, name).log.read_text()
         assert log.count("$ jaxformer train") == (2 if name == names[0] else 1)
+
+
+def seeds_spec(tmp_path: Path) -> Path:
+    """Two seeds of one size at each of two budgets: two groups of two."""
+    spec = yaml.safe_load((ROOT / "sweeps" / "tiny.yaml").read_text())
+    spec.update(name="seeds-together", together=True, seeds=[0, 1],
+                isoflop={"budgets": [1e9, 2e9], "params": [8e3], "flops": "6ND"})
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def test_the_dry_run_says_which_runs_train_together(tmp_path, capsys):
+    assert main(["sweep", str(seeds_spec(tmp_path)), "--dry-run", "--no-probe"]) == 0
+    assert "together: 4 runs in 2 worker requests, each group one program (2 of 2 runs)" in capsys.readouterr().out
+
+
+def test_the_ray_executor_trains_a_group_in_one_actor_request(tmp_path):
+    """A group trained as one program by a Ray actor."""
+    path, out = seeds_spec(tmp_path), tmp_path / "out"
+    result = subprocess.run([sys.executable, "-m", "jaxformer.cli", "sweep", str(path), "--out", str(out),
+                             "--executor", "ray", "--workers", "1"], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "together: 4 runs in 2 worker requests" in result.stdout
+    finals = {p.parent.name: json.loads(p.read_text()) for p in (out / "runs").glob("*/final.json")}
+    assert sorted(finals) == ["C1e09-N8240-s0", "C1e09-N8240-s1", "C2e09-N8240-s0", "C2e09-N8240-s1"]
+    for name, final in finals.items():
+        partner = name.replace("-s0", "-s1") if name.endswith("-s0") else name.replace("-s1", "-s0")
+        assert final["trained_with"] == [partner]
+    assert finals["C1e09-N8240-s0"]["val_loss"] != finals["C1e09-N8240-s1"]["val_loss"]  # each its own seed

@@ -174,7 +174,6 @@ def _schedule(schedules: dict | None, name: str, config, steps: int) -> np.ndarr
 def save_schedules(planned: list, path: str | Path) -> None:
     """Every planned run's `learning_rates` array, to an .npz file for ``--schedules``."""
     from jaxformer.train.config import config_from_dict
-    from jaxformer.train.optimizer import learning_rates
 
     arrays = {run.name: _learning_rates(config_from_dict(dict(run.config)), run.steps) for run in planned}
     np.savez(path, **arrays)

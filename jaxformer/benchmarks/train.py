@@ -6,7 +6,8 @@ alternating repeats in one process; medians are compared as ratios, and MFU is m
 against a matmul peak probed in the same run. Both use the whole machine: PyTorch its
 intra-op threads, jaxformer (as `jaxformer train` does) a data-parallel mesh over one JAX
 device per core (`jaxformer.runtime`); the ``dev`` column says over how many devices.
-``--layout`` also compares thread layouts (one process using every core vs one
+``--one-device`` also times each size on one device, which has every core's threads for its matmuls, against
+the mesh (the per-size device layout). ``--layout`` also compares thread layouts (one process using every core vs one
 single-threaded process per core, run side by side) and records the faster one for
 `jaxformer sweep`'s local executor.
 """
@@ -45,6 +46,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=int, default=5, help="alternating repeats (medians reported)")
     parser.add_argument("--no-torch", action="store_true", help="time jaxformer only")
     parser.add_argument("--layout", action="store_true", help="also compare process/thread layouts for sweeps")
+    parser.add_argument("--one-device", action="store_true",
+                        help="also time each size on one device with every core's threads, against the "
+                             "data-parallel mesh over one device per core")
     parser.add_argument("--json", help="write the results to this JSON file")
     parser.add_argument("--out", help="directory for bench_train.json (and layout results)")
 
@@ -74,20 +78,24 @@ def parse_sizes(text: str) -> list[tuple[int, int, int]]:
     return sizes
 
 
-def measure(config, *, steps: int, repeats: int, torch_too: bool) -> dict:
-    """Alternating repeats of the JAX and PyTorch steps; medians of tokens/s."""
+def measure(config, *, steps: int, repeats: int, torch_too: bool, one_device: bool = False) -> dict:
+    """Alternating repeats of the JAX and PyTorch steps (and, with ``one_device``, of the JAX step on the first
+    device alone, where the mesh has several); medians of tokens/s."""
     from jaxformer.accounting import count_params
     from jaxformer.train.kernel_choice import choose
     from jaxformer.train.throughput import TrainStepRunner
 
     config, choice = choose(config)
     runner = TrainStepRunner(config)
+    alone = TrainStepRunner(config, one_device=True) if one_device and runner.devices > 1 else None
     torch_step = _torch_step(config) if torch_too else None
     if torch_step is not None:
         torch_step(steps=1)  # warm-up
-    jax_times, torch_times = [], []
+    jax_times, torch_times, alone_times = [], [], []
     for _ in range(repeats):
         jax_times.append(runner.run(steps))
+        if alone is not None:
+            alone_times.append(alone.run(steps))
         if torch_step is not None:
             torch_times.append(torch_step(steps=steps))
     tokens = steps * runner.tokens_per_step
@@ -99,6 +107,9 @@ def measure(config, *, steps: int, repeats: int, torch_too: bool) -> dict:
         "flops_per_token": runner.flops_per_step / runner.tokens_per_step,
         "jax_tokens_per_s": tokens / statistics.median(jax_times),
     }
+    if alone_times:
+        result["one_device_tokens_per_s"] = tokens / statistics.median(alone_times)
+        result["one_device_ratio"] = result["one_device_tokens_per_s"] / result["jax_tokens_per_s"]
     if torch_times:
         result["torch_tokens_per_s"] = tokens / statistics.median(torch_times)
         result["ratio"] = result["jax_tokens_per_s"] / result["torch_tokens_per_s"]
@@ -208,8 +219,8 @@ def run(args: argparse.Namespace) -> int:
             notes.append(f"fused kernel unavailable, so jaxformer's rows time the plain path: "
                          f"{fused_attention.unavailable_reason()}")
     rows = [measure(bench_config(d, layers, seq_len, args.batch, dtype, args.attention_impl), steps=args.steps,
-                    repeats=args.repeats,
-                    torch_too=dtype in torch_dtypes) for dtype in dtypes for d, layers, seq_len in sizes]
+                    repeats=args.repeats, torch_too=dtype in torch_dtypes, one_device=args.one_device)
+            for dtype in dtypes for d, layers, seq_len in sizes]
     for row in rows:  # MFU against each dtype's JAX matmul peak, so both columns share one denominator
         peak = peaks[row["dtype"]]["jax"]
         row["jax_mfu"] = row["jax_tokens_per_s"] * row["flops_per_token"] / peak
@@ -242,6 +253,10 @@ def _print(report: dict, args: argparse.Namespace) -> None:
         torch_mfu = f"{row['torch_mfu']:>10.1%}" if "torch_mfu" in row else f"{'':>10}"
         print(f"{row['dtype']:>9}{row['attention_impl']:>7}{row['d_model']:>5}{row['layers']:>3}{row['seq_len']:>5}{row['params']:>11,}{row['devices']:>4}"
               f"{row['jax_tokens_per_s']:>12,.0f}{torch_part}{row['jax_mfu']:>9.1%}{torch_mfu}{row['compile_s']:>10.1f}")
+    for row in report["sizes"]:
+        if "one_device_ratio" in row:
+            print(f"{row['dtype']} d={row['d_model']}: one device {row['one_device_tokens_per_s']:,.0f} tok/s, "
+                  f"{row['one_device_ratio']:.2f}x the {row['devices']}-device mesh")
     for note in report["notes"]:
         print(note)
     if "layout" in report:

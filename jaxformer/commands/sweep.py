@@ -54,7 +54,8 @@ def run(args: argparse.Namespace) -> int:
             print(text)
             runs = plan_runs(spec)
         adapt_limit = spec.isoflop.adapt_limit if spec.isoflop is not None and spec.isoflop.adapt else None
-        print(plan_table(runs, workers=workers, probe=not args.no_probe, adapt_limit=adapt_limit))
+        print(plan_table(runs, workers=workers, probe=not args.no_probe, adapt_limit=adapt_limit,
+                         together=spec.together))
         return 0
     options = LaunchOptions(executor=args.executor, workers=args.workers, threads=args.threads,
                             retry_failed=args.retry_failed, ray_address=args.ray_address,

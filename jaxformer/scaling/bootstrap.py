@@ -44,10 +44,12 @@ class BootstrapResult:
     stats: dict[str, Interval]
     level: float
     converged: int  # resamples whose best start converged
+    groups: int | None = None  # clusters drawn per resample (None: runs were drawn one by one)
 
     def to_dict(self) -> dict:
         return {
             "resamples": len(next(iter(self.samples.values()))),
+            "groups": self.groups,
             "level": self.level,
             "converged": self.converged,
             "stats": {k: v.to_dict() for k, v in self.stats.items()},
@@ -85,22 +87,29 @@ def summarize(point: dict[str, float], samples: dict[str, np.ndarray], level: fl
     return stats
 
 
-def resample_counts(n_runs: int, resamples: int, seed: int) -> np.ndarray:
-    """``[resamples, n_runs]`` how often each run is drawn (R draws with replacement)."""
+def resample_counts(n_runs: int, resamples: int, seed: int, groups: np.ndarray | None = None) -> np.ndarray:
+    """``[resamples, n_runs]`` how often each run is drawn: R draws of runs with replacement or, with ``groups``
+    (a cluster 0 … G−1 per run), G draws of clusters, each draw taking all of its cluster's runs (the cluster
+    bootstrap: runs that share an error, as one trunk's branches do, are not counted as independent)."""
     rng = np.random.default_rng(seed)
-    return rng.multinomial(n_runs, np.full(n_runs, 1.0 / n_runs), size=resamples).astype(np.float64)
+    if groups is None:
+        return rng.multinomial(n_runs, np.full(n_runs, 1.0 / n_runs), size=resamples).astype(np.float64)
+    clusters = int(groups.max()) + 1
+    drawn = rng.multinomial(clusters, np.full(clusters, 1.0 / clusters), size=resamples)
+    return drawn[:, groups].astype(np.float64)
 
 
 def bootstrap_parametric(table: RunTable, fit: ParametricFit, *, resamples: int = 4000, starts: int = 4,
                          seed: int = 0, level: float = 0.95, budgets=(REFERENCE_BUDGET,)) -> BootstrapResult:
-    """Standard errors and percentile intervals of the Approach-3 fit by resampling runs."""
+    """Standard errors and percentile intervals of the Approach-3 fit by resampling runs (or the table's
+    groups of runs, `RunTable.group`)."""
     if resamples < 2:
         raise ValueError(f"bootstrap resamples must be at least 2, got {resamples}")
     if not 0 < level < 1:
         raise ValueError(f"confidence level must be in (0, 1), got {level}")
     x0 = np.concatenate([fit.x[None], fit.best_starts(max(starts - 1, 0))])  # [K, 5]
     K = len(x0)
-    counts = resample_counts(len(table), resamples, seed)
+    counts = resample_counts(len(table), resamples, seed, table.group)
     # Tighter than scipy's default tests: a resample starts next to its optimum, where an
     # absolute reduction test of 2.2e-9 (objective ~1e-3) would stop after a step or two.
     sol = lbfgs.minimize(value_and_grad, np.tile(x0, (resamples, 1)), np.repeat(counts, K, axis=0),
@@ -113,4 +122,5 @@ def bootstrap_parametric(table: RunTable, fit: ParametricFit, *, resamples: int 
                          flops=fit.law.flops)
     samples = law_quantities(laws, budgets)
     point = {k: float(v) for k, v in law_quantities(fit.law, budgets).items()}
-    return BootstrapResult(samples, summarize(point, samples, level), level, int(sol.converged[pick].sum()))
+    groups = None if table.group is None else int(table.group.max()) + 1
+    return BootstrapResult(samples, summarize(point, samples, level), level, int(sol.converged[pick].sum()), groups)

@@ -128,6 +128,8 @@ class FitReport:
             stats = self.bootstrap3.stats if self.bootstrap3 else {}
             lines += [_line(k, v, stats.get(k), self.level) for k, v in values.items()]
             lines.append(f"  objective {fit.objective:.10g}")
+            if self.bootstrap3 and self.bootstrap3.groups:
+                lines.append(f"  intervals: each resample draws {self.bootstrap3.groups} groups of runs, not single runs")
         for name, fit in (("2 (IsoFLOP parabolas)", self.approach2), ("1 (loss envelope)", self.approach1)):
             if fit is None:
                 continue

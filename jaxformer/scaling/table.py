@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import csv
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -45,6 +46,7 @@ class RunTable:
     C: np.ndarray
     loss: np.ndarray
     budget: np.ndarray | None = None  # IsoFLOP budget label per run (FLOPs), if the table has one
+    group: np.ndarray | None = None  # bootstrap cluster per run (0 … G−1): runs drawn together, e.g. one trunk's branches
     curve_run: np.ndarray | None = None  # index into the runs
     curve_tokens: np.ndarray | None = None
     curve_loss: np.ndarray | None = None
@@ -78,13 +80,22 @@ class RunTable:
         loss = _positive("curve loss", np.asarray(loss, np.float64), self.source)
         return replace(self, curve_run=np.asarray(run, np.int64), curve_tokens=tokens, curve_loss=loss)
 
+    def with_groups(self, labels) -> "RunTable":
+        """The table with a bootstrap cluster per run: runs with equal ``labels`` (any hashable values, one per
+        run) are resampled together (`jaxformer.scaling.bootstrap.resample_counts`)."""
+        labels = list(labels)
+        if len(labels) != len(self):
+            raise ValueError(f"{self.source}: {len(labels)} group labels for {len(self)} runs")
+        index = {label: i for i, label in enumerate(dict.fromkeys(labels))}
+        return replace(self, group=np.array([index[label] for label in labels], np.int64))
+
     def canonical(self) -> "RunTable":
         """The same runs ordered by (N, D, loss), their curve points by (run, tokens): a fit of this table does
         not depend on the order its runs were listed in (floating-point sums, and so flat optima, do)."""
         order = np.lexsort((self.loss, self.D, self.N))
         pick = lambda a: None if a is None else a[order]  # noqa: E731
         table = replace(self, N=self.N[order], D=self.D[order], C=self.C[order], loss=self.loss[order],
-                        budget=pick(self.budget))
+                        budget=pick(self.budget), group=pick(self.group))
         if not self.has_curves:
             return table
         rank = np.empty_like(order)
@@ -97,8 +108,9 @@ class RunTable:
     def subset(self, index: np.ndarray) -> "RunTable":
         """The runs at ``index`` (curves dropped: they refer to run positions)."""
         pick = lambda a: None if a is None else a[index]  # noqa: E731
-        return RunTable(self.N[index], self.D[index], self.C[index], self.loss[index], pick(self.budget),
-                        source=self.source)
+        table = RunTable(self.N[index], self.D[index], self.C[index], self.loss[index], pick(self.budget),
+                         source=self.source)
+        return table if self.group is None else table.with_groups(self.group[index])
 
     def exclude_highest_loss(self, k: int) -> "RunTable":
         """Drops the k runs with the highest loss (Besiroglu et al. drop 5 outliers)."""
@@ -172,9 +184,10 @@ def records_to_columns(records: list[dict], source) -> dict[str, list]:
     return {k: [r.get(k, math.nan) for r in records] for k in names}
 
 
-def columns_table(cols: dict[str, list], source: str, **names: str | None) -> RunTable:
+def columns_table(cols: dict[str, list], source: str, group_by: Sequence[str] = (), **names: str | None) -> RunTable:
     """A ``RunTable`` from named columns; ``names`` (``N=``, ``D=``, ``C=``, ``loss=``, ``budget=``,
-    ``run=``) pick columns explicitly, the others are found by name (`CANDIDATES`)."""
+    ``run=``) pick columns explicitly, the others are found by name (`CANDIDATES`). ``group_by``: columns
+    whose values together label each run's bootstrap cluster (`RunTable.with_groups`; one row per run)."""
     columns = list(cols)
     if "status" in cols:  # a `jaxformer results` table: only finished runs have losses
         done = [i for i, v in enumerate(cols["status"]) if v == "done"]
@@ -187,9 +200,13 @@ def columns_table(cols: dict[str, list], source: str, **names: str | None) -> Ru
         raise ValueError(f"{source}: no tokens (D) or FLOPs (C) column (columns: {', '.join(columns)})")
     num = {role: _positive(col, _numbers(col, cols[col], source), source)
            for role, col in found.items() if col and role != "run"}
+    group_cols = [find_column(columns, "group", col, source) for col in group_by]
     run = found["run"]
     if run is None or len(set(map(str, cols[run]))) == len(cols[run]):
-        return RunTable.from_arrays(num["N"], num["loss"], num.get("D"), num.get("C"), num.get("budget"), source)
+        table = RunTable.from_arrays(num["N"], num["loss"], num.get("D"), num.get("C"), num.get("budget"), source)
+        return table.with_groups(zip(*(map(str, cols[col]) for col in group_cols))) if group_cols else table
+    if group_cols:
+        raise ValueError(f"{source}: bootstrap groups need one row per run, and column {run!r} repeats runs")
     return _long_form([str(v) for v in cols[run]], num, source)
 
 
@@ -211,8 +228,9 @@ def _long_form(run_ids: list[str], num: dict[str, np.ndarray], source: str) -> R
 
 
 def load_table(path: str | Path, *, n_col: str | None = None, d_col: str | None = None, c_col: str | None = None,
-               loss_col: str | None = None, budget_col: str | None = None, run_col: str | None = None) -> RunTable:
-    """Reads a table file (CSV, Parquet, JSONL) into a validated ``RunTable``.
+               loss_col: str | None = None, budget_col: str | None = None, run_col: str | None = None,
+               group_by: Sequence[str] = ()) -> RunTable:
+    """Reads a table file (CSV, Parquet, JSONL) into a validated ``RunTable``; ``group_by`` as `columns_table`.
 
     A sweep directory is read by the sweep itself (`jaxformer.sweep.table.sweep_table`).
     """
@@ -222,5 +240,5 @@ def load_table(path: str | Path, *, n_col: str | None = None, d_col: str | None 
     if path.is_dir():
         raise ValueError(f"{path} is a directory: give a table file, or read a sweep directory with "
                          "jaxformer.sweep.table.sweep_table (the `jaxformer fit` command does both)")
-    return columns_table(_read_columns(path), str(path), N=n_col, D=d_col, C=c_col, loss=loss_col,
+    return columns_table(_read_columns(path), str(path), group_by, N=n_col, D=d_col, C=c_col, loss=loss_col,
                          budget=budget_col, run=run_col)

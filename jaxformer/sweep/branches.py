@@ -3,7 +3,9 @@
 With ``branches: true`` in a sweep spec whose base trains on the ``wsd`` schedule with its warmup
 in tokens (``optimizer.warmup_tokens``), the runs that agree on everything but ``train.tokens``
 (model shape, seed, hyperparameters) share one *trunk*, and each planned run becomes a *branch*:
-it starts from the trunk's checkpoint at its *fork step* and trains only the rest of its schedule.
+it starts from the trunk's checkpoint at its *fork step* and trains only the rest of its schedule. The
+planner forks the runs (`jaxformer.sweep.plan.fork_runs`) and the spec refuses what cannot branch
+(`jaxformer.sweep.spec.check_branches`); this module trains trunks and branches.
 
 Fork step of a run of S updates whose cooldown takes c = ``cooldown_steps(S)`` of them:
 F = S − c − 1. Update k (0-based) reads the schedule at k + 1 (`jaxformer.train.optimizer`), so
@@ -39,75 +41,10 @@ import yaml
 from jaxformer.accounting import training_flops_per_token
 from jaxformer.configs import to_dict
 from jaxformer.files import write_json_atomic, write_text_atomic
-from jaxformer.sweep.formula import FormulaError
-from jaxformer.sweep.formula import check as check_formula
 from jaxformer.sweep.plan import PlannedRun
 from jaxformer.sweep.runs import Outcome, RunPaths, read_json
-from jaxformer.sweep.spec import SweepSpec
 from jaxformer.train.checkpoint import has_checkpoints
 from jaxformer.train.config import TrainConfig, config_from_dict, resume_conflict
-from jaxformer.train.optimizer import cooldown_steps, warmup_steps
-
-# what a hyperparameter formula may depend on when branches share a trunk: not D, not C
-TRUNK_NAMES = ("N", "d_model", "num_layers", "seed")
-
-
-def check_branches(spec: SweepSpec) -> None:
-    """Refuses ``branches: true`` on a spec whose trunk would depend on D: one line naming the field."""
-    base = config_from_dict(dict(spec.base)).optimizer
-    if base.schedule != "wsd":
-        raise ValueError(f"branches: true needs base optimizer.schedule: wsd (a stable phase to fork cooldowns "
-                         f"from), got {base.schedule!r}")
-    if base.warmup_tokens is None:
-        raise ValueError("branches: true needs base optimizer.warmup_tokens (a warmup_fraction would make the "
-                         "warmup, and so the trunk, differ per D)")
-    for key, formula in spec.hyperparameters.items():
-        try:
-            if isinstance(formula, str):
-                check_formula(formula, TRUNK_NAMES)
-        except FormulaError:
-            raise ValueError(f"hyperparameters.{key}: with branches: true, the branches of a trunk share it, so it "
-                             f"may depend on {', '.join(TRUNK_NAMES)} only, not on D or C (got {formula!r})") from None
-
-
-def fork_step(config: TrainConfig) -> int:
-    """F: the updates a branch of ``config``'s length shares with its trunk (see the module docstring)."""
-    return config.total_steps - cooldown_steps(config.optimizer, config.total_steps) - 1
-
-
-def fork_runs(runs: list[PlannedRun]) -> list[PlannedRun]:
-    """The planned runs as branches, each with its trunk's name (``trunk-N<N>-s<seed>``) and its fork step.
-
-    Raises ``ValueError`` naming a run that is not WSD with a warmup in tokens, or whose
-    cooldown would start inside its warmup.
-    """
-    names: dict[str, str] = {}  # trunk key -> name
-    branches = []
-    for run in runs:
-        config = config_from_dict(run.config)
-        if config.optimizer.schedule != "wsd" or config.optimizer.warmup_tokens is None:
-            raise ValueError(f"branches: run {run.name} trains with optimizer.schedule={config.optimizer.schedule}, "
-                             f"warmup_tokens={config.optimizer.warmup_tokens}; branches need wsd and warmup_tokens")
-        fork = fork_step(config)
-        warmup = warmup_steps(config.optimizer, config.total_steps, config.tokens_per_step)
-        if fork < max(warmup, 1):
-            raise ValueError(f"branches: run {run.name}'s cooldown starts at update {fork + 1} of "
-                             f"{config.total_steps}, before its warmup of {warmup} ends; lower "
-                             "optimizer.warmup_tokens or train longer")
-        name = names.setdefault(_trunk_key(run.config), f"trunk-N{run.N}-s{run.seed}")
-        branches.append(dataclasses.replace(run, trunk=name, fork_step=fork))
-    if len(set(names.values())) != len(names):
-        raise ValueError("branches: two trunks would share a name: the size rule maps two targets to two shapes "
-                         "of one N; change shape or the sizes")
-    return branches
-
-
-def _trunk_key(config: dict) -> str:
-    """What the branches of one trunk share: the whole config but ``train.tokens``."""
-    shared = copy.deepcopy(config)
-    del shared["train"]["tokens"]
-    return json.dumps(shared, sort_keys=True)
-
 
 def trunks_of(runs: list[PlannedRun]) -> list[PlannedRun]:
     """The trunks of the branches among ``runs`` (none when no run is a branch), in order of their first branch."""

@@ -59,10 +59,12 @@ class LaunchResult:
     elsewhere: list[str]
 
 
-def plan_table(runs: list[PlannedRun], *, workers: int, probe: bool, adapt_limit: int | None = None) -> str:
+def plan_table(runs: list[PlannedRun], *, workers: int, probe: bool, adapt_limit: int | None = None,
+               together: bool = False) -> str:
     """The table of runs with estimated minutes from a throughput probe of one run per distinct shape.
 
     ``adapt_limit``: the spec's ``isoflop.adapt_limit`` when ``isoflop.adapt`` is on (a line on what it may add).
+    ``together``: the spec's ``together`` (a line on the groups that will train as one program each).
     """
     trunks = trunks_of(runs)  # with branches: trained first, then each run from its trunk's fork (steps: from → to)
     estimates = _estimate_minutes(trunks + runs) if probe else {}
@@ -89,6 +91,8 @@ def plan_table(runs: list[PlannedRun], *, workers: int, probe: bool, adapt_limit
                      f"{adapt_limit * sum(b * n for b, n in seeds.items()):.3g} FLOPs), trained after these")
     if compute:
         lines.append(compute.line())
+    if together:
+        lines.append(_together_line(trunks + runs))
     note = repeated_data_note(runs)
     return "\n".join(lines + ([note] if note else []))
 
@@ -224,7 +228,7 @@ def launch(spec: SweepSpec, runs: list[PlannedRun], out: Path, options: LaunchOp
         progress = SweepProgress(out, [dataclasses.asdict(run) for run in planned], initial, write=report)
         items = together_groups(planned, names) if spec.together else names
         if len(items) < len(names):
-            report(f"together: {len(names)} runs in {len(items)} worker requests, each group one program")
+            report(_together_line(planned, names))
         queue = WorkQueue(items, after=after, prepare=prepare, shape={run.name: _shape(run.config) for run in planned},
                           compiled=pool.compiled if pool is not None else None)
         with progress:
@@ -272,6 +276,19 @@ def together_groups(planned: list[PlannedRun], names: list[str]) -> list[str | t
     configs = {run.name: run.config for run in planned}
     return [group if len(group) > 1 else group[0]
             for group in groups({name: config_from_dict(configs[name]) for name in names})]
+
+
+def _together_line(planned: list[PlannedRun], names: list[str] | None = None) -> str:
+    """What ``together: true`` makes of ``names`` (default: every planned run): how many worker requests."""
+    names = [run.name for run in planned] if names is None else names
+    items = together_groups(planned, names)
+    groups = [item for item in items if isinstance(item, tuple)]
+    if not groups:
+        return f"together: no runs of the {len(names)} can share a program (none differ only in lr schedule or seed)"
+    sizes = sorted({len(group) for group in groups})
+    size = f"{sizes[0]}" if len(sizes) == 1 else f"{sizes[0]}–{sizes[-1]}"
+    return (f"together: {len(names)} runs in {len(items)} worker requests, each group one program "
+            f"({len(groups)} of {size} runs)")
 
 
 def _elsewhere(rows: list[dict], outcomes: list) -> list[str]:

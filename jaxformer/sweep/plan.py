@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
 from typing import Any
 
 from jaxformer.accounting import count_params, training_flops_per_token
@@ -12,6 +13,7 @@ from jaxformer.architecture import ModelConfig
 from jaxformer.sweep.sizing import ShapeRule, shape_for_params
 from jaxformer.sweep.spec import SweepSpec, evaluate_formula
 from jaxformer.train.config import TrainConfig, config_from_dict
+from jaxformer.train.optimizer import cooldown_steps, warmup_steps
 
 SHAPE_FIELDS = ("num_layers", "d_model", "num_heads", "num_kv_heads", "head_dim", "d_ff", "expert_d_ff")
 
@@ -106,7 +108,7 @@ def plan_run(spec: SweepSpec, budget_or_tokens: float, target: float, seed: int,
 
 def plan_runs(spec: SweepSpec) -> list[PlannedRun]:
     """Every run of the sweep, in launch order (budgets ascending, then sizes, then seeds); with ``branches``,
-    as branches of their trunks (`jaxformer.sweep.branches.fork_runs`)."""
+    as branches of their trunks (`fork_runs`)."""
     rule = spec.flops_rule
     runs: list[PlannedRun] = []
     for budget_or_tokens in sorted(spec.isoflop.budgets if spec.isoflop else spec.grid.tokens):
@@ -118,11 +120,46 @@ def plan_runs(spec: SweepSpec) -> list[PlannedRun]:
         duplicate = next(name for name in names if names.count(name) > 1)
         raise ValueError(f"two runs of the sweep have the same shape and budget ({duplicate}); "
                          "the size rule mapped two targets to one model, or a seed is listed twice")
-    if spec.branches:
-        from jaxformer.sweep.branches import fork_runs  # it builds on this module
+    return fork_runs(runs) if spec.branches else runs
 
-        return fork_runs(runs)
-    return runs
+
+def fork_step(config: TrainConfig) -> int:
+    """F: the updates a branch of ``config``'s length shares with its trunk (see the module docstring)."""
+    return config.total_steps - cooldown_steps(config.optimizer, config.total_steps) - 1
+
+
+def fork_runs(runs: list[PlannedRun]) -> list[PlannedRun]:
+    """The planned runs as branches, each with its trunk's name (``trunk-N<N>-s<seed>``) and its fork step.
+
+    Raises ``ValueError`` naming a run that is not WSD with a warmup in tokens, or whose
+    cooldown would start inside its warmup.
+    """
+    names: dict[str, str] = {}  # trunk key -> name
+    branches = []
+    for run in runs:
+        config = config_from_dict(run.config)
+        if config.optimizer.schedule != "wsd" or config.optimizer.warmup_tokens is None:
+            raise ValueError(f"branches: run {run.name} trains with optimizer.schedule={config.optimizer.schedule}, "
+                             f"warmup_tokens={config.optimizer.warmup_tokens}; branches need wsd and warmup_tokens")
+        fork = fork_step(config)
+        warmup = warmup_steps(config.optimizer, config.total_steps, config.tokens_per_step)
+        if fork < max(warmup, 1):
+            raise ValueError(f"branches: run {run.name}'s cooldown starts at update {fork + 1} of "
+                             f"{config.total_steps}, before its warmup of {warmup} ends; lower "
+                             "optimizer.warmup_tokens or train longer")
+        name = names.setdefault(_trunk_key(run.config), f"trunk-N{run.N}-s{run.seed}")
+        branches.append(dataclasses.replace(run, trunk=name, fork_step=fork))
+    if len(set(names.values())) != len(names):
+        raise ValueError("branches: two trunks would share a name: the size rule maps two targets to two shapes "
+                         "of one N; change shape or the sizes")
+    return branches
+
+
+def _trunk_key(config: dict) -> str:
+    """What the branches of one trunk share: the whole config but ``train.tokens``."""
+    shared = copy.deepcopy(config)
+    del shared["train"]["tokens"]
+    return json.dumps(shared, sort_keys=True)
 
 
 def repeated_data_note(runs: list[PlannedRun]) -> str | None:

@@ -281,6 +281,28 @@ def evaluate_formula(key: str, formula: Any, variables: dict[str, float] | None)
         raise ValueError(f"hyperparameters.{key}: cannot evaluate {formula!r}: {error}") from None
 
 
+# what a hyperparameter formula may depend on when branches share a trunk: not D, not C
+TRUNK_NAMES = ("N", "d_model", "num_layers", "seed")
+
+
+def check_branches(spec: SweepSpec) -> None:
+    """Refuses ``branches: true`` on a spec whose trunk would depend on D: one line naming the field."""
+    base = config_from_dict(dict(spec.base)).optimizer
+    if base.schedule != "wsd":
+        raise ValueError(f"branches: true needs base optimizer.schedule: wsd (a stable phase to fork cooldowns "
+                         f"from), got {base.schedule!r}")
+    if base.warmup_tokens is None:
+        raise ValueError("branches: true needs base optimizer.warmup_tokens (a warmup_fraction would make the "
+                         "warmup, and so the trunk, differ per D)")
+    for key, formula in spec.hyperparameters.items():
+        try:
+            if isinstance(formula, str):
+                check_formula(formula, TRUNK_NAMES)
+        except FormulaError:
+            raise ValueError(f"hyperparameters.{key}: with branches: true, the branches of a trunk share it, so it "
+                             f"may depend on {', '.join(TRUNK_NAMES)} only, not on D or C (got {formula!r})") from None
+
+
 def load_spec(path: str | Path) -> SweepSpec:
     """Reads and validates a sweep YAML: unknown keys, bad values and bad formulas raise ``ValueError``."""
     data = load_yaml(path)
@@ -295,7 +317,5 @@ def load_spec(path: str | Path) -> SweepSpec:
         raise ValueError("tune and hyperparameters.optimizer.lr both set the learning rate; keep one "
                          "(the tuning stage writes the rule the runs train with)")
     if spec.branches:
-        from jaxformer.sweep.branches import check_branches  # here: branches.py builds on plan.py, which imports this
-
         check_branches(spec)
     return spec

@@ -29,13 +29,18 @@ def random_windows(config: TrainConfig, seed: int = 0) -> np.ndarray:
 class TrainStepRunner:
     """The compiled train step of ``config`` with its state, on the run's mesh, ready to be timed.
 
-    ``devices``: how many devices the step runs on (data-parallel by default).
+    ``devices``: how many devices the step runs on (data-parallel by default; ``one_device``: the first
+    device alone, which has every core's intra-op threads for its matmuls).
     ``compile_s``: the first call (trace, compile, one step). ``run(steps)`` dispatches
     ``steps`` steps back to back and synchronises once, as the training loop does.
     """
 
-    def __init__(self, config: TrainConfig) -> None:
-        layout = Layout.for_run(config.parallel, config.model, config.micro_batch)
+    def __init__(self, config: TrainConfig, *, one_device: bool = False) -> None:
+        if one_device:
+            layout = Layout.from_config(config.parallel, jax.devices()[:1])
+            layout.check(config.model, config.micro_batch)
+        else:
+            layout = Layout.for_run(config.parallel, config.model, config.micro_batch)
         self.devices = layout.mesh.devices.size
         optimizer = make_optimizer(config.optimizer)
         graphdef, self.state = layout.materialize(lambda: build_state(config.model, config.train.seed, optimizer, config.kernel))

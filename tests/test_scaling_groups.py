@@ -1,0 +1,60 @@
+"""Approach 3's cluster bootstrap (`RunTable.group`): runs that share an error are resampled together."""
+
+import csv
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from jaxformer.scaling.bootstrap import bootstrap_parametric, resample_counts
+from jaxformer.scaling.parametric import fit_parametric
+from jaxformer.scaling.table import RunTable, load_table
+
+CHINCHILLA = Path(__file__).resolve().parents[2] / "shared" / "data" / "chinchilla_svg_extracted.csv"
+
+
+def test_a_cluster_draw_takes_every_run_of_its_cluster():
+    groups = np.array([0, 0, 1, 2, 2, 2])
+    counts = resample_counts(6, 50, seed=3, groups=groups)
+    clusters = np.random.default_rng(3).multinomial(3, np.full(3, 1 / 3), size=50)
+    np.testing.assert_array_equal(counts, clusters[:, groups])
+    assert (counts[:, :2].sum(axis=1) == 2 * counts[:, 0]).all()
+
+
+def test_a_table_listing_every_run_twice_bootstraps_as_the_table_once_when_the_copies_are_a_cluster():
+    """Two copies of each run are perfectly correlated: drawn as clusters they carry the evidence of one run (the
+    same intervals as the table once); drawn as runs they pretend to twice the evidence (intervals ~1/√2 as wide)."""
+    once = load_table(CHINCHILLA).exclude_highest_loss(5)
+    n = len(once)
+    twice = RunTable.from_arrays(np.tile(once.N, 2), np.tile(once.loss, 2), D=np.tile(once.D, 2))
+    clustered = twice.with_groups(np.tile(np.arange(n), 2))
+    fit_once = fit_parametric(once)
+    fit_twice = fit_parametric(twice)
+    assert fit_twice.law.a == pytest.approx(fit_once.law.a, rel=1e-4)
+    runs = bootstrap_parametric(once, fit_once, resamples=100, seed=0)
+    copies = bootstrap_parametric(twice, fit_twice, resamples=100, seed=0)
+    clusters = bootstrap_parametric(clustered, fit_twice, resamples=100, seed=0)
+    assert clusters.groups == n and runs.groups is None
+    for name in ("alpha", "beta", "E", "a"):
+        assert clusters.stats[name].se == pytest.approx(runs.stats[name].se, rel=0.02), name
+        assert 1.2 < runs.stats[name].se / copies.stats[name].se < 1.7, name
+
+
+def test_groups_come_from_columns_of_a_table_file(tmp_path):
+    path = tmp_path / "runs.csv"
+    rows = [("N", "D", "loss", "seed", "status"), (1e4, 1e6, 2.0, 0, "done"), (1e4, 2e6, 1.9, 0, "done"),
+            (1e4, 1e6, 2.01, 1, "done"), (3e4, 1e6, 1.8, 0, "failed"), (3e4, 2e6, 1.7, 0, "done")]
+    with path.open("w", newline="") as handle:
+        csv.writer(handle).writerows(rows)
+    table = load_table(path, group_by=["N", "seed"])
+    np.testing.assert_array_equal(table.group, [0, 0, 1, 2])  # the failed run is not a row
+    group_of = {(n, d, loss): g for n, d, loss, g in zip(table.N, table.D, table.loss, table.group)}
+    ordered = table.canonical()  # the fit's order: each run keeps its group
+    assert [group_of[key] for key in zip(ordered.N, ordered.D, ordered.loss)] == list(ordered.group)
+    np.testing.assert_array_equal(table.subset(np.array([1, 3])).group, [0, 1])
+    result = subprocess.run([sys.executable, "-m", "jaxformer.cli", "fit", str(path), "--bootstrap-groups", "N,sede"],
+                            capture_output=True, text=True)
+    assert result.returncode == 2 and "column 'sede' not found" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
