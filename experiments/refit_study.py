@@ -22,7 +22,8 @@ def refit(study: Path) -> str:
     spec = load_spec(study / "spec.yaml")
     with (study / "results.csv").open(newline="") as handle:
         done = [row for row in csv.DictReader(handle) if row["status"] == "done"]
-    text, _ = fit_and_write(load_table(study / "results.csv"), done, spec.fit, study)
+    table = load_table(study / "results.csv", group_by=spec.fit.bootstrap_groups)
+    text, _ = fit_and_write(table, done, spec.fit, study)
     for figure in study.glob("*.svg"):  # the studies keep the PNGs only
         figure.unlink()
     (study / "refit_log.txt").write_text(text.lstrip("\n") + "\n")

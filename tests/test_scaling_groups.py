@@ -1,6 +1,7 @@
 """Approach 3's cluster bootstrap (`RunTable.group`): runs that share an error are resampled together."""
 
 import csv
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -58,3 +59,32 @@ def test_groups_come_from_columns_of_a_table_file(tmp_path):
                             capture_output=True, text=True)
     assert result.returncode == 2 and "column 'sede' not found" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def test_a_sweep_directory_groups_its_runs_by_planned_fields(tmp_path):
+    from jaxformer.sweep.table import sweep_table, write_sweep
+
+    table = RunTable.from_arrays([1e4, 1e4, 3e4, 3e4], [2.0, 1.9, 1.8, 1.7], D=[1e6, 2e6, 1e6, 2e6])
+    directory = write_sweep(table, tmp_path / "sweep")
+    plan = json.loads((directory / "plan.json").read_text())
+    for entry, (n, seed) in zip(plan["runs"], [(1e4, 0), (1e4, 0), (3e4, 0), (3e4, 1)]):
+        entry.update(N=n, seed=seed)
+    (directory / "plan.json").write_text(json.dumps(plan))
+    np.testing.assert_array_equal(sweep_table(directory, group_by=["N", "seed"]).group, [0, 0, 1, 2])
+    assert sweep_table(directory).group is None
+    with pytest.raises(ValueError, match="plan.json's runs have no field 'trunk'"):
+        sweep_table(directory, group_by=["trunk"])
+
+
+def test_a_spec_names_its_bootstrap_groups_among_the_planned_fields(tmp_path):
+    import yaml
+
+    from jaxformer.sweep.spec import load_spec
+
+    spec = yaml.safe_load((Path(__file__).resolve().parents[1] / "sweeps" / "tiny.yaml").read_text())
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump({**spec, "fit": {"bootstrap": 10, "bootstrap_groups": ["N", "seed"]}}))
+    assert load_spec(path).fit.bootstrap_groups == ["N", "seed"]
+    path.write_text(yaml.safe_dump({**spec, "fit": {"bootstrap_groups": ["trunk"]}}))
+    with pytest.raises(ValueError, match="fit.bootstrap_groups: 'trunk' is not one of N, N_non_embedding, seed"):
+        load_spec(path)

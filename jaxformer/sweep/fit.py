@@ -28,7 +28,7 @@ def fit_sweep(out: Path, rows: list[dict], spec: FitSpec) -> tuple[str, FitRepor
     done = [row for row in rows if row["status"] == "done"]
     try:
         flops = spec.flops or (done[0]["flops_rule"] if done else "exact")
-        table = sweep_table(out, params=spec.params, flops=flops)
+        table = sweep_table(out, params=spec.params, flops=flops, group_by=spec.bootstrap_groups)
     except ValueError as error:
         return f"fit skipped ({len(done)} finished runs): {error}", None
     return fit_and_write(table, done, spec, out / "fit")

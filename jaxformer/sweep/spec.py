@@ -123,13 +123,19 @@ class GridSpec:
     flops: Literal["6ND", "exact"] = "exact"
 
 
+# the planned-run fields (and results-table columns) that can label bootstrap groups
+GROUP_FIELDS = ("N", "N_non_embedding", "seed", "budget")
+
+
 @dataclasses.dataclass(frozen=True)
 class FitSpec:
     """What to fit when the sweep ends (Chinchilla approaches), on which counts.
 
     params: N as ``total`` or ``non_embedding`` parameters; flops: C as ``exact`` or ``6ND``
     training FLOPs (unset: the rule the sweep planned its budgets with); approach2_resample:
-    what Approach 2's bootstrap draws, ``runs`` or ``residuals`` (`jaxformer.scaling.isoflop`).
+    what Approach 2's bootstrap draws, ``runs`` or ``residuals`` (`jaxformer.scaling.isoflop`);
+    bootstrap_groups: planned-run fields whose values together make Approach 3's bootstrap draw groups of runs
+    instead of single runs (``[N, seed]``: the branches of one WSD trunk, which share its stable phase).
     """
 
     approaches: list[int] = dataclasses.field(default_factory=lambda: [2, 3])
@@ -137,6 +143,12 @@ class FitSpec:
     approach2_resample: Literal["runs", "residuals"] = "runs"
     params: Literal["total", "non_embedding"] = "total"
     flops: Literal["exact", "6ND"] | None = None
+    bootstrap_groups: list[str] = dataclasses.field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        for field in self.bootstrap_groups:
+            if field not in GROUP_FIELDS:
+                raise ValueError(f"fit.bootstrap_groups: {field!r} is not one of {', '.join(GROUP_FIELDS)}")
 
 
 @dataclasses.dataclass(frozen=True)

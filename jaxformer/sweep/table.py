@@ -11,6 +11,7 @@ same way (synthetic sweeps for tests and notebooks).
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -26,11 +27,13 @@ FLOPS = {"exact": "flops_exact", "6ND": "flops_6nd"}
 
 
 def sweep_table(path: str | Path, *, params: str = "total", flops: str = "exact",
-                loss_col: str | None = None) -> RunTable:
+                loss_col: str | None = None, group_by: Sequence[str] = ()) -> RunTable:
     """The finished runs of the sweep at ``path``, with budgets and curves where recorded.
 
     params: ``total`` or ``non_embedding`` parameter counts as N; flops: ``exact`` (attention and
     the head included) or ``6ND`` training FLOPs as C. The table's source names the columns used.
+    group_by: fields of the runs' ``plan.json`` entries (``N``, ``seed``…) that label their bootstrap
+    groups (`RunTable.with_groups`).
     """
     if params not in PARAMS or flops not in FLOPS:
         raise ValueError(f"params must be one of {', '.join(PARAMS)} and flops one of {', '.join(FLOPS)}, "
@@ -44,6 +47,8 @@ def sweep_table(path: str | Path, *, params: str = "total", flops: str = "exact"
     if planned is not None:  # the plan's runs only: a held-out run (`jaxformer.sweep.verify`) is not the sweep's
         budgets = {r["name"]: r.get("budget") for r in planned}
         run_dirs = [d for d in run_dirs if d.name in budgets]
+    elif group_by:
+        raise ValueError(f"{path}: bootstrap groups are read from plan.json, and there is none")
     if not run_dirs:
         raise ValueError(f"{path}: no run sub-directories with final.json")
     records = [load_json(d / "final.json") for d in run_dirs]
@@ -53,6 +58,12 @@ def sweep_table(path: str | Path, *, params: str = "total", flops: str = "exact"
     n_col, c_col = PARAMS[params], FLOPS[flops]
     source = f"{path} (N: {n_col}, C: {c_col})"
     table = columns_table(records_to_columns(records, path), source, N=n_col, C=c_col, loss=loss_col)
+    if group_by:
+        entries = {r["name"]: r for r in planned}
+        missing = [field for field in group_by if field not in entries[run_dirs[0].name]]
+        if missing:
+            raise ValueError(f"{path}: plan.json's runs have no field {missing[0]!r} to group by")
+        table = table.with_groups(tuple(entries[d.name][field] for field in group_by) for d in run_dirs)
     run, tokens, loss = [], [], []
     for i, d in enumerate(run_dirs):
         if not (d / CURVE_FILE).is_file():
