@@ -49,8 +49,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--approach2-resample", default="runs", choices=("runs", "residuals"),
                         help="Approach 2's bootstrap: draw each budget's runs (default) or its parabola's residuals")
     parser.add_argument("--bootstrap-groups", metavar="COL[,COL]",
-                        help="Approach 3's bootstrap draws groups of runs equal in these columns instead of single "
-                             "runs (e.g. N,seed: the branches of one WSD trunk share its stable phase)")
+                        help="Approach 3's bootstrap draws groups of runs equal in these columns (a sweep directory: "
+                             "its plan.json fields) instead of single runs (e.g. N,seed: the branches of one WSD "
+                             "trunk share its stable phase)")
     parser.add_argument("--bootstrap-starts", type=int, default=4,
                         help="Approach 3 starts per resample: the point optimum and the best grid starts")
     for role, flag in (("N", "--n-col"), ("D", "--d-col"), ("C", "--c-col"), ("loss", "--loss-col"),
@@ -59,17 +60,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    group_by = args.bootstrap_groups.split(",") if args.bootstrap_groups else ()
     if Path(args.results).is_dir():  # a sweep hands its runs over as a table
         from jaxformer.sweep.table import sweep_table
 
-        if args.bootstrap_groups:
-            raise ValueError(f"--bootstrap-groups names columns of a table file; fit {args.results}'s results.csv "
-                             "(`jaxformer results DIR --format csv`) to group its runs")
-        table = sweep_table(args.results, params=args.params, flops=args.flops, loss_col=args.loss_col)
+        table = sweep_table(args.results, params=args.params, flops=args.flops, loss_col=args.loss_col,
+                            group_by=group_by)
     else:
         table = load_table(args.results, n_col=args.n_col, d_col=args.d_col, c_col=args.c_col,
                            loss_col=args.loss_col, budget_col=args.budget_col, run_col=args.run_col,
-                           group_by=args.bootstrap_groups.split(",") if args.bootstrap_groups else ())
+                           group_by=group_by)
     table = table.exclude_highest_loss(args.exclude_highest_loss)
     enable_compilation_cache()  # the solver's programs compile once per machine, not once per fit
     report = fit_table(table, args.approach, resamples=args.bootstrap, seed=args.seed, level=args.level,

@@ -66,9 +66,10 @@ class Layout:
         return cls(make_mesh(sizes, devices), rules)
 
     @classmethod
-    def for_run(cls, parallel: ParallelConfig, model: ModelConfig, micro_batch: int) -> Layout:
-        """The layout a training run uses, checked against its model and micro-batch."""
-        layout = cls.from_config(parallel, micro_batch=micro_batch)
+    def for_run(cls, parallel: ParallelConfig, model: ModelConfig, micro_batch: int,
+                devices: Sequence[jax.Device] | None = None) -> Layout:
+        """The layout a training run uses (over ``devices``, default all), checked against its model and micro-batch."""
+        layout = cls.from_config(parallel, devices, micro_batch=micro_batch)
         layout.check(model, micro_batch)
         return layout
 

@@ -92,7 +92,8 @@ def plan_table(runs: list[PlannedRun], *, workers: int, probe: bool, adapt_limit
     if compute:
         lines.append(compute.line())
     if together:
-        lines.append(_together_line(trunks + runs))
+        names = [run.name for run in trunks + runs]
+        lines.append(_together_line(len(names), together_groups(trunks + runs, names)))
     note = repeated_data_note(runs)
     return "\n".join(lines + ([note] if note else []))
 
@@ -228,7 +229,7 @@ def launch(spec: SweepSpec, runs: list[PlannedRun], out: Path, options: LaunchOp
         progress = SweepProgress(out, [dataclasses.asdict(run) for run in planned], initial, write=report)
         items = together_groups(planned, names) if spec.together else names
         if len(items) < len(names):
-            report(_together_line(planned, names))
+            report(_together_line(len(names), items))
         queue = WorkQueue(items, after=after, prepare=prepare, shape={run.name: _shape(run.config) for run in planned},
                           compiled=pool.compiled if pool is not None else None)
         with progress:
@@ -278,16 +279,14 @@ def together_groups(planned: list[PlannedRun], names: list[str]) -> list[str | t
             for group in groups({name: config_from_dict(configs[name]) for name in names})]
 
 
-def _together_line(planned: list[PlannedRun], names: list[str] | None = None) -> str:
-    """What ``together: true`` makes of ``names`` (default: every planned run): how many worker requests."""
-    names = [run.name for run in planned] if names is None else names
-    items = together_groups(planned, names)
+def _together_line(count: int, items: list[str | tuple[str, ...]]) -> str:
+    """What ``together: true`` made of ``count`` runs (``items``, `together_groups`): how many worker requests."""
     groups = [item for item in items if isinstance(item, tuple)]
     if not groups:
-        return f"together: no runs of the {len(names)} can share a program (none differ only in lr schedule or seed)"
+        return f"together: no runs of the {count} can share a program (none differ only in lr schedule or seed)"
     sizes = sorted({len(group) for group in groups})
     size = f"{sizes[0]}" if len(sizes) == 1 else f"{sizes[0]}–{sizes[-1]}"
-    return (f"together: {len(names)} runs in {len(items)} worker requests, each group one program "
+    return (f"together: {count} runs in {len(items)} worker requests, each group one program "
             f"({len(groups)} of {size} runs)")
 
 

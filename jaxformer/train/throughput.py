@@ -36,11 +36,8 @@ class TrainStepRunner:
     """
 
     def __init__(self, config: TrainConfig, *, one_device: bool = False) -> None:
-        if one_device:
-            layout = Layout.from_config(config.parallel, jax.devices()[:1])
-            layout.check(config.model, config.micro_batch)
-        else:
-            layout = Layout.for_run(config.parallel, config.model, config.micro_batch)
+        layout = Layout.for_run(config.parallel, config.model, config.micro_batch,
+                                jax.devices()[:1] if one_device else None)
         self.devices = layout.mesh.devices.size
         optimizer = make_optimizer(config.optimizer)
         graphdef, self.state = layout.materialize(lambda: build_state(config.model, config.train.seed, optimizer, config.kernel))
