@@ -4,16 +4,15 @@ import os
 import shutil
 import subprocess
 import sys
-import textwrap
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
 
 import jaxformer.functional as F
 from jaxformer.functional import fused_attention
+from model_helpers import run_python, train_losses
 
 TOL = 1e-5  # fp32: the kernel re-associates the sums and uses a polynomial exp
 
@@ -74,6 +73,32 @@ def test_fused_matches_naive_values_and_gradients(kernel, case):
 
 
 @needs_kernel
+def test_bf16_inputs_compute_in_fp32(kernel):
+    """bf16 q, k, v: the fp32 kernel on the upcast inputs, rounded back to bf16 (values and gradients), and
+    the naive bf16 path's numbers to bf16 precision."""
+    q, k, v, cotangent = (x.astype(jnp.bfloat16) for x in _inputs(2, 13, 13, 4, 2, 16))
+
+    def out_and_grads(impl, dtype):
+        def loss(q, k, v):
+            out = F.attention(*(x.astype(dtype) for x in (q, k, v)), impl=impl, causal=True)
+            return jnp.sum(out.astype(jnp.float32) * cotangent), out
+        return jax.jit(jax.grad(loss, argnums=(0, 1, 2), has_aux=True))
+
+    assert _targets(out_and_grads("fused", jnp.bfloat16), q, k, v) == {fused_attention.FORWARD_TARGET,
+                                                                        fused_attention.BACKWARD_TARGET}
+    grads, out = out_and_grads("fused", jnp.bfloat16)(q, k, v)
+    grads_fp32, out_fp32 = out_and_grads("fused", jnp.float32)(q, k, v)
+    grads_naive, out_naive = out_and_grads("naive", jnp.bfloat16)(q, k, v)
+    assert out.dtype == jnp.bfloat16 and all(grad.dtype == jnp.bfloat16 for grad in grads)
+    np.testing.assert_array_equal(out, out_fp32.astype(jnp.bfloat16))
+    np.testing.assert_allclose(out.astype(jnp.float32), out_naive.astype(jnp.float32), atol=2 ** -6)
+    for grad, grad_fp32, grad_naive in zip(grads, grads_fp32, grads_naive):
+        scale = float(jnp.max(jnp.abs(grad_fp32)))
+        np.testing.assert_allclose(grad.astype(jnp.float32), grad_fp32, atol=scale * 2 ** -8)
+        np.testing.assert_allclose(grad.astype(jnp.float32), grad_naive.astype(jnp.float32), atol=scale * 2 ** -5)
+
+
+@needs_kernel
 def test_fused_ignores_query_blocks_and_takes_unbatched_inputs(kernel):
     q, k, v, _ = _inputs(1, 13, 13, 2, 1, 16)
     reference = F.attention(q, k, v, causal=True, query_block_size=4)
@@ -83,59 +108,37 @@ def test_fused_ignores_query_blocks_and_takes_unbatched_inputs(kernel):
 
 @needs_kernel
 def test_unsupported_arguments_take_the_plain_path(kernel):
-    """Key lengths, windows, biases, bf16 and a traced offset are the plain path's: same numbers, no FFI call."""
+    """Key lengths, windows, biases, fp16 and a traced offset are the plain path's: same numbers, no FFI call."""
     q, k, v, _ = _inputs(2, 9, 9, 2, 1, 16)
     for kwargs in (dict(key_lengths=jnp.array([9, 4])), dict(window=3), dict(causal=True, alibi_slopes=F.alibi_slopes(2))):
         fused = lambda q, k, v, kwargs=kwargs: F.attention(q, k, v, impl="fused", **kwargs)
         assert _targets(fused, q, k, v) == set(), kwargs
         np.testing.assert_allclose(fused(q, k, v), F.attention(q, k, v, **kwargs), atol=TOL, err_msg=str(kwargs))
-    bf16 = [x.astype(jnp.bfloat16) for x in (q, k, v)]
-    assert _targets(lambda *x: F.attention(*x, impl="fused"), *bf16) == set()
+    fp16 = [x.astype(jnp.float16) for x in (q, k, v)]
+    assert _targets(lambda *x: F.attention(*x, impl="fused"), *fp16) == set()
     traced = lambda q, k, v, offset: F.attention(q, k, v, impl="fused", causal=True, q_offset=offset)
     assert _targets(traced, q, k, v, 0) == set()
 
 
 @needs_kernel
 def test_train_step_with_fused_attention_equals_naive(kernel):
-    from jaxformer.train.config import load_config
-    from jaxformer.train.step import build_state, make_train_step
-
-    windows = jnp.asarray(np.random.default_rng(0).integers(0, 256, (1, 4, 33)).astype(np.int32))
-    lr = np.float32(1e-2)
     losses = {}
     for impl in ("naive", "fused"):
-        config = load_config(None, ["model.d_model=64", "model.num_layers=2", "model.num_heads=4",
-                                    "model.num_kv_heads=2", "model.max_seq_len=32", "train.seq_len=32",
-                                    f"kernel.attention_impl={impl}"])
-        optimizer = optax.adam(1e-2)
-        graphdef, state = build_state(config.model, 0, optimizer, config.kernel)
-        step = make_train_step(graphdef, optimizer, "float32")
-        if impl == "fused":
-            assert _targets(step, state, windows, lr) == {fused_attention.FORWARD_TARGET, fused_attention.BACKWARD_TARGET}
-        running = [0.0]
-        for _ in range(4):
-            state = step(state, windows, lr)
-            running.append(float(state["sums"]["loss"]))  # the running sum since the last log row
-        losses[impl] = np.diff(running)
+        losses[impl], _, calls = train_losses([f"kernel.attention_impl={impl}"], target=fused_attention.BACKWARD_TARGET)
+        assert calls == (impl == "fused")
     np.testing.assert_allclose(losses["fused"], losses["naive"], rtol=1e-5)
     assert losses["naive"][-1] < losses["naive"][0]  # the steps train
-
-
-def _run_python(script: str, env: dict) -> subprocess.CompletedProcess:
-    done = subprocess.run([sys.executable, "-c", textwrap.dedent(script)], capture_output=True, text=True,
-                          timeout=300, env={**os.environ, **env})
-    assert done.returncode == 0, done.stdout + done.stderr
-    return done
 
 
 def test_missing_library_falls_back_to_the_plain_path_with_one_warning(tmp_path):
     """The loader pointed at a library that does not exist: ``fused`` computes with ``naive``, and says so once."""
     missing = tmp_path / "absent" / "fused_attention.so"
-    done = _run_python("""
+    done = run_python("""
         import warnings
         import jax, jax.numpy as jnp, numpy as np
         import jaxformer.functional as F
         from jaxformer.functional import fused_attention
+from model_helpers import run_python, train_losses
         q = jax.random.normal(jax.random.key(0), (2, 13, 4, 16))
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -165,7 +168,7 @@ def test_bench_says_when_the_kernel_is_unavailable(tmp_path):
 @needs_kernel
 def test_data_parallel_mesh_splits_the_call_by_batch(kernel):
     """Two CPU devices, batch-sharded inputs: the FFI calls run on each device's half, no all-gather."""
-    done = _run_python("""
+    done = run_python("""
         import jax, jax.numpy as jnp, numpy as np
         from jax.sharding import NamedSharding, PartitionSpec
         import jaxformer.functional as F

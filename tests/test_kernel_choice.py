@@ -33,11 +33,12 @@ def test_fastest_needs_a_margin_over_the_reference():
 
 
 def test_out_of_scope_models_have_one_candidate_and_say_why():
-    cases = {"train.compute_dtype=bfloat16": "fp32 only", "model.position=alibi": "attention bias",
-             "model.sliding_window=16": "no sliding window"}
+    cases = {"model.position=alibi": "attention bias", "model.sliding_window=16": "no sliding window"}
     for override, why in cases.items():
         impls, reason = kernel_choice.candidates(load_config(None, TINY + [override]))
         assert impls == ["naive"] and why in reason
+    bf16 = kernel_choice.candidates(load_config(None, TINY + ["train.compute_dtype=bfloat16"]))
+    assert bf16 == (["naive", "fused"], "")  # the kernel computes bf16 inputs in fp32
 
 
 def test_a_named_implementation_is_kept():

@@ -40,6 +40,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--attention-impl", default="naive",
                         help="jaxformer's kernel.attention_impl (naive | blockwise | xla | fused | auto: the "
                              "fastest measured per size, kept in the machine's cache for later runs); torch uses SDPA")
+    parser.add_argument("--matmul-impl", default="xla",
+                        help="jaxformer's kernel.matmul_impl (xla | onednn: bf16 projections through oneDNN)")
     parser.add_argument("--dtypes", default="float32,bfloat16",
                         help="compute dtypes to time, comma-separated (bfloat16: fp32 masters, against torch autocast)")
     parser.add_argument("--steps", type=int, default=10, help="steps per timed repeat")
@@ -54,9 +56,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def bench_config(d_model: int, layers: int, seq_len: int, batch: int, dtype: str = "float32",
-                 attention_impl: str = "naive"):
+                 attention_impl: str = "naive", matmul_impl: str = "xla"):
     """A jaxformer `TrainConfig` of the CPU sweeps' architecture (the `tiny` preset) at this size, compute dtype
-    and attention implementation."""
+    and attention and matmul implementations."""
     from jaxformer.train.config import config_from_dict
 
     heads = max(1, d_model // 32)
@@ -64,7 +66,7 @@ def bench_config(d_model: int, layers: int, seq_len: int, batch: int, dtype: str
         "model": {"preset": "tiny", "d_model": d_model, "num_layers": layers, "num_heads": heads,
                   "max_seq_len": max(seq_len, 256)},
         "train": {"batch_size": batch, "seq_len": seq_len, "tokens": batch * seq_len * 1000, "compute_dtype": dtype},
-        "kernel": {"attention_impl": attention_impl},
+        "kernel": {"attention_impl": attention_impl, "matmul_impl": matmul_impl},
     })
 
 
@@ -174,13 +176,16 @@ def parse_dtypes(text: str) -> list[str]:
     return dtypes
 
 
-def matmul_peaks(dtypes: list[str], torch_too: bool) -> dict[str, dict[str, float]]:
-    """``{dtype: {"jax": FLOP/s, "torch": FLOP/s}}``: square matmul peaks probed in this run, side by side."""
+def matmul_peaks(dtypes: list[str], torch_too: bool, matmul_impl: str = "xla") -> dict[str, dict[str, float]]:
+    """``{dtype: {"jax": FLOP/s, "torch": FLOP/s}}``: square matmul peaks probed in this run, side by side;
+    with ``matmul_impl`` ``onednn``, bf16's ``jax`` is oneDNN's and ``jax_xla`` XLA's own."""
     from jaxformer.train.peak import probe_matmul_peak
 
     peaks = {}
     for dtype in dtypes:
         peaks[dtype] = {"jax": probe_matmul_peak(dtype)}
+        if dtype == "bfloat16" and matmul_impl == "onednn":
+            peaks[dtype] = {"jax": probe_matmul_peak(dtype, impl="onednn"), "jax_xla": peaks[dtype]["jax"]}
         if torch_too:
             from jaxformer.benchmarks.torch_reference import matmul_peak
 
@@ -191,6 +196,7 @@ def matmul_peaks(dtypes: list[str], torch_too: bool) -> dict[str, dict[str, floa
 def run(args: argparse.Namespace) -> int:
     from jaxformer.train.peak import cpu_model
 
+    from jaxformer.functional.dense import check_matmul_impl
     from jaxformer.functional.dispatch import check_impl
 
     sizes, dtypes = parse_sizes(args.sizes), parse_dtypes(args.dtypes)
@@ -203,7 +209,8 @@ def run(args: argparse.Namespace) -> int:
         import torch
 
         torch.set_num_threads(os.cpu_count() or 1)
-    peaks = matmul_peaks(dtypes, not args.no_torch)
+    check_matmul_impl(args.matmul_impl)
+    peaks = matmul_peaks(dtypes, not args.no_torch, args.matmul_impl)
     notes = []
     torch_dtypes = {dtype for dtype in dtypes if not args.no_torch}
     if "bfloat16" in torch_dtypes and "float32" in peaks:
@@ -218,7 +225,14 @@ def run(args: argparse.Namespace) -> int:
         if not fused_attention.fused_available():
             notes.append(f"fused kernel unavailable, so jaxformer's rows time the plain path: "
                          f"{fused_attention.unavailable_reason()}")
-    rows = [measure(bench_config(d, layers, seq_len, args.batch, dtype, args.attention_impl), steps=args.steps,
+    if args.matmul_impl == "onednn" and "bfloat16" in dtypes:
+        from jaxformer.functional import onednn_matmul
+
+        if not onednn_matmul.onednn_available():
+            notes.append(f"oneDNN matmul unavailable, so jaxformer's bf16 rows time XLA's matmul: "
+                         f"{onednn_matmul.unavailable_reason()}")
+    rows = [measure(bench_config(d, layers, seq_len, args.batch, dtype, args.attention_impl, args.matmul_impl),
+                    steps=args.steps,
                     repeats=args.repeats, torch_too=dtype in torch_dtypes, one_device=args.one_device)
             for dtype in dtypes for d, layers, seq_len in sizes]
     for row in rows:  # MFU against each dtype's JAX matmul peak, so both columns share one denominator
@@ -226,7 +240,8 @@ def run(args: argparse.Namespace) -> int:
         row["jax_mfu"] = row["jax_tokens_per_s"] * row["flops_per_token"] / peak
         if "torch_tokens_per_s" in row:
             row["torch_mfu"] = row["torch_tokens_per_s"] * row["flops_per_token"] / peak
-    report = {"cpu_model": cpu_model(), "attention_impl": args.attention_impl, "matmul_peak_flops": peaks["float32" if "float32" in peaks else dtypes[0]]["jax"],
+    report = {"cpu_model": cpu_model(), "attention_impl": args.attention_impl, "matmul_impl": args.matmul_impl,
+              "matmul_peak_flops": peaks["float32" if "float32" in peaks else dtypes[0]]["jax"],
               "matmul_peaks": peaks, "sizes": rows, "notes": notes,
               "environment": {name: os.environ.get(name, "") for name in ("GLIBC_TUNABLES", "XLA_FLAGS")}}
     if args.layout:
@@ -242,10 +257,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _print(report: dict, args: argparse.Namespace) -> None:
-    print(f"CPU: {report['cpu_model']}; attention {report['attention_impl']}; " + ", ".join(f"{name}={value!r}" for name, value in report["environment"].items()))
+    print(f"CPU: {report['cpu_model']}; attention {report['attention_impl']}; matmul {report['matmul_impl']}; " + ", ".join(f"{name}={value!r}" for name, value in report["environment"].items()))
     for dtype, peak in report["matmul_peaks"].items():
         print(f"matmul peak {dtype} (this run): jax {peak['jax'] / 1e9:.1f} GFLOP/s"
-              + (f", torch {peak['torch'] / 1e9:.1f} GFLOP/s, ratio {peak['jax'] / peak['torch']:.2f}" if "torch" in peak else ""))
+              + (f", torch {peak['torch'] / 1e9:.1f} GFLOP/s, ratio {peak['jax'] / peak['torch']:.2f}" if "torch" in peak else "")
+              + (f" (oneDNN; XLA's own {peak['jax_xla'] / 1e9:.1f})" if "jax_xla" in peak else ""))
     print(f"{'dtype':>9}{'attn':>7}{'d':>5}{'L':>3}{'T':>5}{'params':>11}{'dev':>4}{'jax tok/s':>12}{'torch tok/s':>13}{'ratio':>7}"
           f"{'jax MFU':>9}{'torch MFU':>10}{'compile s':>10}")
     for row in report["sizes"]:

@@ -16,21 +16,41 @@ import math
 import jax
 import jax.numpy as jnp
 
+from jaxformer.functional import onednn_matmul
 
-def dense(x: jax.Array, w: jax.Array, *, in_axes: int = 1, preferred_element_type=None) -> jax.Array:
+MATMUL_IMPLS = ("xla", "onednn")
+
+
+def check_matmul_impl(impl: str) -> None:
+    if impl not in MATMUL_IMPLS:
+        raise ValueError(f"matmul_impl must be one of {MATMUL_IMPLS}, got {impl!r}")
+
+
+def dense(x: jax.Array, w: jax.Array, *, in_axes: int = 1, preferred_element_type=None,
+          impl: str = "xla") -> jax.Array:
     """Contracts the last ``in_axes`` axes of ``x`` with the first ``in_axes`` axes of ``w``.
 
     Args:
       x: ``[..., *I]`` activations (e.g. ``[B, T, E]``, or ``[B, T, H, D]`` with ``in_axes=2``).
       w: ``[*I, *O]`` weights (e.g. ``[E, H, D]``, ``[E, F]``, ``[H, D, E]``).
       preferred_element_type: the matmul's accumulation/output dtype (as in ``jnp.matmul``).
+      impl: ``xla`` (``jnp.matmul``) or ``onednn``: bf16 operands on a CPU go through oneDNN's
+        matmul (`jaxformer.functional.onednn_matmul`); anything it does not take, or a machine
+        where it is unavailable, computes with ``jnp.matmul``.
 
     Returns ``[..., *O]``: ``y[n, o] = Σ_i x[n, i]·w[i, o]``.
     """
     in_shape, out_shape = w.shape[:in_axes], w.shape[in_axes:]
     if x.shape[x.ndim - in_axes:] != in_shape:
         raise ValueError(f"dense: x's last {in_axes} axes {x.shape[x.ndim - in_axes:]} must equal w's first {in_shape}")
+    check_matmul_impl(impl)
     lead = x.shape[:x.ndim - in_axes]
     fan_in = math.prod(in_shape)
-    y_NO = jnp.matmul(x.reshape(-1, fan_in), w.reshape(fan_in, -1), preferred_element_type=preferred_element_type)
+    x_NI, w_IO = x.reshape(-1, fan_in), w.reshape(fan_in, -1)
+    out_dtype = jnp.dtype(preferred_element_type or jnp.result_type(x, w))
+    if (impl == "onednn" and out_dtype in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float32))
+            and onednn_matmul.supports(x_NI, w_IO)):
+        y_NO = onednn_matmul.matmul(x_NI, w_IO, out_dtype)
+    else:
+        y_NO = jnp.matmul(x_NI, w_IO, preferred_element_type=preferred_element_type)
     return y_NO.reshape(*lead, *out_shape)

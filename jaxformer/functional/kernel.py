@@ -1,4 +1,4 @@
-"""`KernelConfig`: how attention is computed — never what it computes.
+"""`KernelConfig`: how attention and the projections are computed — never what they compute.
 
 The implementation and its tiles change only the order of floating-point sums, never the
 parameters or the function: so they are not part of `jaxformer.architecture.ModelConfig`
@@ -13,6 +13,7 @@ import dataclasses
 from typing import Literal
 
 from jaxformer.configs import SIZE, Section, setting
+from jaxformer.functional.dense import MATMUL_IMPLS
 from jaxformer.functional.dispatch import IMPLEMENTATIONS
 
 
@@ -25,6 +26,10 @@ class KernelConfig(Section):
     attention_block_size: the key tile of ``blockwise``. attention_query_block_size: causal
     self-attention over a whole sequence is computed in blocks of this many queries, skipping
     the fully masked score tiles (``None``: one block).
+
+    matmul_impl: how the projections (`jaxformer.functional.dense`) multiply: ``xla``, or
+    ``onednn``: bf16 products through oneDNN's matmul (`jaxformer.functional.onednn_matmul`),
+    which reaches the CPU's bf16 units; fp32 products, and machines without the kernel, use XLA.
     """
 
     SECTION = "kernel"
@@ -32,6 +37,7 @@ class KernelConfig(Section):
     attention_impl: Literal[(*IMPLEMENTATIONS, "auto")] = "naive"
     attention_block_size: int = setting(128, SIZE)
     attention_query_block_size: int | None = setting(64, SIZE)
+    matmul_impl: Literal[MATMUL_IMPLS] = "xla"
 
     def attention_options(self) -> dict:
         """The keyword arguments of `jaxformer.functional.attention` this config sets."""

@@ -18,9 +18,10 @@ from jaxformer.nn.embeddings import Embedding
 class OutputHead(nnx.Module):
     """Final features to vocabulary logits: the token embedding transposed (tied) or ``w [E, V]``,
     plus ``bias [V]`` with ``cfg.logit_bias``; the features are first scaled by ``d_model**-0.5``
-    with ``cfg.scale_head_inputs`` (T5)."""
+    with ``cfg.scale_head_inputs`` (T5). The product computes with ``kernel.matmul_impl``."""
 
-    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, kernel: KernelConfig = KernelConfig()):
+        self.matmul_impl = kernel.matmul_impl
         self.input_scale = cfg.d_model ** -0.5 if cfg.scale_head_inputs else None
         self.w = None if cfg.tie_embeddings else params.normal(rngs, (cfg.d_model, cfg.vocab_size), ("embed", "vocab"))
         self.bias = params.zeros((cfg.vocab_size,), ("vocab",)) if cfg.logit_bias else None
@@ -30,9 +31,9 @@ class OutputHead(nnx.Module):
         if self.input_scale is not None:
             x_BTE = x_BTE * jnp.asarray(self.input_scale, x_BTE.dtype)
         if self.w is None:
-            logits_BTV = embedding.attend(x_BTE)
+            logits_BTV = embedding.attend(x_BTE, matmul_impl=self.matmul_impl)
         else:
-            logits_BTV = F.dense(x_BTE, self.w[...], preferred_element_type=jnp.float32)
+            logits_BTV = F.dense(x_BTE, self.w[...], preferred_element_type=jnp.float32, impl=self.matmul_impl)
         return logits_BTV if self.bias is None else logits_BTV + self.bias[...]
 
 
@@ -49,7 +50,7 @@ class DecoderLM(nnx.Module):
         self.cfg = cfg
         self.embedding = Embedding(cfg, rngs=rngs)
         self.decoder = Stack(cfg, cfg.num_layers, causal=True, rngs=rngs, kernel=kernel)
-        self.head = OutputHead(cfg, rngs=rngs)
+        self.head = OutputHead(cfg, rngs=rngs, kernel=kernel)
 
     def __call__(self, tokens_BT: jax.Array, *, lengths: jax.Array | None = None,
                  drop_tokens: bool = False) -> tuple[jax.Array, jax.Array]:

@@ -26,7 +26,7 @@ class EncoderDecoder(nnx.Module):
         self.embedding = Embedding(cfg, rngs=rngs)
         self.encoder = Stack(cfg, cfg.num_encoder_layers, causal=False, rngs=rngs, kernel=kernel)
         self.decoder = Stack(cfg, cfg.num_layers, causal=True, cross=True, rngs=rngs, kernel=kernel)
-        self.head = OutputHead(cfg, rngs=rngs)
+        self.head = OutputHead(cfg, rngs=rngs, kernel=kernel)
 
     def encode(self, source_BS: jax.Array, *, source_lengths: jax.Array | None = None,
                drop_tokens: bool = False) -> tuple[jax.Array, jax.Array]:

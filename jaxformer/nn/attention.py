@@ -58,7 +58,7 @@ class Attention(nnx.Module):
                                  if cfg.position == "rope" and llama3 else None)
 
     def _project(self, x_BTE: jax.Array, w, b) -> jax.Array:
-        y = F.dense(x_BTE, w[...])
+        y = F.dense(x_BTE, w[...], impl=self.kernel.matmul_impl)
         return y if b is None else y + b[...]
 
     def _rope(self, x_BTHD: jax.Array, offset) -> jax.Array:
@@ -139,7 +139,7 @@ class Attention(nnx.Module):
         )
         if supported is not None:
             out_BTHD = jnp.where(supported, out_BTHD, jnp.nan)
-        out_BTE = F.dense(out_BTHD, self.wo[...], in_axes=2)
+        out_BTE = F.dense(out_BTHD, self.wo[...], in_axes=2, impl=self.kernel.matmul_impl)
         return (out_BTE if self.bo is None else out_BTE + self.bo[...]), kv_cache
 
     def weights(self, x_BTE: jax.Array, context_BSE: jax.Array, *, key_lengths: jax.Array | None = None) -> jax.Array:

@@ -65,6 +65,6 @@ class Embedding(nnx.Module):
             raise ValueError("token_types_BT given, but the model has no token types (model.num_token_types=0)")
         return x_BTE if self.norm is None else self.norm(x_BTE)
 
-    def attend(self, x_BTE: jax.Array) -> jax.Array:
-        """Tied output head: ``x · tokensᵀ``, ``[B, T, E] -> [B, T, V]`` float32 logits."""
-        return F.dense(x_BTE, self.tokens[...].T, preferred_element_type=jnp.float32)
+    def attend(self, x_BTE: jax.Array, *, matmul_impl: str = "xla") -> jax.Array:
+        """Tied output head: ``x · tokensᵀ``, ``[B, T, E] -> [B, T, V]`` float32 logits (`F.dense`'s ``impl``)."""
+        return F.dense(x_BTE, self.tokens[...].T, preferred_element_type=jnp.float32, impl=matmul_impl)

@@ -7,6 +7,7 @@ from flax import nnx
 
 import jaxformer.functional as F
 from jaxformer.architecture import ModelConfig
+from jaxformer.functional.kernel import KernelConfig
 from jaxformer.nn import params
 
 
@@ -14,11 +15,13 @@ class FeedForward(nnx.Module):
     """``[B, T, E] -> [B, T, E]`` through a hidden width ``cfg.d_ff``.
 
     Parameters: ``w_in [E, F]``, ``w_out [F, E]``, SwiGLU's ``w_gate [E, F]``; with
-    ``cfg.use_bias`` also ``b_in [F]``, ``b_out [E]`` and (SwiGLU) ``b_gate [F]``.
+    ``cfg.use_bias`` also ``b_in [F]``, ``b_out [E]`` and (SwiGLU) ``b_gate [F]``. The projections
+    compute with ``kernel.matmul_impl``.
     """
 
-    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, kernel: KernelConfig = KernelConfig()):
         E, Fh = cfg.d_model, cfg.d_ff
+        self.matmul_impl = kernel.matmul_impl
         self.activation = cfg.activation
         self.w_in = params.normal(rngs, (E, Fh), ("embed", "mlp"))
         self.w_gate = params.normal(rngs, (E, Fh), ("embed", "mlp")) if cfg.is_gated else None
@@ -31,5 +34,5 @@ class FeedForward(nnx.Module):
         value = lambda p: None if p is None else p[...]  # noqa: E731
         return F.feed_forward(
             x_BTE, self.w_in[...], self.w_out[...], activation=self.activation, w_gate_EF=value(self.w_gate),
-            b_in_F=value(self.b_in), b_gate_F=value(self.b_gate), b_out_E=value(self.b_out),
+            b_in_F=value(self.b_in), b_gate_F=value(self.b_gate), b_out_E=value(self.b_out), matmul_impl=self.matmul_impl,
         )

@@ -22,15 +22,28 @@ from jaxformer.files import read_cache, write_cache
 PEAK_FILE = Path("~/.cache/jaxformer/peak.json").expanduser()
 
 
-def probe_matmul_peak(dtype: str = "float32", n: int = 1024, repeats: int = 10) -> float:
-    """FLOP/s of the best of ``repeats`` jitted ``[n, n] @ [n, n]`` products (2n³ FLOPs each)."""
+def probe_matmul_peak(dtype: str = "float32", n: int = 1024, repeats: int = 10, impl: str = "xla") -> float:
+    """FLOP/s of the best of ``repeats`` jitted ``[n, n] @ [n, n]`` products (2n³ FLOPs each).
+
+    ``impl``: `jaxformer.functional.dense`'s. ``xla`` multiplies on the default device (XLA:CPU
+    threads its large matmuls over the cores); ``onednn`` splits the rows over every local device,
+    each calling oneDNN with its share of the cores, as a data-parallel train step does.
+    """
+    from jaxformer.functional.dense import dense
+
     a = jnp.ones((n, n), dtype=dtype)
-    matmul = jax.jit(lambda x, y: x @ y)
-    matmul(a, a).block_until_ready()  # compile
+    matmul = jax.jit(lambda x, y: dense(x, y, impl=impl))
+    b = a
+    if impl != "xla":
+        from jax.sharding import NamedSharding, PartitionSpec
+
+        mesh = jax.make_mesh((jax.local_device_count(),), ("rows",))
+        a, b = jax.device_put(a, NamedSharding(mesh, PartitionSpec("rows"))), jax.device_put(a, NamedSharding(mesh, PartitionSpec()))
+    matmul(a, b).block_until_ready()  # compile
     best = math.inf
     for _ in range(repeats):
         start = time.perf_counter()
-        matmul(a, a).block_until_ready()
+        matmul(a, b).block_until_ready()
         best = min(best, time.perf_counter() - start)
     return 2.0 * n**3 / best
 

@@ -1,0 +1,177 @@
+"""bf16 matmuls through oneDNN (``jaxformer/csrc/onednn_matmul.cc``), called through ``jax.ffi``.
+
+XLA:CPU computes a bf16 dot by converting to fp32 (slower than its own fp32 dot); oneDNN's matmul
+primitive uses the CPU's bf16 units (AVX512_BF16 dot products, AMX tiles), as PyTorch's bf16
+autocast does. :func:`matmul` is ``jnp.matmul(x, w, preferred_element_type=out_dtype)`` of bf16
+``x [M, K]`` and ``w [K, N]`` with fp32 accumulation; its gradient (a ``jax.custom_vjp``) is two more
+calls on the same kernel, whose transposes are strides, not copies.
+
+Requires the ``onednn`` extra (``pip install 'jaxformer[onednn]'``: oneDNN's library and headers from
+PyPI); the kernel is compiled on first use (`jaxformer.functional.extension`), and
+``$JAXFORMER_ONEDNN_MATMUL_LIB`` names a prebuilt library instead. Where it cannot be built or
+loaded, :func:`onednn_available` is False, one warning says why, and ``dense(..., impl="onednn")``
+computes with ``jnp.matmul``.
+
+Sharding: each call is wrapped in ``custom_partitioning`` with the rule ``i r, r j -> i j``: rows
+``i`` and columns ``j`` keep their shardings, and a sharded contraction ``r`` (the weight gradient's
+``B·T`` under data parallelism, a row-parallel weight under tensor parallelism) is summed locally in
+fp32 and then ``psum``-ed over its mesh axes. ``jax.vmap`` of these calls is not supported (the
+primitive has no batching rule); a caller that vmaps keeps ``impl="xla"``.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.metadata
+import os
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxformer.functional.extension import Extension
+
+LIBRARY_ENV = "JAXFORMER_ONEDNN_MATMUL_LIB"
+TARGET = "jaxformer_onednn_matmul"
+RUNTIME_PACKAGE, HEADERS_PACKAGE = "onednn-cpu-gomp", "onednn-devel-cpu-gomp"
+
+
+def _package_file(package: str, name: str) -> Path:
+    """The installed file ``name`` (a path suffix) of ``package``; raises ``RuntimeError`` saying what to install."""
+    try:
+        files = importlib.metadata.distribution(package).files or ()
+    except importlib.metadata.PackageNotFoundError:
+        raise RuntimeError(f"{package} is not installed (pip install 'jaxformer[onednn]')") from None
+    for file in files:
+        if str(file).replace("\\", "/").endswith(name):
+            return Path(file.locate()).resolve()
+    raise RuntimeError(f"{package} has no {name}")
+
+
+def _link_flags() -> tuple[str, ...]:
+    lib_dir = _package_file(RUNTIME_PACKAGE, "libdnnl.so").parent
+    include_dir = _package_file(HEADERS_PACKAGE, "oneapi/dnnl/dnnl.hpp").parents[2]
+    return ("-fopenmp", "-isystem", str(include_dir), "-L", str(lib_dir), "-ldnnl", f"-Wl,-rpath,{lib_dir}")
+
+
+EXTENSION = Extension("onednn_matmul", abi_version=1, library_env=LIBRARY_ENV, description="the oneDNN bf16 matmul",
+                      targets={TARGET: "JaxformerOnednnMatmul"}, link_flags=_link_flags)
+onednn_available = EXTENSION.available
+unavailable_reason = EXTENSION.unavailable_reason
+loaded_path = EXTENSION.loaded_path
+
+
+def supports(x: jax.Array, w: jax.Array) -> bool:
+    """Whether :func:`matmul` computes ``x @ w`` (2-D, both bf16, on a CPU); builds the kernel if needed."""
+    if x.ndim != 2 or w.ndim != 2 or x.shape[1] != w.shape[0]:
+        return False
+    if jnp.dtype(x.dtype) != jnp.bfloat16 or jnp.dtype(w.dtype) != jnp.bfloat16:
+        return False
+    if jax.default_backend() != "cpu":
+        return False
+    return onednn_available()
+
+
+def _threads() -> int:
+    """oneDNN threads per call: the cores shared among this process's devices (one device per core: 1)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cores // jax.local_device_count())
+
+
+def _ffi(a, b, trans_a: bool, trans_b: bool, out_dtype):
+    rows = a.shape[1] if trans_a else a.shape[0]
+    cols = b.shape[0] if trans_b else b.shape[1]
+    return jax.ffi.ffi_call(TARGET, jax.ShapeDtypeStruct((rows, cols), out_dtype))(
+        a, b, trans_a=np.int64(trans_a), trans_b=np.int64(trans_b), threads=np.int64(_threads()))
+
+
+def _axes(entry) -> tuple[str, ...]:
+    return () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+
+
+@functools.cache
+def _partitioned(trans_a: bool, trans_b: bool, out_dtype):
+    """``_ffi`` with fixed transposes and result dtype, split over a mesh by the module docstring's rule."""
+    from jax.experimental.custom_partitioning import custom_partitioning
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    a_factors = ("r", "i") if trans_a else ("i", "r")
+    b_factors = ("j", "r") if trans_b else ("r", "j")
+
+    def call(a, b):
+        return _ffi(a, b, trans_a, trans_b, out_dtype)
+
+    wrapped = custom_partitioning(call)
+
+    def layout(mesh, arg_shapes):
+        """``(axes of i, of j, of r)``: i from a, j and (failing a's) r from b; no mesh axis used twice."""
+        specs = []
+        for shape in arg_shapes:
+            sharding = shape.sharding
+            spec = sharding.spec if isinstance(sharding, NamedSharding) else PartitionSpec()
+            specs.append(dict(zip(a_factors if not specs else b_factors, (*spec, None, None))))
+        i = _axes(specs[0]["i"])
+        j = tuple(axis for axis in _axes(specs[1]["j"]) if axis not in i)
+        r = tuple(axis for axis in _axes(specs[0]["r"]) or _axes(specs[1]["r"]) if axis not in i + j)
+        return i, j, r
+
+    def spec(mesh, factors, axes):
+        return NamedSharding(mesh, PartitionSpec(*(axes[name] or None for name in factors)))
+
+    def infer(mesh, arg_shapes, result_shape):
+        i, j, _ = layout(mesh, arg_shapes)
+        return spec(mesh, "ij", {"i": i, "j": j})
+
+    def partition(mesh, arg_shapes, result_shape):
+        i, j, r = layout(mesh, arg_shapes)
+        axes = {"i": i, "j": j, "r": r}
+
+        def lower(a, b):
+            if not r:
+                return call(a, b)
+            partial = _ffi(a, b, trans_a, trans_b, jnp.float32)  # summed across devices in fp32
+            return jax.lax.psum(partial, r).astype(out_dtype)
+
+        return mesh, lower, spec(mesh, "ij", axes), (spec(mesh, a_factors, axes), spec(mesh, b_factors, axes))
+
+    rule = f"{' '.join(a_factors)}, {' '.join(b_factors)} -> i j"
+    wrapped.def_partition(partition=partition, infer_sharding_from_operands=infer, sharding_rule=rule,
+                          reduction_factors=("r",))
+    return wrapped
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _matmul(x, w, out_dtype):
+    return _partitioned(False, False, out_dtype)(x, w)
+
+
+def _matmul_fwd(x, w, out_dtype):
+    return _matmul(x, w, out_dtype), (x, w)
+
+
+def _matmul_bwd(out_dtype, residuals, dy):
+    x, w = residuals
+    dy = dy.astype(jnp.bfloat16)
+    dx = _partitioned(False, True, jnp.bfloat16)(dy, w)  # dy·wᵀ
+    dw = _partitioned(True, False, jnp.bfloat16)(x, dy)  # xᵀ·dy
+    return dx, dw
+
+
+_matmul.defvjp(_matmul_fwd, _matmul_bwd)
+
+
+def matmul(x: jax.Array, w: jax.Array, out_dtype=jnp.bfloat16) -> jax.Array:
+    """``x @ w`` by oneDNN; the caller checks :func:`supports` first.
+
+    Args:
+      x: ``[M, K]`` bf16.
+      w: ``[K, N]`` bf16.
+      out_dtype: ``bfloat16`` or ``float32`` (the sums are fp32 either way).
+
+    Returns ``[M, N]`` of ``out_dtype``; the gradients are bf16, as ``jnp.matmul``'s.
+    """
+    out_dtype = jnp.dtype(out_dtype)
+    if out_dtype not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float32)):
+        raise ValueError(f"onednn matmul: out_dtype must be bfloat16 or float32, got {out_dtype}")
+    return _matmul(x, w, out_dtype)

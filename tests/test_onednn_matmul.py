@@ -1,0 +1,146 @@
+"""The oneDNN bf16 matmul (``kernel.matmul_impl: onednn``) against ``jnp.matmul``: values, gradients, sharding,
+train steps, fallback."""
+
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxformer.functional as F
+from jaxformer.functional import onednn_matmul
+from model_helpers import run_python, train_losses
+
+def _bf16(shape, seed):
+    return jax.random.normal(jax.random.key(seed), shape).astype(jnp.bfloat16)
+
+
+def _targets(fn, *args) -> bool:
+    return onednn_matmul.TARGET in str(jax.make_jaxpr(fn)(*args))
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    assert onednn_matmul.onednn_available(), onednn_matmul.unavailable_reason()
+
+
+def test_matmul_equals_jnp_matmul(kernel):
+    """fp32 results equal XLA's fp32 sums of the same bf16 products; bf16 results are those rounded."""
+    x, w = _bf16((37, 19), 0), _bf16((19, 23), 1)
+    reference = jnp.matmul(x, w, preferred_element_type=jnp.float32)
+    fp32 = onednn_matmul.matmul(x, w, jnp.float32)
+    assert fp32.dtype == jnp.float32 and fp32.shape == (37, 23)
+    np.testing.assert_allclose(fp32, reference, rtol=1e-5, atol=1e-5)
+    bf16 = jax.jit(onednn_matmul.matmul)(x, w)
+    assert bf16.dtype == jnp.bfloat16
+    np.testing.assert_array_equal(bf16.astype(jnp.float32), reference.astype(jnp.bfloat16).astype(jnp.float32))
+    with pytest.raises(ValueError, match="out_dtype"):
+        onednn_matmul.matmul(x, w, jnp.float16)
+
+
+@pytest.mark.parametrize("out_dtype", [jnp.bfloat16, jnp.float32])
+def test_gradients_equal_the_plain_path(kernel, out_dtype):
+    """dx = dy·wᵀ and dw = xᵀ·dy (the transposed calls) against jnp.matmul's gradients, to bf16 rounding."""
+    x, w = _bf16((3, 29, 40), 2), _bf16((40, 24), 3)
+    g = jax.random.normal(jax.random.key(4), (3, 29, 24))
+
+    def loss(impl):
+        return jax.jit(jax.grad(lambda x, w: jnp.sum(F.dense(x, w, impl=impl, preferred_element_type=out_dtype)
+                                                     .astype(jnp.float32) * g), argnums=(0, 1)))
+
+    assert _targets(jax.grad(lambda x, w: jnp.sum(F.dense(x, w, impl="onednn")), argnums=(0, 1)), x, w)
+    for grad, grad_ref in zip(loss("onednn")(x, w), loss("xla")(x, w)):
+        assert grad.dtype == jnp.bfloat16
+        scale = float(jnp.max(jnp.abs(grad_ref.astype(jnp.float32))))
+        np.testing.assert_allclose(grad.astype(jnp.float32), grad_ref.astype(jnp.float32), atol=scale * 2 ** -7)
+
+
+def test_dense_routes_only_bf16_products(kernel):
+    """fp32 operands, and preferred types other than bf16/fp32, stay with XLA; a wrong impl names the field."""
+    x32, w32 = jax.random.normal(jax.random.key(0), (2, 5, 4, 8)), jax.random.normal(jax.random.key(1), (4, 8, 6))
+    onednn = lambda x, w: F.dense(x, w, in_axes=2, impl="onednn")  # noqa: E731
+    assert not _targets(onednn, x32, w32)
+    np.testing.assert_array_equal(onednn(x32, w32), F.dense(x32, w32, in_axes=2))
+    x, w = x32.astype(jnp.bfloat16), w32.astype(jnp.bfloat16)
+    assert _targets(onednn, x, w)
+    assert onednn(x, w).shape == (2, 5, 6)
+    assert not _targets(lambda x, w: F.dense(x, w, in_axes=2, impl="onednn", preferred_element_type=jnp.float16), x, w)
+    with pytest.raises(ValueError, match="matmul_impl must be one of"):
+        F.dense(x, w, in_axes=2, impl="mkl")
+
+
+def test_train_steps_equal_the_xla_path(kernel):
+    """A bf16-compute model trained four steps with each impl: the same losses to bf16 precision, fp32 masters."""
+    losses = {}
+    for impl in ("xla", "onednn"):
+        losses[impl], state, calls = train_losses(["train.compute_dtype=bfloat16", f"kernel.matmul_impl={impl}"],
+                                                  target=onednn_matmul.TARGET)
+        assert calls == (impl == "onednn")
+        assert all(leaf.dtype == jnp.float32 for leaf in jax.tree.leaves(state["params"]))
+    np.testing.assert_allclose(losses["onednn"], losses["xla"], rtol=1e-2)
+    assert losses["onednn"][-1] < losses["onednn"][0]
+
+
+def test_data_parallel_mesh_runs_each_share_and_sums_the_weight_gradient(kernel):
+    """Two CPU devices, rows sharded: the products run on each half (no all-gather), the weight gradient is
+    summed across devices, and everything equals the single-device result."""
+    done = run_python("""
+        import jax, jax.numpy as jnp, numpy as np
+        from jax.sharding import NamedSharding, PartitionSpec
+        import jaxformer.functional as F
+        mesh = jax.make_mesh((2,), ("data",))
+        rows, replicated = NamedSharding(mesh, PartitionSpec("data")), NamedSharding(mesh, PartitionSpec())
+        x = jax.random.normal(jax.random.key(0), (4, 16, 32)).astype(jnp.bfloat16)
+        w = jax.random.normal(jax.random.key(1), (32, 24)).astype(jnp.bfloat16)
+        def loss(impl):
+            return jax.jit(jax.value_and_grad(lambda x, w: jnp.sum(jnp.sin(
+                F.dense(x, w, impl=impl).astype(jnp.float32))), argnums=(0, 1)))
+        sharded = (jax.device_put(x, rows), jax.device_put(w, replicated))
+        hlo = loss("onednn").lower(*sharded).compile().as_text()
+        assert "jaxformer_onednn_matmul" in hlo and "all-gather" not in hlo and "all-reduce" in hlo, hlo
+        (value, grads), (value_one, grads_one) = loss("onednn")(*sharded), loss("onednn")(x, w)
+        (_, grads_xla) = loss("xla")(x, w)
+        np.testing.assert_allclose(value, value_one, rtol=1e-5)
+        for grad, grad_one, grad_xla in zip(grads, grads_one, grads_xla):
+            np.testing.assert_allclose(grad.astype(np.float32), grad_one.astype(np.float32), rtol=2 ** -7, atol=1e-2)
+            scale = float(jnp.max(jnp.abs(grad_xla.astype(jnp.float32))))
+            np.testing.assert_allclose(grad.astype(np.float32), grad_xla.astype(np.float32), atol=scale * 2 ** -7)
+        assert grads[0].sharding.is_equivalent_to(rows, 3)
+        print("sharded ok")
+    """, {"XLA_FLAGS": os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2",
+          "JAX_PLATFORMS": "cpu"})
+    assert "sharded ok" in done.stdout
+
+
+def test_missing_library_falls_back_to_xla_with_one_warning(tmp_path):
+    """The loader pointed at a library that does not exist: ``onednn`` computes with jnp.matmul, and says so once."""
+    done = run_python("""
+        import warnings
+        import jax, jax.numpy as jnp, numpy as np
+        import jaxformer.functional as F
+        from jaxformer.functional import onednn_matmul
+from model_helpers import run_python, train_losses
+        x = jax.random.normal(jax.random.key(0), (6, 8)).astype(jnp.bfloat16)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for _ in range(2):
+                np.testing.assert_array_equal(F.dense(x, x.T, impl="onednn"), F.dense(x, x.T))
+        messages = [str(w.message) for w in caught if "oneDNN bf16 matmul is unavailable" in str(w.message)]
+        assert len(messages) == 1, messages
+        assert "absent" in onednn_matmul.unavailable_reason()
+        assert onednn_matmul.TARGET not in str(jax.make_jaxpr(lambda x: F.dense(x, x.T, impl="onednn"))(x))
+        print("fallback ok")
+    """, {onednn_matmul.LIBRARY_ENV: str(tmp_path / "absent" / "onednn_matmul.so")})
+    assert "fallback ok" in done.stdout
+
+
+def test_bench_says_when_the_kernel_is_unavailable(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "jaxformer.cli", "bench", "train", "--sizes", "16:1:16", "--batch", "2",
+                           "--dtypes", "bfloat16", "--matmul-impl", "onednn", "--no-torch", "--steps", "1",
+                           "--repeats", "1"], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, onednn_matmul.LIBRARY_ENV: str(tmp_path / "missing.so")})
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "oneDNN matmul unavailable, so jaxformer's bf16 rows time XLA's matmul" in done.stdout
