@@ -138,7 +138,6 @@ def test_missing_library_falls_back_to_the_plain_path_with_one_warning(tmp_path)
         import jax, jax.numpy as jnp, numpy as np
         import jaxformer.functional as F
         from jaxformer.functional import fused_attention
-from model_helpers import run_python, train_losses
         q = jax.random.normal(jax.random.key(0), (2, 13, 4, 16))
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")

@@ -122,7 +122,6 @@ def test_missing_library_falls_back_to_xla_with_one_warning(tmp_path):
         import jax, jax.numpy as jnp, numpy as np
         import jaxformer.functional as F
         from jaxformer.functional import onednn_matmul
-from model_helpers import run_python, train_losses
         x = jax.random.normal(jax.random.key(0), (6, 8)).astype(jnp.bfloat16)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")

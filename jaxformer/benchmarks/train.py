@@ -41,7 +41,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="jaxformer's kernel.attention_impl (naive | blockwise | xla | fused | auto: the "
                              "fastest measured per size, kept in the machine's cache for later runs); torch uses SDPA")
     parser.add_argument("--matmul-impl", default="xla",
-                        help="jaxformer's kernel.matmul_impl (xla | onednn: bf16 projections through oneDNN)")
+                        help="jaxformer's kernel.matmul_impl (xla | onednn: bf16 projections through oneDNN | auto: the "
+                             "faster measured per size, cached per machine)")
     parser.add_argument("--dtypes", default="float32,bfloat16",
                         help="compute dtypes to time, comma-separated (bfloat16: fp32 masters, against torch autocast)")
     parser.add_argument("--steps", type=int, default=10, help="steps per timed repeat")
@@ -84,10 +85,10 @@ def measure(config, *, steps: int, repeats: int, torch_too: bool, one_device: bo
     """Alternating repeats of the JAX and PyTorch steps (and, with ``one_device``, of the JAX step on the first
     device alone, where the mesh has several); medians of tokens/s."""
     from jaxformer.accounting import count_params
-    from jaxformer.train.kernel_choice import choose
+    from jaxformer.train.matmul_choice import choose_kernels
     from jaxformer.train.throughput import TrainStepRunner
 
-    config, choice = choose(config)
+    config, choice, matmul_choice = choose_kernels(config)
     runner = TrainStepRunner(config)
     alone = TrainStepRunner(config, one_device=True) if one_device and runner.devices > 1 else None
     torch_step = _torch_step(config) if torch_too else None
@@ -103,6 +104,7 @@ def measure(config, *, steps: int, repeats: int, torch_too: bool, one_device: bo
     tokens = steps * runner.tokens_per_step
     result = {
         "dtype": config.train.compute_dtype, "attention_impl": choice.attention_impl, "kernel_choice": choice.to_record(),
+        "matmul_impl": matmul_choice.matmul_impl, "matmul_choice": matmul_choice.to_record(),
         "d_model": config.model.d_model, "layers": config.model.num_layers, "seq_len": config.train.seq_len,
         "batch": config.train.batch_size, "params": count_params(config.model).total, "compile_s": runner.compile_s,
         "devices": runner.devices,
@@ -184,7 +186,7 @@ def matmul_peaks(dtypes: list[str], torch_too: bool, matmul_impl: str = "xla") -
     peaks = {}
     for dtype in dtypes:
         peaks[dtype] = {"jax": probe_matmul_peak(dtype)}
-        if dtype == "bfloat16" and matmul_impl == "onednn":
+        if dtype == "bfloat16" and matmul_impl in ("onednn", "auto"):
             peaks[dtype] = {"jax": probe_matmul_peak(dtype, impl="onednn"), "jax_xla": peaks[dtype]["jax"]}
         if torch_too:
             from jaxformer.benchmarks.torch_reference import matmul_peak
@@ -209,7 +211,8 @@ def run(args: argparse.Namespace) -> int:
         import torch
 
         torch.set_num_threads(os.cpu_count() or 1)
-    check_matmul_impl(args.matmul_impl)
+    if args.matmul_impl != "auto":
+        check_matmul_impl(args.matmul_impl)
     peaks = matmul_peaks(dtypes, not args.no_torch, args.matmul_impl)
     notes = []
     torch_dtypes = {dtype for dtype in dtypes if not args.no_torch}
@@ -225,7 +228,7 @@ def run(args: argparse.Namespace) -> int:
         if not fused_attention.fused_available():
             notes.append(f"fused kernel unavailable, so jaxformer's rows time the plain path: "
                          f"{fused_attention.unavailable_reason()}")
-    if args.matmul_impl == "onednn" and "bfloat16" in dtypes:
+    if args.matmul_impl in ("onednn", "auto") and "bfloat16" in dtypes:
         from jaxformer.functional import onednn_matmul
 
         if not onednn_matmul.onednn_available():
@@ -262,12 +265,12 @@ def _print(report: dict, args: argparse.Namespace) -> None:
         print(f"matmul peak {dtype} (this run): jax {peak['jax'] / 1e9:.1f} GFLOP/s"
               + (f", torch {peak['torch'] / 1e9:.1f} GFLOP/s, ratio {peak['jax'] / peak['torch']:.2f}" if "torch" in peak else "")
               + (f" (oneDNN; XLA's own {peak['jax_xla'] / 1e9:.1f})" if "jax_xla" in peak else ""))
-    print(f"{'dtype':>9}{'attn':>7}{'d':>5}{'L':>3}{'T':>5}{'params':>11}{'dev':>4}{'jax tok/s':>12}{'torch tok/s':>13}{'ratio':>7}"
+    print(f"{'dtype':>9}{'attn':>7}{'matmul':>7}{'d':>5}{'L':>3}{'T':>5}{'params':>11}{'dev':>4}{'jax tok/s':>12}{'torch tok/s':>13}{'ratio':>7}"
           f"{'jax MFU':>9}{'torch MFU':>10}{'compile s':>10}")
     for row in report["sizes"]:
         torch_part = (f"{row['torch_tokens_per_s']:>13,.0f}{row['ratio']:>7.2f}" if "ratio" in row else f"{'':>20}")
         torch_mfu = f"{row['torch_mfu']:>10.1%}" if "torch_mfu" in row else f"{'':>10}"
-        print(f"{row['dtype']:>9}{row['attention_impl']:>7}{row['d_model']:>5}{row['layers']:>3}{row['seq_len']:>5}{row['params']:>11,}{row['devices']:>4}"
+        print(f"{row['dtype']:>9}{row['attention_impl']:>7}{row['matmul_impl']:>7}{row['d_model']:>5}{row['layers']:>3}{row['seq_len']:>5}{row['params']:>11,}{row['devices']:>4}"
               f"{row['jax_tokens_per_s']:>12,.0f}{torch_part}{row['jax_mfu']:>9.1%}{torch_mfu}{row['compile_s']:>10.1f}")
     for row in report["sizes"]:
         if "one_device_ratio" in row:

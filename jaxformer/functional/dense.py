@@ -22,6 +22,9 @@ MATMUL_IMPLS = ("xla", "onednn")
 
 
 def check_matmul_impl(impl: str) -> None:
+    if impl == "auto":
+        raise ValueError("matmul_impl 'auto' is chosen per run by training (jaxformer.train.matmul_choice); "
+                         f"a model built directly needs one of {MATMUL_IMPLS}")
     if impl not in MATMUL_IMPLS:
         raise ValueError(f"matmul_impl must be one of {MATMUL_IMPLS}, got {impl!r}")
 

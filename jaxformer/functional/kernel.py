@@ -30,6 +30,8 @@ class KernelConfig(Section):
     matmul_impl: how the projections (`jaxformer.functional.dense`) multiply: ``xla``, or
     ``onednn``: bf16 products through oneDNN's matmul (`jaxformer.functional.onednn_matmul`),
     which reaches the CPU's bf16 units; fp32 products, and machines without the kernel, use XLA.
+    ``auto``: a training run times both on its projection and keeps the faster
+    (`jaxformer.train.matmul_choice`).
     """
 
     SECTION = "kernel"
@@ -37,7 +39,7 @@ class KernelConfig(Section):
     attention_impl: Literal[(*IMPLEMENTATIONS, "auto")] = "naive"
     attention_block_size: int = setting(128, SIZE)
     attention_query_block_size: int | None = setting(64, SIZE)
-    matmul_impl: Literal[MATMUL_IMPLS] = "xla"
+    matmul_impl: Literal[(*MATMUL_IMPLS, "auto")] = "xla"
 
     def attention_options(self) -> dict:
         """The keyword arguments of `jaxformer.functional.attention` this config sets."""

@@ -182,26 +182,35 @@ def choose(config: TrainConfig, path: str | Path | None = None) -> tuple[TrainCo
     attention call. A config that names an implementation is returned as it is."""
     if config.kernel.attention_impl != "auto":
         return config, KernelChoice(config.kernel.attention_impl, "set")
-    path = KERNEL_FILE if path is None else Path(path)
-    started = time.perf_counter()
     impls, reason = candidates(config)
+
+    def timed():
+        call_s = measure(config, impls)
+        return fastest(call_s), call_s
+
+    impl, source, call_s, seconds = decide(KERNEL_FILE if path is None else Path(path), call_key(config), impls,
+                                           timed, "attention_impl")
+    return with_impl(config, impl), KernelChoice(impl, source, call_s, reason, seconds)
+
+
+def decide(path: Path, key: str, impls: list[str], timed, field: str) -> tuple[str, str, dict[str, float], float]:
+    """``(implementation, source, call_s, seconds spent)`` for the call ``key``: the only candidate, this machine's
+    cached answer, or ``timed()`` → ``(fastest, call_s)``, which is then cached under ``field``."""
+    started = time.perf_counter()
     if len(impls) == 1:
-        return with_impl(config, impls[0]), KernelChoice(impls[0], "only", reason=reason)
-    key = call_key(config)
+        return impls[0], "only", {}, 0.0
     with _timing_lock(path, key):  # a worker that meets a call another is timing waits for its answer
         cached = read_cache(path).get(key)
         if _from_process_0(cached is not None and set(cached["call_s"]) == set(impls)):
-            chosen = _from_process_0(impls.index(cached["attention_impl"]) if jax.process_index() == 0 else 0)
-            choice = KernelChoice(impls[chosen], "cache", cached["call_s"] if cached else {}, reason,
-                                  time.perf_counter() - started)
-        else:  # every process times the same global calls; process 0's timings decide for all
-            call_s = measure(config, impls)
-            chosen = _from_process_0(impls.index(fastest(call_s)))
-            choice = KernelChoice(impls[chosen], "measured", call_s, reason, time.perf_counter() - started)
-            cache = read_cache(path)  # re-read: another worker may have written meanwhile
-            cache[key] = {"attention_impl": choice.attention_impl, "call_s": call_s, "measured_at": time.time()}
-            write_cache(path, cache)
-    return with_impl(config, choice.attention_impl), choice
+            chosen = _from_process_0(impls.index(cached[field]) if jax.process_index() == 0 else 0)
+            return impls[chosen], "cache", cached["call_s"] if cached else {}, time.perf_counter() - started
+        # every process times the same global calls; process 0's timings decide for all
+        best, call_s = timed()
+        impl = impls[_from_process_0(impls.index(best))]
+        cache = read_cache(path)  # re-read: another worker may have written meanwhile
+        cache[key] = {field: impl, "call_s": call_s, "measured_at": time.time()}
+        write_cache(path, cache)
+    return impl, "measured", call_s, time.perf_counter() - started
 
 
 @contextlib.contextmanager

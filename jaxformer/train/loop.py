@@ -42,7 +42,7 @@ from jaxformer.train.dataset import Dataset, prepare_dataset
 from jaxformer.train.loader import Loader, eval_batches
 from jaxformer.train.compiled import compiled_steps, initial_state
 from jaxformer.train.kernel_choice import KernelChoice
-from jaxformer.train.kernel_choice import choose as choose_kernel
+from jaxformer.train.matmul_choice import MatmulChoice, choose_kernels
 from jaxformer.train.metrics import MetricsLogger
 from jaxformer.train.optimizer import learning_rates, make_optimizer
 from jaxformer.train.peak import machine_peak_flops
@@ -92,9 +92,9 @@ def train(config: TrainConfig, run_dir: Path) -> dict:
     # --- all input checks passed: from here on the run directory is written ---
     begin_run(config, run_dir, dataset)
     enable_compilation_cache(config.train.compilation_cache)
-    config, kernel_choice = choose_kernel(config)  # `auto`: timed here, or read from this machine's cache
-    times["kernel_choice_s"] = kernel_choice.seconds
-    return _Run(config, run_dir, dataset, layout, started, times, kernel_choice).run()
+    config, kernel_choice, matmul_choice = choose_kernels(config)  # `auto`: timed here, or read from the cache
+    times["kernel_choice_s"] = kernel_choice.seconds + matmul_choice.seconds
+    return _Run(config, run_dir, dataset, layout, started, times, kernel_choice, matmul_choice).run()
 
 
 def prepare_run(config: TrainConfig, run_dir: Path, runs: int = 1) -> tuple[Layout, Dataset, dict | None]:
@@ -182,9 +182,9 @@ class _Run:
     (`open` … `final_record`), sharing one ``times`` dict: the seconds of the one program they all ran."""
 
     def __init__(self, config: TrainConfig, run_dir: Path, dataset: Dataset, layout: Layout, started: float,
-                 times: dict[str, float], kernel_choice: KernelChoice) -> None:
+                 times: dict[str, float], kernel_choice: KernelChoice, matmul_choice: MatmulChoice) -> None:
         self.config, self.run_dir, self.dataset, self.layout, self.started = config, run_dir, dataset, layout, started
-        self.kernel_choice = kernel_choice
+        self.kernel_choice, self.matmul_choice = kernel_choice, matmul_choice
         # where this segment's seconds go (``final.json["time"]``); data_s counts from the call of `train`
         self.times = times
         times.update(init_s=0.0, restore_s=0.0, compile_s=0.0, train_s=0.0, eval_s=0.0, checkpoint_s=0.0)
@@ -382,6 +382,7 @@ class _Run:
             "resumed_from": self.resumed_from,
             "mesh": dict(self.layout.mesh.shape),
             "kernel_choice": self.kernel_choice.to_record(),
+            "matmul_choice": self.matmul_choice.to_record(),
             "tokens_per_s": tokens_per_s,
             "mfu": tokens_per_s * self.flops_per_token / self.peak_flops if tokens_per_s else None,
             "peak_flops": self.peak_flops,

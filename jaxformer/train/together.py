@@ -33,6 +33,7 @@ are unfinished, the unfinished ones train alone, one after another, with `train`
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import time
@@ -49,7 +50,7 @@ from jaxformer.runtime import enable_compilation_cache, process_startup_s
 from jaxformer.train.checkpoint import CheckpointError, latest_saved_step
 from jaxformer.train.compiled import compiled_steps, initial_state, stacked_shardings
 from jaxformer.train.config import TrainConfig, flatten_dotted, config_to_dict
-from jaxformer.train.kernel_choice import choose as choose_kernel
+from jaxformer.train.matmul_choice import choose_kernels
 from jaxformer.train.loop import NonFiniteLoss, _Run, begin_run, prepare_run, train
 from jaxformer.train.step import Stacked, empty_sums
 
@@ -98,6 +99,10 @@ def default_stacking() -> Stacked:
     return "map" if jax.default_backend() == "cpu" else "vmap"
 
 
+def _xla_matmul(config: TrainConfig) -> TrainConfig:
+    return dataclasses.replace(config, kernel=dataclasses.replace(config.kernel, matmul_impl="xla"))
+
+
 def train_together(configs: Sequence[TrainConfig], run_dirs: Sequence[Path], *,
                    stacked: Stacked = None) -> list[Result]:
     """Trains (or resumes) each run ``configs[i]`` in ``run_dirs[i]``, together where they can (module docstring),
@@ -125,11 +130,16 @@ def train_together(configs: Sequence[TrainConfig], run_dirs: Sequence[Path], *,
         for i in todo:
             begin_run(configs[i], run_dirs[i], prepared[i][1])
         enable_compilation_cache(configs[0].train.compilation_cache)
-        chosen = [choose_kernel(configs[i]) for i in todo]  # `auto`: one measurement, then the machine's cache
-        times["kernel_choice_s"] = sum(choice.seconds for _, choice in chosen)
-        runs = [_Run(config, run_dirs[i], prepared[i][1], prepared[i][0], started, times, choice)
-                for i, (config, choice) in zip(todo, chosen)]
-        together = _Together(runs, stacked or default_stacking()).run()
+        chosen = [choose_kernels(configs[i]) for i in todo]  # `auto`: one measurement, then the machine's cache
+        stacking = stacked or default_stacking()
+        if stacking == "vmap":  # the oneDNN call has no batching rule: vmapped runs multiply with XLA
+            chosen = [(_xla_matmul(config), attention,
+                       dataclasses.replace(matmul, matmul_impl="xla", reason="runs trained together by vmap"))
+                      for config, attention, matmul in chosen]
+        times["kernel_choice_s"] = sum(attention.seconds + matmul.seconds for _, attention, matmul in chosen)
+        runs = [_Run(config, run_dirs[i], prepared[i][1], prepared[i][0], started, times, attention, matmul)
+                for i, (config, attention, matmul) in zip(todo, chosen)]
+        together = _Together(runs, stacking).run()
         if together is not None:
             for i, result in zip(todo, together):
                 results[i] = result

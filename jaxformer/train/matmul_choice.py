@@ -1,0 +1,129 @@
+"""``kernel.matmul_impl: auto``: the projections' matmul measured fastest for this run on this machine.
+
+With bf16 compute on a CPU, oneDNN's matmul (`jaxformer.functional.onednn_matmul`) reaches the
+bf16 units that XLA:CPU's bf16 dot does not; how much that buys depends on the CPU (its bf16
+instructions, AMX tiles) and on the shapes. So, as for attention (`jaxformer.train.kernel_choice`),
+a run that asks for ``auto`` times the candidates on its own projection, the feed-forward input
+``x [B, T, E] · w [E, F]`` forward and backward, sharded over the run's mesh as the step shards it,
+and keeps the answer per machine and call in the same cache file, so later runs read it.
+
+Candidates: ``xla`` always; ``onednn`` with bf16 compute on a CPU where the kernel builds. The
+reference ``xla`` is kept unless oneDNN is at least `kernel_choice.MARGIN` faster.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import statistics
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding
+
+from jaxformer.configs import to_dict
+from jaxformer.functional import dense, onednn_matmul
+from jaxformer.parallel import Layout
+from jaxformer.parallel.rules import spec_for
+from jaxformer.train.config import TrainConfig
+from jaxformer.train import kernel_choice
+from jaxformer.train.kernel_choice import CALLS, MARGIN, REPEATS, KernelChoice, decide
+from jaxformer.train.kernel_choice import choose as choose_attention
+from jaxformer.train.peak import machine_key
+
+
+@dataclasses.dataclass(frozen=True)
+class MatmulChoice:
+    """What ``auto`` became (``source`` and ``call_s`` as in `kernel_choice.KernelChoice`; call_s: seconds per
+    projection, forward and backward)."""
+
+    matmul_impl: str
+    source: str
+    call_s: dict[str, float] = dataclasses.field(default_factory=dict)
+    reason: str = ""
+    seconds: float = 0.0
+
+    def to_record(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def candidates(config: TrainConfig) -> tuple[list[str], str]:
+    """``(implementations worth timing, why onednn is not among them)``."""
+    if config.train.compute_dtype != "bfloat16":
+        return ["xla"], f"onednn multiplies bf16 only (train.compute_dtype={config.train.compute_dtype})"
+    if jax.default_backend() != "cpu":
+        return ["xla"], "not a CPU backend: onednn is CPU-only"
+    if not onednn_matmul.onednn_available():
+        return ["xla"], f"the oneDNN matmul is unavailable: {onednn_matmul.unavailable_reason()}"
+    return ["xla", "onednn"], ""
+
+
+def call_key(config: TrainConfig) -> str:
+    """The machine, the mesh and the projection's shape: ``(micro-batch, T, E, F)``."""
+    program = {"matmul": [config.micro_batch, config.train.seq_len, config.model.d_model, config.model.d_ff],
+               "parallel": to_dict(config.parallel)}
+    digest = hashlib.sha256(json.dumps(program, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    return f"matmul | {machine_key(config.train.compute_dtype)} | {digest}"
+
+
+def measure(config: TrainConfig, impls: list[str], calls: int = CALLS, repeats: int = REPEATS) -> dict[str, float]:
+    """Seconds per projection call (forward and backward) with each implementation, in alternating repeats."""
+    model = config.model
+    layout = Layout.for_run(config.parallel, model, config.micro_batch)
+    x_shape, w_shape = (config.micro_batch, config.train.seq_len, model.d_model), (model.d_model, model.d_ff)
+    x_sharding = NamedSharding(layout.mesh, spec_for(("batch", None, "embed"), x_shape, layout.mesh, layout.rules))
+    w_sharding = NamedSharding(layout.mesh, spec_for(("embed", "mlp"), w_shape, layout.mesh, layout.rules))
+    rng = np.random.default_rng(0)
+    dtype = jnp.dtype(config.train.compute_dtype)
+    x = jax.device_put(rng.standard_normal(x_shape, np.float32).astype(dtype), x_sharding)
+    w = jax.device_put(rng.standard_normal(w_shape, np.float32).astype(dtype), w_sharding)
+
+    def program(impl: str):
+        def forward_backward(x, w):
+            y, pullback = jax.vjp(lambda x, w: dense(x, w, impl=impl), x, w)
+            return pullback(y)
+        return jax.jit(forward_backward, out_shardings=(x_sharding, w_sharding))
+
+    programs = {impl: program(impl) for impl in impls}
+    for compiled in programs.values():
+        jax.block_until_ready(compiled(x, w))
+    times: dict[str, list[float]] = {impl: [] for impl in impls}
+    for _ in range(repeats):
+        for impl, compiled in programs.items():
+            started = time.perf_counter()
+            jax.block_until_ready([compiled(x, w) for _ in range(calls)])
+            times[impl].append((time.perf_counter() - started) / calls)
+    return {impl: statistics.median(values) for impl, values in times.items()}
+
+
+def fastest(call_s: dict[str, float]) -> str:
+    """``onednn`` only when it beats the reference ``xla`` by at least `MARGIN`."""
+    best = min(call_s, key=call_s.get)
+    return best if call_s[best] <= (1 - MARGIN) * call_s["xla"] else "xla"
+
+
+def choose_kernels(config: TrainConfig) -> tuple[TrainConfig, KernelChoice, MatmulChoice]:
+    """Both ``auto`` choices of a run: attention (`kernel_choice.choose`), then the projections' matmul."""
+    config, kernel_choice = choose_attention(config)
+    config, matmul_choice = choose(config)
+    return config, kernel_choice, matmul_choice
+
+
+def choose(config: TrainConfig, path: str | Path | None = None) -> tuple[TrainConfig, MatmulChoice]:
+    """``(config with a concrete matmul_impl, the choice)``; a config that names one is returned as it is."""
+    if config.kernel.matmul_impl != "auto":
+        return config, MatmulChoice(config.kernel.matmul_impl, "set")
+    impls, reason = candidates(config)
+
+    def timed():
+        call_s = measure(config, impls)
+        return fastest(call_s), call_s
+
+    path = kernel_choice.KERNEL_FILE if path is None else Path(path)
+    impl, source, call_s, seconds = decide(path, call_key(config), impls, timed, "matmul_impl")
+    chosen = dataclasses.replace(config, kernel=dataclasses.replace(config.kernel, matmul_impl=impl))
+    return chosen, MatmulChoice(impl, source, call_s, reason, seconds)
