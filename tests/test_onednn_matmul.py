@@ -143,3 +143,16 @@ def test_bench_says_when_the_kernel_is_unavailable(tmp_path):
                           env={**os.environ, onednn_matmul.LIBRARY_ENV: str(tmp_path / "missing.so")})
     assert done.returncode == 0, done.stdout + done.stderr
     assert "oneDNN matmul unavailable, so jaxformer's bf16 rows time XLA's matmul" in done.stdout
+
+
+def test_machine_peak_is_probed_and_kept_per_matmul(kernel, tmp_path):
+    """MFU of a oneDNN run is measured against oneDNN's own bf16 peak, cached apart from XLA's."""
+    import json
+
+    from jaxformer.train.peak import machine_key, machine_peak_flops
+
+    path = tmp_path / "peak.json"
+    peak = machine_peak_flops("bfloat16", path, impl="onednn")
+    assert peak > 1e9
+    assert json.loads(path.read_text()) == {machine_key("bfloat16") + " | onednn": peak}
+    assert machine_peak_flops("bfloat16", path, impl="onednn") == peak  # read back, not probed again

@@ -66,11 +66,12 @@ def machine_key(dtype: str) -> str:
                        f"{len(devices)} devices", os.environ.get("XLA_FLAGS", ""), dtype])
 
 
-def machine_peak_flops(dtype: str = "float32", path: Path = PEAK_FILE) -> float:
-    """The cached peak of this machine and layout for ``dtype``, probing (and caching) it the first time."""
-    key = machine_key(dtype)
+def machine_peak_flops(dtype: str = "float32", path: Path = PEAK_FILE, impl: str = "xla") -> float:
+    """The cached peak of this machine and layout for ``dtype`` multiplied by ``impl`` (`probe_matmul_peak`),
+    probing (and caching) it the first time."""
+    key = machine_key(dtype) + ("" if impl == "xla" else f" | {impl}")
     cache = read_cache(path)
     if key not in cache:
-        cache[key] = probe_matmul_peak(dtype)
+        cache[key] = probe_matmul_peak(dtype, impl=impl)
         write_cache(path, cache)
     return float(cache[key])

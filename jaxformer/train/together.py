@@ -135,6 +135,7 @@ def train_together(configs: Sequence[TrainConfig], run_dirs: Sequence[Path], *,
         if stacking == "vmap":  # the oneDNN call has no batching rule: vmapped runs multiply with XLA
             chosen = [(_xla_matmul(config), attention,
                        dataclasses.replace(matmul, matmul_impl="xla", reason="runs trained together by vmap"))
+                      if config.kernel.matmul_impl == "onednn" else (config, attention, matmul)
                       for config, attention, matmul in chosen]
         times["kernel_choice_s"] = sum(attention.seconds + matmul.seconds for _, attention, matmul in chosen)
         runs = [_Run(config, run_dirs[i], prepared[i][1], prepared[i][0], started, times, attention, matmul)
