@@ -36,6 +36,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, default=3, help="steps traced")
     parser.add_argument("--dtype", default="float32", help="compute dtype: float32 or bfloat16")
     parser.add_argument("--attention-impl", default="naive", help="kernel.attention_impl: naive | blockwise | xla | fused")
+    parser.add_argument("--matmul-impl", default="xla", help="kernel.matmul_impl: xla | onednn")
     parser.add_argument("--top", type=int, default=15, help="instructions listed")
     parser.add_argument("--json", help="write the profile to this JSON file")
 
@@ -117,6 +118,7 @@ def profile(config, *, steps: int) -> dict:
 
 def run(args: argparse.Namespace) -> int:
     from jaxformer.benchmarks.train import parse_dtypes, parse_sizes, bench_config
+    from jaxformer.functional.dense import check_matmul_impl
     from jaxformer.functional.dispatch import check_impl
     from jaxformer.train.peak import cpu_model, probe_matmul_peak
 
@@ -128,9 +130,12 @@ def run(args: argparse.Namespace) -> int:
         if getattr(args, name) <= 0:
             raise ValueError(f"--{name} must be positive, got {getattr(args, name)}")
     check_impl(args.attention_impl)
-    result = profile(bench_config(d, layers, seq_len, args.batch, dtype, args.attention_impl), steps=args.steps)
+    check_matmul_impl(args.matmul_impl)
+    result = profile(bench_config(d, layers, seq_len, args.batch, dtype, args.attention_impl, args.matmul_impl),
+                     steps=args.steps)
+    matmul = args.matmul_impl if dtype == "bfloat16" else "xla"  # what multiplies
     result.update(cpu_model=cpu_model(), size=args.size, batch=args.batch, dtype=dtype, attention_impl=args.attention_impl,
-                  peak_flops=probe_matmul_peak(dtype))
+                  matmul_impl=args.matmul_impl, peak_flops=probe_matmul_peak(dtype, impl=matmul))
     _print(result, args.top)
     if args.json:
         write_json_atomic(Path(args.json), result, indent=1)
