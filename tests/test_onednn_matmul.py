@@ -115,6 +115,34 @@ def test_data_parallel_mesh_runs_each_share_and_sums_the_weight_gradient(kernel)
     assert "sharded ok" in done.stdout
 
 
+def test_tensor_parallel_shardings_split_columns_and_sum_rows(kernel):
+    """A (data, model) mesh of four devices: a column-parallel weight keeps its output columns sharded, a
+    row-parallel one sums its partial products over the model axis; both equal the unsharded product."""
+    done = run_python("""
+        import jax, jax.numpy as jnp, numpy as np
+        from jax.sharding import NamedSharding, PartitionSpec as P
+        import jaxformer.functional as F
+        mesh = jax.make_mesh((2, 2), ("data", "model"))
+        x = jax.random.normal(jax.random.key(0), (8, 16)).astype(jnp.bfloat16)
+        w = jax.random.normal(jax.random.key(1), (16, 12)).astype(jnp.bfloat16)
+        reference = jnp.matmul(x, w, preferred_element_type=jnp.float32)
+        product = jax.jit(lambda x, w: F.dense(x, w, impl="onednn", preferred_element_type=jnp.float32))
+        for x_spec, w_spec, out_spec, collective in ((P("data", None), P(None, "model"), P("data", "model"), None),
+                                                     (P("data", "model"), P("model", None), P("data", None),
+                                                      "all-reduce")):
+            args = (jax.device_put(x, NamedSharding(mesh, x_spec)), jax.device_put(w, NamedSharding(mesh, w_spec)))
+            hlo = product.lower(*args).compile().as_text()
+            assert "jaxformer_onednn_matmul" in hlo and "all-gather" not in hlo, hlo
+            assert collective is None or collective in hlo, hlo
+            out = product(*args)
+            assert out.sharding.is_equivalent_to(NamedSharding(mesh, out_spec), 2), (out.sharding, out_spec)
+            np.testing.assert_allclose(out, reference, rtol=1e-5, atol=1e-4)
+        print("tensor parallel ok")
+    """, {"XLA_FLAGS": os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4",
+          "JAX_PLATFORMS": "cpu"})
+    assert "tensor parallel ok" in done.stdout
+
+
 def test_missing_library_falls_back_to_xla_with_one_warning(tmp_path):
     """The loader pointed at a library that does not exist: ``onednn`` computes with jnp.matmul, and says so once."""
     done = run_python("""

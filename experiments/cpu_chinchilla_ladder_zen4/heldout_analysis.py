@@ -2,7 +2,8 @@
 
     python experiments/cpu_chinchilla_ladder_zen4/heldout_analysis.py
 
-Reads this folder's results.csv (the 70 runs the committed fit used), fit.json and verify.json, and writes
+Reads this folder's results.csv (the 70 runs the committed fit used), fit.json and verify.json (the held-out
+runs at 3e13: the compute-optimal one and, since session 12, its neighbours at 0.5× and 2× N_opt), and writes
 heldout_analysis.json and heldout_analysis.png. Two questions, answered from the data already taken:
 
 1. The E profile: with log E held at each value of a grid, Approach 3 is refitted over (log A, log B, α, β)
@@ -80,9 +81,12 @@ def main() -> None:
              for n, rs in sorted(by_size.items())}
     means = np.array([v["mean"] for v in sizes.values()])
     within = residual - np.array([np.mean(by_size[int(n)]) for n in table.N])  # each run against its size's mean
+    heldout = [verify, *verify.get("neighbours", [])]  # the compute-optimal run, then N_opt's neighbours
+    errors = [run["relative_error"] for run in heldout]
     report = {
-        "heldout": {"N": held_N, "D": held_D, "measured": measured, "predicted": verify["predicted"]["loss"],
-                    "error": verify["relative_error"]},
+        "heldout": [{"N": run["N"], "D": run["D"], "measured": run["measured_loss"],
+                     "predicted": run["predicted"]["loss"], "error": run["relative_error"]} for run in heldout],
+        "heldout_mean_error": float(np.mean(errors)), "heldout_mean_abs_error": float(np.mean(np.abs(errors))),
         "fit": {"E": fit["params"]["E"], "objective": fit["objective"], "a": fit["a"]},
         "residuals": {"rms": float(np.sqrt(np.mean(residual**2))), "rms_of_size_means": float(np.sqrt(np.mean(means**2))),
                       "rms_within_size": float(np.sqrt(np.mean(within**2))), "by_size": sizes},
@@ -103,9 +107,9 @@ def main() -> None:
     right.axhline(0, color="grey", lw=0.5)
     for n, rs in sorted(by_size.items()):
         right.plot([n] * len(rs), 100 * np.array(rs), "o", color="C0", alpha=0.5)
-    right.axvline(held_N, color="C3", ls=":")
-    right.plot([held_N], [100 * np.log(measured / verify["predicted"]["loss"])], "*", color="C3", ms=12,
-               label="held-out run")
+    right.plot([run["N"] for run in heldout],
+               [100 * np.log(run["measured_loss"] / run["predicted"]["loss"]) for run in heldout], "*", color="C3",
+               ms=12, label="held-out runs at 3e13")
     right.set_xscale("log"), right.set_xlabel("N (parameters)"), right.set_ylabel("log(measured / law) (%)")
     right.set_title("residuals of the committed fit, by size"), right.legend()
     fig.tight_layout()
