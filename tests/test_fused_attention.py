@@ -48,6 +48,7 @@ CASES = {
     "cross_attention_d16": ((2, 5, 70, 2, 2, 16), dict()),
     "decode_offset_d32": ((2, 3, 14, 4, 2, 32), dict(causal=True, q_offset=11)),
     "padded_head_dim_scale": ((2, 13, 13, 2, 2, 20), dict(causal=True, scale=0.5)),
+    "causal_mha_d64_two_tiles": ((1, 70, 70, 2, 2, 64), dict(causal=True)),
 }
 
 
