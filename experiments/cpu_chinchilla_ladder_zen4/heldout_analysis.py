@@ -13,12 +13,10 @@ heldout_analysis.json and heldout_analysis.png. Two questions, answered from the
    in-sample misfit is noise, or offsets that a size carries to every budget.
 """
 
-import csv
 import json
 from pathlib import Path
 
 import jax
-import jax.numpy as jnp
 import matplotlib
 import numpy as np
 

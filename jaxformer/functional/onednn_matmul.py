@@ -104,16 +104,18 @@ def _partitioned(trans_a: bool, trans_b: bool, out_dtype):
 
     wrapped = custom_partitioning(call)
 
+    def factor_axes(shape, factors) -> dict[str, tuple[str, ...]]:
+        """The mesh axes each factor of an operand is sharded over."""
+        sharding = shape.sharding
+        spec = sharding.spec if isinstance(sharding, NamedSharding) else PartitionSpec()
+        return {name: _axes(entry) for name, entry in zip(factors, (*spec, None, None))}
+
     def layout(mesh, arg_shapes):
         """``(axes of i, of j, of r)``: i from a, j and (failing a's) r from b; no mesh axis used twice."""
-        specs = []
-        for shape in arg_shapes:
-            sharding = shape.sharding
-            spec = sharding.spec if isinstance(sharding, NamedSharding) else PartitionSpec()
-            specs.append(dict(zip(a_factors if not specs else b_factors, (*spec, None, None))))
-        i = _axes(specs[0]["i"])
-        j = tuple(axis for axis in _axes(specs[1]["j"]) if axis not in i)
-        r = tuple(axis for axis in _axes(specs[0]["r"]) or _axes(specs[1]["r"]) if axis not in i + j)
+        a, b = factor_axes(arg_shapes[0], a_factors), factor_axes(arg_shapes[1], b_factors)
+        i = a["i"]
+        j = tuple(axis for axis in b["j"] if axis not in i)
+        r = tuple(axis for axis in a["r"] or b["r"] if axis not in i + j)
         return i, j, r
 
     def spec(mesh, factors, axes):
