@@ -10,7 +10,7 @@
 // type and thread count, and kept: building one JIT-compiles its kernel.
 //
 // Threads: oneDNN's OpenMP runtime runs each call on `threads` threads of the calling thread's
-// team. One JAX device per core passes 1, so two devices never oversubscribe the cores.
+// team. The Python side passes 1: with more, the sums' order varied between calls (not deterministic).
 
 #include <omp.h>
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import functools
 import importlib.metadata
-import os
 from pathlib import Path
 
 import jax
@@ -73,17 +72,17 @@ def supports(x: jax.Array, w: jax.Array) -> bool:
     return onednn_available()
 
 
-def _threads() -> int:
-    """oneDNN threads per call: the cores shared among this process's devices (one device per core: 1)."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, cores // jax.local_device_count())
+# oneDNN threads per call. With two or more, its bf16 matmul's sums came out in varying order from call to call
+# (a test training the same run twice in one process saw 0.1-0.3% apart), which would break bit-identical
+# resume; one thread is deterministic, and `jaxformer train`'s mesh of one device per core gives one anyway.
+THREADS = 1
 
 
 def _ffi(a, b, trans_a: bool, trans_b: bool, out_dtype):
     rows = a.shape[1] if trans_a else a.shape[0]
     cols = b.shape[0] if trans_b else b.shape[1]
     return jax.ffi.ffi_call(TARGET, jax.ShapeDtypeStruct((rows, cols), out_dtype))(
-        a, b, trans_a=np.int64(trans_a), trans_b=np.int64(trans_b), threads=np.int64(_threads()))
+        a, b, trans_a=np.int64(trans_a), trans_b=np.int64(trans_b), threads=np.int64(THREADS))
 
 
 def _axes(entry) -> tuple[str, ...]:
