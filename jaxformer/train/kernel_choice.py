@@ -162,9 +162,15 @@ def measure(config: TrainConfig, impls: list[str], calls: int = CALLS, repeats: 
     """Seconds per attention call (forward and backward) of ``config`` with each implementation, in alternating
     repeats after one call that compiles."""
     programs, inputs = attention_programs(config, impls)
+    return time_programs(programs, inputs, calls, repeats)
+
+
+def time_programs(programs: dict, inputs: tuple, calls: int = CALLS, repeats: int = REPEATS) -> dict[str, float]:
+    """Median seconds per call of each candidate program on ``inputs``, in alternating repeats after one call
+    each that compiles."""
     for program in programs.values():
         jax.block_until_ready(program(*inputs))
-    times: dict[str, list[float]] = {impl: [] for impl in impls}
+    times: dict[str, list[float]] = {impl: [] for impl in programs}
     for _ in range(repeats):
         for impl, program in programs.items():
             started = time.perf_counter()
@@ -183,19 +189,14 @@ def choose(config: TrainConfig, path: str | Path | None = None) -> tuple[TrainCo
     if config.kernel.attention_impl != "auto":
         return config, KernelChoice(config.kernel.attention_impl, "set")
     impls, reason = candidates(config)
-
-    def timed():
-        call_s = measure(config, impls)
-        return fastest(call_s), call_s
-
     impl, source, call_s, seconds = decide(KERNEL_FILE if path is None else Path(path), call_key(config), impls,
-                                           timed, "attention_impl")
+                                           lambda: measure(config, impls), fastest, "attention_impl")
     return with_impl(config, impl), KernelChoice(impl, source, call_s, reason, seconds)
 
 
-def decide(path: Path, key: str, impls: list[str], timed, field: str) -> tuple[str, str, dict[str, float], float]:
+def decide(path: Path, key: str, impls: list[str], timed, pick, field: str) -> tuple[str, str, dict[str, float], float]:
     """``(implementation, source, call_s, seconds spent)`` for the call ``key``: the only candidate, this machine's
-    cached answer, or ``timed()`` → ``(fastest, call_s)``, which is then cached under ``field``."""
+    cached answer, or ``pick(timed())`` of the seconds per call ``timed()`` measures, cached under ``field``."""
     started = time.perf_counter()
     if len(impls) == 1:
         return impls[0], "only", {}, 0.0
@@ -205,7 +206,8 @@ def decide(path: Path, key: str, impls: list[str], timed, field: str) -> tuple[s
             chosen = _from_process_0(impls.index(cached[field]) if jax.process_index() == 0 else 0)
             return impls[chosen], "cache", cached["call_s"] if cached else {}, time.perf_counter() - started
         # every process times the same global calls; process 0's timings decide for all
-        best, call_s = timed()
+        call_s = timed()
+        best = pick(call_s)
         impl = impls[_from_process_0(impls.index(best))]
         cache = read_cache(path)  # re-read: another worker may have written meanwhile
         cache[key] = {field: impl, "call_s": call_s, "measured_at": time.time()}

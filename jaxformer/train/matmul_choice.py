@@ -16,8 +16,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import statistics
-import time
 from pathlib import Path
 
 import jax
@@ -31,7 +29,7 @@ from jaxformer.parallel import Layout
 from jaxformer.parallel.rules import spec_for
 from jaxformer.train.config import TrainConfig
 from jaxformer.train import kernel_choice
-from jaxformer.train.kernel_choice import CALLS, MARGIN, REPEATS, KernelChoice, decide
+from jaxformer.train.kernel_choice import CALLS, MARGIN, REPEATS, KernelChoice, decide, time_programs
 from jaxformer.train.kernel_choice import choose as choose_attention
 from jaxformer.train.peak import machine_key
 
@@ -88,16 +86,7 @@ def measure(config: TrainConfig, impls: list[str], calls: int = CALLS, repeats: 
             return pullback(y)
         return jax.jit(forward_backward, out_shardings=(x_sharding, w_sharding))
 
-    programs = {impl: program(impl) for impl in impls}
-    for compiled in programs.values():
-        jax.block_until_ready(compiled(x, w))
-    times: dict[str, list[float]] = {impl: [] for impl in impls}
-    for _ in range(repeats):
-        for impl, compiled in programs.items():
-            started = time.perf_counter()
-            jax.block_until_ready([compiled(x, w) for _ in range(calls)])
-            times[impl].append((time.perf_counter() - started) / calls)
-    return {impl: statistics.median(values) for impl, values in times.items()}
+    return time_programs({impl: program(impl) for impl in impls}, (x, w), calls, repeats)
 
 
 def fastest(call_s: dict[str, float]) -> str:
@@ -118,12 +107,8 @@ def choose(config: TrainConfig, path: str | Path | None = None) -> tuple[TrainCo
     if config.kernel.matmul_impl != "auto":
         return config, MatmulChoice(config.kernel.matmul_impl, "set")
     impls, reason = candidates(config)
-
-    def timed():
-        call_s = measure(config, impls)
-        return fastest(call_s), call_s
-
     path = kernel_choice.KERNEL_FILE if path is None else Path(path)
-    impl, source, call_s, seconds = decide(path, call_key(config), impls, timed, "matmul_impl")
+    impl, source, call_s, seconds = decide(path, call_key(config), impls, lambda: measure(config, impls), fastest,
+                                           "matmul_impl")
     chosen = dataclasses.replace(config, kernel=dataclasses.replace(config.kernel, matmul_impl=impl))
     return chosen, MatmulChoice(impl, source, call_s, reason, seconds)
