@@ -1,7 +1,8 @@
-"""The oneDNN bf16 matmul (``kernel.matmul_impl: onednn``) against ``jnp.matmul``: values, gradients, sharding,
-train steps, fallback."""
+"""The oneDNN matmul (``kernel.matmul_impl: onednn``), bf16 and fp32, against ``jnp.matmul``: values, gradients,
+sharding, train steps, fallback."""
 
 import os
+import re
 import subprocess
 import sys
 
@@ -41,6 +42,22 @@ def test_matmul_equals_jnp_matmul(kernel):
         onednn_matmul.matmul(x, w, jnp.float16)
 
 
+def test_fp32_matmul_equals_jnp_matmul_with_every_transpose(kernel):
+    """fp32 operands: the product and both gradient calls (transposes as strides) equal XLA's fp32 dots."""
+    x = jax.random.normal(jax.random.key(5), (37, 19))
+    w = jax.random.normal(jax.random.key(6), (19, 23))
+    out = jax.jit(onednn_matmul.matmul, static_argnums=2)(x, w, jnp.float32)
+    assert out.dtype == jnp.float32
+    np.testing.assert_allclose(out, x @ w, rtol=1e-5, atol=1e-5)
+    g = jax.random.normal(jax.random.key(7), (37, 23))
+    grads = jax.grad(lambda x, w: jnp.sum(onednn_matmul.matmul(x, w, jnp.float32) * g), argnums=(0, 1))(x, w)
+    assert all(grad.dtype == jnp.float32 for grad in grads)
+    np.testing.assert_allclose(grads[0], g @ w.T, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(grads[1], x.T @ g, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="bfloat16 from bf16 operands"):
+        onednn_matmul.matmul(x, w, jnp.bfloat16)
+
+
 @pytest.mark.parametrize("out_dtype", [jnp.bfloat16, jnp.float32])
 def test_gradients_equal_the_plain_path(kernel, out_dtype):
     """dx = dy·wᵀ and dw = xᵀ·dy (the transposed calls) against jnp.matmul's gradients, to bf16 rounding."""
@@ -58,29 +75,35 @@ def test_gradients_equal_the_plain_path(kernel, out_dtype):
         np.testing.assert_allclose(grad.astype(jnp.float32), grad_ref.astype(jnp.float32), atol=scale * 2 ** -7)
 
 
-def test_dense_routes_only_bf16_products(kernel):
-    """fp32 operands, and preferred types other than bf16/fp32, stay with XLA; a wrong impl names the field."""
+def test_dense_routes_bf16_and_fp32_products(kernel):
+    """bf16 and fp32 products go to oneDNN; mixed operands, a bf16 result of fp32 operands and preferred types
+    other than bf16/fp32 stay with XLA; a wrong impl names the field."""
     x32, w32 = jax.random.normal(jax.random.key(0), (2, 5, 4, 8)), jax.random.normal(jax.random.key(1), (4, 8, 6))
     onednn = lambda x, w: F.dense(x, w, in_axes=2, impl="onednn")  # noqa: E731
-    assert not _targets(onednn, x32, w32)
-    np.testing.assert_array_equal(onednn(x32, w32), F.dense(x32, w32, in_axes=2))
+    assert _targets(onednn, x32, w32)
+    np.testing.assert_allclose(onednn(x32, w32), F.dense(x32, w32, in_axes=2), rtol=1e-5, atol=1e-5)
     x, w = x32.astype(jnp.bfloat16), w32.astype(jnp.bfloat16)
     assert _targets(onednn, x, w)
     assert onednn(x, w).shape == (2, 5, 6)
+    assert not _targets(onednn, x32, w)
+    assert not _targets(lambda x, w: F.dense(x, w, in_axes=2, impl="onednn", preferred_element_type=jnp.bfloat16),
+                        x32, w32)
     assert not _targets(lambda x, w: F.dense(x, w, in_axes=2, impl="onednn", preferred_element_type=jnp.float16), x, w)
     with pytest.raises(ValueError, match="matmul_impl must be one of"):
         F.dense(x, w, in_axes=2, impl="mkl")
 
 
-def test_train_steps_equal_the_xla_path(kernel):
-    """A bf16-compute model trained four steps with each impl: the same losses to bf16 precision, fp32 masters."""
+@pytest.mark.parametrize("dtype, rtol", [("bfloat16", 1e-2), ("float32", 1e-5)])
+def test_train_steps_equal_the_xla_path(kernel, dtype, rtol):
+    """A model trained four steps with each impl: the same losses (to bf16 precision for bf16 compute, fp32's
+    for fp32), fp32 masters."""
     losses = {}
     for impl in ("xla", "onednn"):
-        losses[impl], state, calls = train_losses(["train.compute_dtype=bfloat16", f"kernel.matmul_impl={impl}"],
+        losses[impl], state, calls = train_losses([f"train.compute_dtype={dtype}", f"kernel.matmul_impl={impl}"],
                                                   target=onednn_matmul.TARGET)
         assert calls == (impl == "onednn")
         assert all(leaf.dtype == jnp.float32 for leaf in jax.tree.leaves(state["params"]))
-    np.testing.assert_allclose(losses["onednn"], losses["xla"], rtol=1e-2)
+    np.testing.assert_allclose(losses["onednn"], losses["xla"], rtol=rtol)
     assert losses["onednn"][-1] < losses["onednn"][0]
 
 
@@ -155,7 +178,7 @@ def test_missing_library_falls_back_to_xla_with_one_warning(tmp_path):
             warnings.simplefilter("always")
             for _ in range(2):
                 np.testing.assert_array_equal(F.dense(x, x.T, impl="onednn"), F.dense(x, x.T))
-        messages = [str(w.message) for w in caught if "oneDNN bf16 matmul is unavailable" in str(w.message)]
+        messages = [str(w.message) for w in caught if "oneDNN matmul is unavailable" in str(w.message)]
         assert len(messages) == 1, messages
         assert "absent" in onednn_matmul.unavailable_reason()
         assert onednn_matmul.TARGET not in str(jax.make_jaxpr(lambda x: F.dense(x, x.T, impl="onednn"))(x))
@@ -170,7 +193,7 @@ def test_bench_says_when_the_kernel_is_unavailable(tmp_path):
                            "--repeats", "1"], capture_output=True, text=True, timeout=300,
                           env={**os.environ, onednn_matmul.LIBRARY_ENV: str(tmp_path / "missing.so")})
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "oneDNN matmul unavailable, so jaxformer's bf16 rows time XLA's matmul" in done.stdout
+    assert "oneDNN matmul unavailable, so jaxformer's rows time XLA's matmul" in done.stdout
 
 
 def test_machine_peak_is_probed_and_kept_per_matmul(kernel, tmp_path):
@@ -184,3 +207,14 @@ def test_machine_peak_is_probed_and_kept_per_matmul(kernel, tmp_path):
     assert peak > 1e9
     assert json.loads(path.read_text()) == {machine_key("bfloat16") + " | onednn": peak}
     assert machine_peak_flops("bfloat16", path, impl="onednn") == peak  # read back, not probed again
+
+
+def test_profile_classes_the_kernel_call_as_a_matmul(kernel):
+    """`bench profile` counts the oneDNN call's time as matmul time, the attention kernel's call as other."""
+    from jaxformer.benchmarks.profile import op_classes
+
+    x = jax.random.normal(jax.random.key(0), (8, 16))
+    hlo = jax.jit(lambda x: jnp.tanh(F.dense(x, x.T, impl="onednn"))).lower(x).compile().as_text()
+    calls = [re.search(r"%([\w.\-]+) = ", line).group(1) for line in hlo.splitlines() if onednn_matmul.TARGET in line
+             and " custom-call(" in line]
+    assert calls and all(op_classes(hlo)[name] == "matmul" for name in calls)

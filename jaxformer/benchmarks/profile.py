@@ -4,7 +4,8 @@ One size of the `bench train` ladder is compiled as `jaxformer train` compiles i
 same step) and a few steps run under `jax.profiler.trace`. XLA:CPU records one trace event per
 executed thunk, named by its HLO instruction (``args.hlo_op``); the events of the step's module
 are summed per instruction over every device thread. Each instruction is classed from the
-compiled HLO text: ``matmul`` when it is a ``dot`` (or a fusion whose body holds one),
+compiled HLO text: ``matmul`` when it is a ``dot`` (or a fusion whose body holds one, or a call of
+the oneDNN matmul kernel),
 ``collective`` for all-reduce and friends, ``copy`` for copies and transposes, ``other`` for
 the rest (the elementwise and reduction loops). An instruction's time is the wall time of its
 thunk on the thread that ran it, summed over devices; a large dot's thunk also covers the work
@@ -43,6 +44,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def op_classes(hlo_text: str) -> dict[str, str]:
     """``{instruction: class}`` for every instruction of a compiled HLO module's text."""
+    from jaxformer.functional.onednn_matmul import TARGET as ONEDNN_TARGET
+
     bodies: dict[str, list[tuple[str, str, str]]] = collections.defaultdict(list)
     computation = ""
     for line in hlo_text.splitlines():
@@ -64,7 +67,8 @@ def op_classes(hlo_text: str) -> dict[str, str]:
     for instructions in bodies.values():
         for name, opcode, rest in instructions:
             called = _CALLS.search(rest)
-            if opcode == "dot" or (opcode == "fusion" and called and holds_dot(called.group(1))):
+            if (opcode == "dot" or (opcode == "fusion" and called and holds_dot(called.group(1)))
+                    or (opcode == "custom-call" and f'"{ONEDNN_TARGET}"' in rest)):
                 classes[name] = "matmul"
             elif opcode.removesuffix("-start").removesuffix("-done") in COLLECTIVES:
                 classes[name] = "collective"
@@ -133,9 +137,8 @@ def run(args: argparse.Namespace) -> int:
     check_matmul_impl(args.matmul_impl)
     result = profile(bench_config(d, layers, seq_len, args.batch, dtype, args.attention_impl, args.matmul_impl),
                      steps=args.steps)
-    matmul = args.matmul_impl if dtype == "bfloat16" else "xla"  # what multiplies
     result.update(cpu_model=cpu_model(), size=args.size, batch=args.batch, dtype=dtype, attention_impl=args.attention_impl,
-                  matmul_impl=args.matmul_impl, peak_flops=probe_matmul_peak(dtype, impl=matmul))
+                  matmul_impl=args.matmul_impl, peak_flops=probe_matmul_peak(dtype, impl=args.matmul_impl))
     _print(result, args.top)
     if args.json:
         write_json_atomic(Path(args.json), result, indent=1)

@@ -41,7 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="jaxformer's kernel.attention_impl (naive | blockwise | xla | fused | auto: the "
                              "fastest measured per size, kept in the machine's cache for later runs); torch uses SDPA")
     parser.add_argument("--matmul-impl", default="xla",
-                        help="jaxformer's kernel.matmul_impl (xla | onednn: bf16 projections through oneDNN | auto: the "
+                        help="jaxformer's kernel.matmul_impl (xla | onednn: projections through oneDNN | auto: the "
                              "faster measured per size, cached per machine)")
     parser.add_argument("--dtypes", default="float32,bfloat16",
                         help="compute dtypes to time, comma-separated (bfloat16: fp32 masters, against torch autocast)")
@@ -181,13 +181,13 @@ def parse_dtypes(text: str) -> list[str]:
 
 def matmul_peaks(dtypes: list[str], torch_too: bool, matmul_impl: str = "xla") -> dict[str, dict[str, float]]:
     """``{dtype: {"jax": FLOP/s, "torch": FLOP/s}}``: square matmul peaks probed in this run, side by side;
-    with ``matmul_impl`` ``onednn``, bf16's ``jax`` is oneDNN's and ``jax_xla`` XLA's own."""
+    with ``matmul_impl`` ``onednn`` or ``auto``, ``jax`` is oneDNN's and ``jax_xla`` XLA's own."""
     from jaxformer.train.peak import probe_matmul_peak
 
     peaks = {}
     for dtype in dtypes:
         peaks[dtype] = {"jax": probe_matmul_peak(dtype)}
-        if dtype == "bfloat16" and matmul_impl in ("onednn", "auto"):
+        if matmul_impl in ("onednn", "auto"):
             peaks[dtype] = {"jax": probe_matmul_peak(dtype, impl="onednn"), "jax_xla": peaks[dtype]["jax"]}
         if torch_too:
             from jaxformer.benchmarks.torch_reference import matmul_peak
@@ -229,11 +229,11 @@ def run(args: argparse.Namespace) -> int:
         if not fused_attention.fused_available():
             notes.append(f"fused kernel unavailable, so jaxformer's rows time the plain path: "
                          f"{fused_attention.unavailable_reason()}")
-    if args.matmul_impl in ("onednn", "auto") and "bfloat16" in dtypes:
+    if args.matmul_impl in ("onednn", "auto"):
         from jaxformer.functional import onednn_matmul
 
         if not onednn_matmul.onednn_available():
-            notes.append(f"oneDNN matmul unavailable, so jaxformer's bf16 rows time XLA's matmul: "
+            notes.append(f"oneDNN matmul unavailable, so jaxformer's rows time XLA's matmul: "
                          f"{onednn_matmul.unavailable_reason()}")
     rows = [measure(bench_config(d, layers, seq_len, args.batch, dtype, args.attention_impl, args.matmul_impl),
                     steps=args.steps,

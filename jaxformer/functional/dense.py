@@ -37,9 +37,10 @@ def dense(x: jax.Array, w: jax.Array, *, in_axes: int = 1, preferred_element_typ
       x: ``[..., *I]`` activations (e.g. ``[B, T, E]``, or ``[B, T, H, D]`` with ``in_axes=2``).
       w: ``[*I, *O]`` weights (e.g. ``[E, H, D]``, ``[E, F]``, ``[H, D, E]``).
       preferred_element_type: the matmul's accumulation/output dtype (as in ``jnp.matmul``).
-      impl: ``xla`` (``jnp.matmul``) or ``onednn``: bf16 operands on a CPU go through oneDNN's
-        matmul (`jaxformer.functional.onednn_matmul`); anything it does not take, or a machine
-        where it is unavailable, computes with ``jnp.matmul``.
+      impl: ``xla`` (``jnp.matmul``) or ``onednn``: bf16 or fp32 operands on a CPU go through
+        oneDNN's matmul (`jaxformer.functional.onednn_matmul`); anything it does not take (mixed
+        dtypes, a bf16 result of fp32 operands), or a machine where it is unavailable, computes with
+        ``jnp.matmul``.
 
     Returns ``[..., *O]``: ``y[n, o] = Σ_i x[n, i]·w[i, o]``.
     """
@@ -51,7 +52,7 @@ def dense(x: jax.Array, w: jax.Array, *, in_axes: int = 1, preferred_element_typ
     fan_in = math.prod(in_shape)
     x_NI, w_IO = x.reshape(-1, fan_in), w.reshape(fan_in, -1)
     out_dtype = jnp.dtype(preferred_element_type or jnp.result_type(x, w))
-    if (impl == "onednn" and out_dtype in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float32))
+    if (impl == "onednn" and out_dtype in onednn_matmul.OPERAND_DTYPES and out_dtype.itemsize >= x.dtype.itemsize
             and onednn_matmul.supports(x_NI, w_IO)):
         y_NO = onednn_matmul.matmul(x_NI, w_IO, out_dtype)
     else:

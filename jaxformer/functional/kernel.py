@@ -28,8 +28,8 @@ class KernelConfig(Section):
     the fully masked score tiles (``None``: one block).
 
     matmul_impl: how the projections (`jaxformer.functional.dense`) multiply: ``xla``, or
-    ``onednn``: bf16 products through oneDNN's matmul (`jaxformer.functional.onednn_matmul`),
-    which reaches the CPU's bf16 units; fp32 products, and machines without the kernel, use XLA.
+    ``onednn``: bf16 and fp32 products through oneDNN's matmul (`jaxformer.functional.onednn_matmul`),
+    which reaches the CPU's bf16 units and has its own fp32 kernels; machines without the kernel use XLA.
     ``auto``: a training run times both on its projection and keeps the faster
     (`jaxformer.train.matmul_choice`).
     """

@@ -1,10 +1,11 @@
-"""bf16 matmuls through oneDNN (``jaxformer/csrc/onednn_matmul.cc``), called through ``jax.ffi``.
+"""bf16 and fp32 matmuls through oneDNN (``jaxformer/csrc/onednn_matmul.cc``), called through ``jax.ffi``.
 
 XLA:CPU computes a bf16 dot by converting to fp32 (slower than its own fp32 dot); oneDNN's matmul
 primitive uses the CPU's bf16 units (AVX512_BF16 dot products, AMX tiles), as PyTorch's bf16
-autocast does. :func:`matmul` is ``jnp.matmul(x, w, preferred_element_type=out_dtype)`` of bf16
-``x [M, K]`` and ``w [K, N]`` with fp32 accumulation; its gradient (a ``jax.custom_vjp``) is two more
-calls on the same kernel, whose transposes are strides, not copies.
+autocast does, and its fp32 kernels (those PyTorch's own oneDNN uses) beat XLA:CPU's dot on some
+shapes and CPUs. :func:`matmul` is ``jnp.matmul(x, w, preferred_element_type=out_dtype)`` of
+``x [M, K]`` and ``w [K, N]``, both bf16 or both fp32, with fp32 accumulation; its gradient (a
+``jax.custom_vjp``) is two more calls on the same kernel, whose transposes are strides, not copies.
 
 Requires the ``onednn`` extra (``pip install 'jaxformer[onednn]'``: oneDNN's library and headers from
 PyPI); the kernel is compiled on first use (`jaxformer.functional.extension`), and
@@ -54,7 +55,7 @@ def _link_flags() -> tuple[str, ...]:
     return ("-fopenmp", "-isystem", str(include_dir), "-L", str(lib_dir), "-ldnnl", f"-Wl,-rpath,{lib_dir}")
 
 
-EXTENSION = Extension("onednn_matmul", abi_version=1, library_env=LIBRARY_ENV, description="the oneDNN bf16 matmul",
+EXTENSION = Extension("onednn_matmul", abi_version=3, library_env=LIBRARY_ENV, description="the oneDNN matmul",
                       targets={TARGET: "JaxformerOnednnMatmul"}, link_flags=_link_flags)
 onednn_available = EXTENSION.available
 unavailable_reason = EXTENSION.unavailable_reason
@@ -62,15 +63,18 @@ loaded_path = EXTENSION.loaded_path
 
 
 def supports(x: jax.Array, w: jax.Array) -> bool:
-    """Whether :func:`matmul` computes ``x @ w`` (2-D, both bf16, on a CPU); builds the kernel if needed."""
+    """Whether :func:`matmul` computes ``x @ w`` (2-D, both bf16 or both fp32, on a CPU); builds the kernel if
+    needed."""
     if x.ndim != 2 or w.ndim != 2 or x.shape[1] != w.shape[0]:
         return False
-    if jnp.dtype(x.dtype) != jnp.bfloat16 or jnp.dtype(w.dtype) != jnp.bfloat16:
+    if jnp.dtype(x.dtype) != jnp.dtype(w.dtype) or jnp.dtype(x.dtype) not in OPERAND_DTYPES:
         return False
     if jax.default_backend() != "cpu":
         return False
     return onednn_available()
 
+
+OPERAND_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float32))
 
 # oneDNN threads per call. With two or more, its bf16 matmul's sums came out in varying order from call to call
 # (a test training the same run twice in one process saw 0.1-0.3% apart), which would break bit-identical
@@ -153,9 +157,9 @@ def _matmul_fwd(x, w, out_dtype):
 
 def _matmul_bwd(out_dtype, residuals, dy):
     x, w = residuals
-    dy = dy.astype(jnp.bfloat16)
-    dx = _partitioned(False, True, jnp.bfloat16)(dy, w)  # dy·wᵀ
-    dw = _partitioned(True, False, jnp.bfloat16)(x, dy)  # xᵀ·dy
+    dy = dy.astype(x.dtype)
+    dx = _partitioned(False, True, x.dtype)(dy, w)  # dy·wᵀ
+    dw = _partitioned(True, False, x.dtype)(x, dy)  # xᵀ·dy
     return dx, dw
 
 
@@ -166,13 +170,14 @@ def matmul(x: jax.Array, w: jax.Array, out_dtype=jnp.bfloat16) -> jax.Array:
     """``x @ w`` by oneDNN; the caller checks :func:`supports` first.
 
     Args:
-      x: ``[M, K]`` bf16.
-      w: ``[K, N]`` bf16.
-      out_dtype: ``bfloat16`` or ``float32`` (the sums are fp32 either way).
+      x: ``[M, K]`` bf16 or fp32.
+      w: ``[K, N]`` of ``x``'s dtype.
+      out_dtype: ``bfloat16`` (bf16 operands only) or ``float32``; the sums are fp32 either way.
 
-    Returns ``[M, N]`` of ``out_dtype``; the gradients are bf16, as ``jnp.matmul``'s.
+    Returns ``[M, N]`` of ``out_dtype``; the gradients have the operands' dtype, as ``jnp.matmul``'s.
     """
     out_dtype = jnp.dtype(out_dtype)
-    if out_dtype not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float32)):
-        raise ValueError(f"onednn matmul: out_dtype must be bfloat16 or float32, got {out_dtype}")
+    if out_dtype not in OPERAND_DTYPES or (out_dtype == jnp.bfloat16 and jnp.dtype(x.dtype) == jnp.float32):
+        raise ValueError(f"onednn matmul: out_dtype must be float32, or bfloat16 from bf16 operands, got {out_dtype} "
+                         f"from {jnp.dtype(x.dtype)}")
     return _matmul(x, w, out_dtype)

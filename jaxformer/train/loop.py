@@ -259,8 +259,8 @@ class _Run:
                 print(f"resumed from step {step} (checkpoint {self.resumed_from['checkpoint']})", file=sys.stderr,
                       flush=True)
         start_step = self.start_step = int(state["step"])
-        matmul = config.kernel.matmul_impl if config.train.compute_dtype == "bfloat16" else "xla"  # what multiplies
-        self.peak_flops = config.train.peak_flops or machine_peak_flops(config.train.compute_dtype, impl=matmul)
+        self.peak_flops = config.train.peak_flops or machine_peak_flops(config.train.compute_dtype,
+                                                                        impl=config.kernel.matmul_impl)
         self.logger = _Silent()
         if jax.process_index() == 0:
             self.logger = MetricsLogger(run_dir, start_step=start_step, total_steps=self.total_steps,

@@ -1,13 +1,13 @@
 """``kernel.matmul_impl: auto``: the projections' matmul measured fastest for this run on this machine.
 
-With bf16 compute on a CPU, oneDNN's matmul (`jaxformer.functional.onednn_matmul`) reaches the
-bf16 units that XLA:CPU's bf16 dot does not; how much that buys depends on the CPU (its bf16
-instructions, AMX tiles) and on the shapes. So, as for attention (`jaxformer.train.kernel_choice`),
+On a CPU, oneDNN's matmul (`jaxformer.functional.onednn_matmul`) reaches the bf16 units that
+XLA:CPU's bf16 dot does not, and its fp32 kernels beat XLA:CPU's dot on some shapes; how much that
+buys depends on the CPU (its vector width, bf16 instructions, AMX tiles) and on the shapes. So, as for attention (`jaxformer.train.kernel_choice`),
 a run that asks for ``auto`` times the candidates on its own projection, the feed-forward input
 ``x [B, T, E] · w [E, F]`` forward and backward, sharded over the run's mesh as the step shards it,
 and keeps the answer per machine and call in the same cache file, so later runs read it.
 
-Candidates: ``xla`` always; ``onednn`` with bf16 compute on a CPU where the kernel builds. The
+Candidates: ``xla`` always; ``onednn`` on a CPU where the kernel builds. The
 reference ``xla`` is kept unless oneDNN is at least `kernel_choice.MARGIN` faster.
 """
 
@@ -51,8 +51,6 @@ class MatmulChoice:
 
 def candidates(config: TrainConfig) -> tuple[list[str], str]:
     """``(implementations worth timing, why onednn is not among them)``."""
-    if config.train.compute_dtype != "bfloat16":
-        return ["xla"], f"onednn multiplies bf16 only (train.compute_dtype={config.train.compute_dtype})"
     if jax.default_backend() != "cpu":
         return ["xla"], "not a CPU backend: onednn is CPU-only"
     if not onednn_matmul.onednn_available():
