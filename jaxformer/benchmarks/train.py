@@ -51,8 +51,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--layout", action="store_true", help="also compare process/thread layouts for sweeps")
     parser.add_argument("--one-device", action="store_true",
                         help="also time each size on one device with every core's threads, against the "
-                             "data-parallel mesh over one device per core (oneDNN matmuls keep one device's share "
-                             "of the cores: time that layout as its own process, docs/cpu-speed.md session 12)")
+                             "data-parallel mesh over one device per core (oneDNN matmuls run on one thread a call "
+                             "either way, docs/cpu-speed.md session 12)")
     parser.add_argument("--json", help="write the results to this JSON file")
     parser.add_argument("--out", help="directory for bench_train.json (and layout results)")
 
