@@ -180,15 +180,16 @@ def parse_dtypes(text: str) -> list[str]:
 
 
 def matmul_peaks(dtypes: list[str], torch_too: bool, matmul_impl: str = "xla") -> dict[str, dict[str, float]]:
-    """``{dtype: {"jax": FLOP/s, "torch": FLOP/s}}``: square matmul peaks probed in this run, side by side;
-    with ``matmul_impl`` ``onednn`` or ``auto``, ``jax`` is oneDNN's and ``jax_xla`` XLA's own."""
+    """``{dtype: {"jax": FLOP/s, "jax_xla": FLOP/s, "torch": FLOP/s}}``: square matmul peaks probed in this run,
+    side by side; ``jax_xla`` is XLA's own, and ``jax`` oneDNN's with ``matmul_impl`` ``onednn`` or ``auto``, else
+    XLA's."""
     from jaxformer.train.peak import probe_matmul_peak
 
     peaks = {}
     for dtype in dtypes:
-        peaks[dtype] = {"jax": probe_matmul_peak(dtype)}
-        if matmul_impl in ("onednn", "auto"):
-            peaks[dtype] = {"jax": probe_matmul_peak(dtype, impl="onednn"), "jax_xla": peaks[dtype]["jax"]}
+        xla = probe_matmul_peak(dtype)
+        peaks[dtype] = {"jax": probe_matmul_peak(dtype, impl="onednn") if matmul_impl in ("onednn", "auto") else xla,
+                        "jax_xla": xla}
         if torch_too:
             from jaxformer.benchmarks.torch_reference import matmul_peak
 
@@ -239,8 +240,8 @@ def run(args: argparse.Namespace) -> int:
                     steps=args.steps,
                     repeats=args.repeats, torch_too=dtype in torch_dtypes, one_device=args.one_device)
             for dtype in dtypes for d, layers, seq_len in sizes]
-    for row in rows:  # MFU against each dtype's JAX matmul peak, so both columns share one denominator
-        peak = peaks[row["dtype"]]["jax"]
+    for row in rows:  # MFU against the peak of the matmul the row used, so both columns share one denominator
+        peak = peaks[row["dtype"]]["jax_xla" if row["matmul_impl"] == "xla" else "jax"]
         row["jax_mfu"] = row["jax_tokens_per_s"] * row["flops_per_token"] / peak
         if "torch_tokens_per_s" in row:
             row["torch_mfu"] = row["torch_tokens_per_s"] * row["flops_per_token"] / peak
@@ -265,7 +266,7 @@ def _print(report: dict, args: argparse.Namespace) -> None:
     for dtype, peak in report["matmul_peaks"].items():
         print(f"matmul peak {dtype} (this run): jax {peak['jax'] / 1e9:.1f} GFLOP/s"
               + (f", torch {peak['torch'] / 1e9:.1f} GFLOP/s, ratio {peak['jax'] / peak['torch']:.2f}" if "torch" in peak else "")
-              + (f" (oneDNN; XLA's own {peak['jax_xla'] / 1e9:.1f})" if "jax_xla" in peak else ""))
+              + (f" (oneDNN; XLA's own {peak['jax_xla'] / 1e9:.1f})" if args.matmul_impl in ("onednn", "auto") else ""))
     print(f"{'dtype':>9}{'attn':>7}{'matmul':>7}{'d':>5}{'L':>3}{'T':>5}{'params':>11}{'dev':>4}{'jax tok/s':>12}{'torch tok/s':>13}{'ratio':>7}"
           f"{'jax MFU':>9}{'torch MFU':>10}{'compile s':>10}")
     for row in report["sizes"]:

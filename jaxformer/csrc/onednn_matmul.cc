@@ -1,7 +1,7 @@
 // A bf16 or fp32 matmul for XLA:CPU through oneDNN's matmul primitive, called through the XLA FFI (jax.ffi).
 //
-// c[M, N] = op(a) · op(b) with bf16 operands and fp32 accumulation, or fp32 operands and result, where op(a) is a [M, K] or,
-// with trans_a, the transpose of a [K, M] buffer (likewise b: [K, N], or [N, K] with trans_b).
+// c[M, N] = op(a) · op(b) with bf16 operands and fp32 accumulation, or fp32 operands and result,
+// where op(a) is a [M, K] or, with trans_a, the transpose of a [K, M] buffer (likewise b: [K, N], or [N, K] with trans_b).
 // The transposes are strides in oneDNN's memory descriptors, so the backward pass's x^T·dy and
 // dy·w^T read their operands where they lie. bf16 operands give a bf16 or fp32 result (the result
 // buffer's type); fp32 operands an fp32 one.
@@ -101,7 +101,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxformerOnednnMatmul, MatmulImpl,
                               ffi::Ffi::Bind()
                                   .Arg<ffi::AnyBuffer>()  // a: bf16 or fp32
                                   .Arg<ffi::AnyBuffer>()  // b: a's type
-                                  .Ret<ffi::AnyBuffer>()          // c: bf16 or fp32
+                                  .Ret<ffi::AnyBuffer>()  // c: bf16 or fp32
                                   .Attr<int64_t>("trans_a")
                                   .Attr<int64_t>("trans_b")
                                   .Attr<int64_t>("threads"));

@@ -52,8 +52,7 @@ def dense(x: jax.Array, w: jax.Array, *, in_axes: int = 1, preferred_element_typ
     fan_in = math.prod(in_shape)
     x_NI, w_IO = x.reshape(-1, fan_in), w.reshape(fan_in, -1)
     out_dtype = jnp.dtype(preferred_element_type or jnp.result_type(x, w))
-    if (impl == "onednn" and out_dtype in onednn_matmul.OPERAND_DTYPES and out_dtype.itemsize >= x.dtype.itemsize
-            and onednn_matmul.supports(x_NI, w_IO)):
+    if impl == "onednn" and onednn_matmul.supports(x_NI, w_IO, out_dtype):
         y_NO = onednn_matmul.matmul(x_NI, w_IO, out_dtype)
     else:
         y_NO = jnp.matmul(x_NI, w_IO, preferred_element_type=preferred_element_type)

@@ -62,19 +62,25 @@ unavailable_reason = EXTENSION.unavailable_reason
 loaded_path = EXTENSION.loaded_path
 
 
-def supports(x: jax.Array, w: jax.Array) -> bool:
-    """Whether :func:`matmul` computes ``x @ w`` (2-D, both bf16 or both fp32, on a CPU); builds the kernel if
-    needed."""
+OPERAND_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float32))
+
+
+def _result_ok(operand_dtype, out_dtype) -> bool:
+    """fp32 results from either operand dtype, bf16 results from bf16 operands only."""
+    out_dtype = jnp.dtype(out_dtype)
+    return out_dtype == jnp.float32 or (out_dtype == jnp.bfloat16 and jnp.dtype(operand_dtype) == jnp.bfloat16)
+
+
+def supports(x: jax.Array, w: jax.Array, out_dtype) -> bool:
+    """Whether :func:`matmul` computes ``x @ w`` as ``out_dtype`` (2-D, both bf16 or both fp32, a result type
+    that :func:`matmul` takes, on a CPU); builds the kernel if needed."""
     if x.ndim != 2 or w.ndim != 2 or x.shape[1] != w.shape[0]:
         return False
     if jnp.dtype(x.dtype) != jnp.dtype(w.dtype) or jnp.dtype(x.dtype) not in OPERAND_DTYPES:
         return False
-    if jax.default_backend() != "cpu":
+    if not _result_ok(x.dtype, out_dtype) or jax.default_backend() != "cpu":
         return False
     return onednn_available()
-
-
-OPERAND_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float32))
 
 # oneDNN threads per call. With two or more, its bf16 matmul's sums came out in varying order from call to call
 # (a test training the same run twice in one process saw 0.1-0.3% apart), which would break bit-identical
@@ -177,7 +183,7 @@ def matmul(x: jax.Array, w: jax.Array, out_dtype=jnp.bfloat16) -> jax.Array:
     Returns ``[M, N]`` of ``out_dtype``; the gradients have the operands' dtype, as ``jnp.matmul``'s.
     """
     out_dtype = jnp.dtype(out_dtype)
-    if out_dtype not in OPERAND_DTYPES or (out_dtype == jnp.bfloat16 and jnp.dtype(x.dtype) == jnp.float32):
+    if not _result_ok(x.dtype, out_dtype):
         raise ValueError(f"onednn matmul: out_dtype must be float32, or bfloat16 from bf16 operands, got {out_dtype} "
                          f"from {jnp.dtype(x.dtype)}")
     return _matmul(x, w, out_dtype)

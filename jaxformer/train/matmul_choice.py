@@ -2,8 +2,9 @@
 
 On a CPU, oneDNN's matmul (`jaxformer.functional.onednn_matmul`) reaches the bf16 units that
 XLA:CPU's bf16 dot does not, and its fp32 kernels beat XLA:CPU's dot on some shapes; how much that
-buys depends on the CPU (its vector width, bf16 instructions, AMX tiles) and on the shapes. So, as for attention (`jaxformer.train.kernel_choice`),
-a run that asks for ``auto`` times the candidates on its own projection, the feed-forward input
+buys depends on the CPU (its vector width, bf16 instructions, AMX tiles) and on the shapes. So, as
+for attention (`jaxformer.train.kernel_choice`), a run that asks for ``auto`` times the candidates on
+its own projection, the feed-forward input
 ``x [B, T, E] · w [E, F]`` forward and backward, sharded over the run's mesh as the step shards it,
 and keeps the answer per machine and call in the same cache file, so later runs read it.
 
