@@ -157,6 +157,25 @@ def test_checkpoints_keep_last_k_and_fall_back_past_a_corrupt_latest(tmp_path, c
     assert _restore(tmp_path / "fresh", abstract) is None
 
 
+def test_an_asynchronous_save_keeps_the_state_it_was_given_while_training_donates_it(tmp_path):
+    checkpointer = Checkpointer(tmp_path / "checkpoints", keep=3, asynchronous=True)
+    step_fn = jax.jit(lambda state: jax.tree.map(lambda x: x + 1, state), donate_argnums=0)
+    params = {"w": jnp.ones((1000, 500), jnp.int32), "b": jnp.zeros(2, jnp.int32)}  # 6 MB: writes that take a while
+    state = {"params": params, "opt_state": optax.adam(1e-3).init(params), "step": jnp.int32(1)}
+    for step in (1, 2, 3):
+        checkpointer.save(step, state, {"loader": {"position": step}})
+        for _ in range(4):  # the saved buffers are donated and overwritten while the write may be in flight
+            state = step_fn(state)
+    checkpointer.wait()
+    assert checkpointer.steps() == [1, 2, 3]
+    assert not list((tmp_path / "checkpoints").glob("*tmp*"))  # every step renamed into place
+    checkpointer.close()
+    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), state)
+    step, restored, meta = _restore(tmp_path / "checkpoints", abstract)  # the digest saved with it matches too
+    assert (step, meta["loader"]["position"]) == (3, 3)
+    assert int(restored["params"]["w"][999, 499]) == 9 and int(restored["step"]) == 9  # 1 + 4 + 4, as handed to save
+
+
 def test_the_state_digest_sees_one_bit_and_compiles_once_per_leaf_shape():
     from jaxformer.train.checkpoint import state_digest
 

@@ -45,6 +45,9 @@ class CheckpointConfig(Section):
       spend a bounded share on checkpoints, at the cost of more steps to redo after a kill.
     steps: steps always saved, whatever ``interval`` and ``max_overhead`` say, and never rotated
       away by ``keep`` (a WSD trunk's fork points, `jaxformer.sweep.branches`).
+    asynchronous: Orbax writes each save in a background thread (as MaxText's and Levanter's runs do):
+      training goes on once the arrays are copied to host memory. The next save, and the end of the
+      run, wait for the write; a step counts as saved only once Orbax has renamed its finished directory.
     """
 
     SECTION = "checkpoint"
@@ -54,6 +57,7 @@ class CheckpointConfig(Section):
     resume: bool = True
     max_overhead: float | None = setting(None, POSITIVE)
     steps: list[int] = setting(factory=list)
+    asynchronous: bool = True
 
     def check(self) -> None:
         if any(step < 1 for step in self.steps):
@@ -116,22 +120,25 @@ def latest_saved_step(run_dir: Path) -> int | None:
 
 
 class Checkpointer:
-    """Saves and restores ``(state, meta)`` under ``directory`` (synchronously).
+    """Saves and restores ``(state, meta)`` under ``directory``.
 
     read_only: only restore; never create, clean up or move anything under ``directory``.
     kept_steps: steps kept besides the newest ``keep`` (`CheckpointConfig.steps`).
+    asynchronous: `save` returns once the state is copied to host memory and Orbax finishes the write in
+      the background; `wait` (and `close`) block until it is on disk.
     """
 
-    def __init__(self, directory: Path, keep: int, *, read_only: bool = False, kept_steps: Sequence[int] = ()) -> None:
+    def __init__(self, directory: Path, keep: int, *, read_only: bool = False, kept_steps: Sequence[int] = (),
+                 asynchronous: bool = False) -> None:
         self.directory = Path(directory).absolute()
-        self.read_only = read_only
+        self.read_only, self.asynchronous = read_only, asynchronous
         policies, kept = ocp.checkpoint_managers, list(kept_steps)
         # Orbax takes max_to_keep or a preservation policy, not both; kept steps need the policy (newest `keep` or kept)
         policy = policies.AnyPreservationPolicy([policies.LatestN(keep), policies.CustomSteps(kept)]) if kept else None
         options = ocp.CheckpointManagerOptions(
             max_to_keep=None if kept else keep, preservation_policy=policy,
-            create=not read_only, enable_async_checkpointing=False, cleanup_tmp_directories=not read_only,
-            read_only=read_only,
+            create=not read_only, enable_async_checkpointing=asynchronous and not read_only,
+            cleanup_tmp_directories=not read_only, read_only=read_only,
         )
         self.manager = ocp.CheckpointManager(self.directory, options=options)
 
@@ -146,6 +153,11 @@ class Checkpointer:
             args=ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)),
             force=True,
         )
+        if not self.asynchronous:
+            self.wait()
+
+    def wait(self) -> None:
+        """Blocks until every save is written (Orbax raises here if a background write failed)."""
         self.manager.wait_until_finished()
 
     def restore_latest(self, abstract_state: Any) -> tuple[int, Any, dict] | None:

@@ -242,7 +242,7 @@ class _Run:
         config, run_dir = self.config, self.run_dir
         mark = time.perf_counter()
         self.checkpointer = Checkpointer(run_dir / "checkpoints", config.checkpoint.keep,
-                                         kept_steps=config.checkpoint.steps)
+                                         kept_steps=config.checkpoint.steps, asynchronous=config.checkpoint.asynchronous)
         restored = self.checkpointer.restore_latest(abstract)
         self.times["restore_s"] += time.perf_counter() - mark
         self.previous_wall_s, self.resumed_from = 0.0, None
@@ -272,7 +272,7 @@ class _Run:
 
     def close(self) -> None:
         self.logger.close()
-        self.checkpointer.close()
+        self._timed("checkpoint_s", self.checkpointer.close)  # an asynchronous save's write ends here
 
     def _maybe_report(self, step, state, eval_pass):
         """At log, eval and checkpoint steps: synchronise, check the loss, write rows and checkpoints."""
