@@ -164,7 +164,7 @@ def test_an_asynchronous_save_keeps_the_state_it_was_given_while_training_donate
     state = {"params": params, "opt_state": optax.adam(1e-3).init(params), "step": jnp.int32(1)}
     for step in (1, 2, 3):
         checkpointer.save(step, state, {"loader": {"position": step}})
-        for _ in range(4):  # the saved buffers are donated and overwritten while the write may be in flight
+        for _ in range(4):  # training donates the state it just handed to save while the write may be in flight
             state = step_fn(state)
     checkpointer.wait()
     assert checkpointer.steps() == [1, 2, 3]
@@ -173,7 +173,8 @@ def test_an_asynchronous_save_keeps_the_state_it_was_given_while_training_donate
     abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), state)
     step, restored, meta = _restore(tmp_path / "checkpoints", abstract)  # the digest saved with it matches too
     assert (step, meta["loader"]["position"]) == (3, 3)
-    assert int(restored["params"]["w"][999, 499]) == 9 and int(restored["step"]) == 9  # 1 + 4 + 4, as handed to save
+    assert int(restored["params"]["w"][999, 499]) == 9 and int(restored["step"]) == 9  # 1 + 4 + 4: as handed to save,
+    # not as training left that memory (while Orbax holds the arrays, XLA gives the donating step fresh buffers)
 
 
 def test_the_state_digest_sees_one_bit_and_compiles_once_per_leaf_shape():
