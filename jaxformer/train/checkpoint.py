@@ -45,9 +45,9 @@ class CheckpointConfig(Section):
       spend a bounded share on checkpoints, at the cost of more steps to redo after a kill.
     steps: steps always saved, whatever ``interval`` and ``max_overhead`` say, and never rotated
       away by ``keep`` (a WSD trunk's fork points, `jaxformer.sweep.branches`).
-    asynchronous: Orbax writes each save in a background thread (as MaxText's and Levanter's runs do):
-      training goes on once the arrays are copied to host memory. The next save, and the end of the
-      run, wait for the write; a step counts as saved only once Orbax has renamed its finished directory.
+    asynchronous: Orbax writes each save in a background thread (as MaxText's and Levanter's runs do),
+      holding the arrays it was handed while training goes on. The next save, and the end of the run,
+      wait for the write; a step counts as saved only once Orbax has renamed its finished directory.
     """
 
     SECTION = "checkpoint"
@@ -124,8 +124,8 @@ class Checkpointer:
 
     read_only: only restore; never create, clean up or move anything under ``directory``.
     kept_steps: steps kept besides the newest ``keep`` (`CheckpointConfig.steps`).
-    asynchronous: `save` returns once the state is copied to host memory and Orbax finishes the write in
-      the background; `wait` (and `close`) block until it is on disk.
+    asynchronous: `save` returns once Orbax has taken the state, and Orbax finishes the write in the
+      background; `wait` (and `close`) block until it is on disk.
     """
 
     def __init__(self, directory: Path, keep: int, *, read_only: bool = False, kept_steps: Sequence[int] = (),
