@@ -272,3 +272,15 @@ def test_held_out_run_and_seed_repeats_after_the_fit(tmp_path):
     assert again.returncode == 0 and "3 held-out runs at C = 8e+09" in again.stdout, again.stdout
     assert "0 to train" in again.stdout.split("verify:")[1]
     assert json.loads((out / "fit" / "verify.json").read_text()) == verify
+
+
+def test_the_dry_run_probe_times_runs_whose_kernels_are_chosen_per_machine(tmp_path):
+    """The main job's spec sets both kernel choices to ``auto``: the probe resolves them as training does."""
+    spec = variant(tmp_path, "auto-kernels", base={**yaml.safe_load(TINY.read_text())["base"],
+                                                   "kernel": {"attention_impl": "auto", "matmul_impl": "auto"}},
+                   isoflop={"budgets": [1e9], "params": [8e3], "flops": "6ND"})
+    result = jaxformer("sweep", spec, "--dry-run", "--workers", 1)
+    assert result.returncode == 0, result.stderr
+    minutes = [line.split()[-1] for line in result.stdout.splitlines() if line.startswith("C1e09")]
+    assert len(minutes) == 1 and float(minutes[0]) > 0
+    assert "ETA ≈" in result.stdout

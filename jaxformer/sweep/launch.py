@@ -101,7 +101,7 @@ def plan_table(runs: list[PlannedRun], *, workers: int, probe: bool, adapt_limit
 def _estimate_minutes(runs: list[PlannedRun]) -> dict[str, float]:
     """Probes each distinct model shape once (compile + a few steps) in this process."""
     from jaxformer.train.config import config_from_dict
-    from jaxformer.train.kernel_choice import choose as choose_kernel
+    from jaxformer.train.matmul_choice import choose_kernels
     from jaxformer.train.throughput import time_train_step
 
     timings = {}
@@ -109,7 +109,7 @@ def _estimate_minutes(runs: list[PlannedRun]) -> dict[str, float]:
     for run in runs:
         key = _shape(run.config)
         if key not in timings:
-            timings[key] = time_train_step(choose_kernel(config_from_dict(run.config))[0], steps=3)
+            timings[key] = time_train_step(choose_kernels(config_from_dict(run.config))[0], steps=3)
         timing = timings[key]
         estimates[run.name] = (timing.compile_s + (run.steps - (run.fork_step or 0)) * timing.step_s) / 60
     return estimates
