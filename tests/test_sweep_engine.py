@@ -68,6 +68,31 @@ def test_a_run_that_restores_a_checkpoint_never_builds_an_initial_state(tmp_path
     assert longer["val_loss"] != trunk["val_loss"]
 
 
+@pytest.mark.parametrize("d_model, layers", [(16, 1), (48, 3)])
+def test_the_initial_state_program_compiled_for_one_call_gives_the_default_programs_bits(d_model, layers):
+    """`compiled.initial_state` compiles at `RUN_ONCE_OPTIMIZATION_LEVEL` (faster to compile); every parameter and
+    optimizer leaf equals, bit for bit, the state of the same program at XLA's default level, so committed studies
+    are still reproduced exactly."""
+    import numpy as np
+
+    from jaxformer.benchmarks.train import bench_config
+    from jaxformer.parallel import Layout
+    from jaxformer.train import compiled
+    from jaxformer.train.optimizer import make_optimizer
+    from jaxformer.train.step import build_state
+
+    config = bench_config(d_model, layers, 64, 16)
+    optimizer = make_optimizer(config.optimizer)
+    layout = Layout.for_run(config.parallel, config.model, config.micro_batch, jax.devices()[:1])
+    _, _, init = compiled.initial_state(config.model, config.kernel, config.optimizer, optimizer, layout)
+    default = jax.jit(lambda seed: build_state(config.model, seed, optimizer, config.kernel)[1])
+    for seed in (0, 7):
+        fast, plain = jax.tree.leaves(init(seed)), jax.tree.leaves(default(np.int32(seed)))
+        assert len(fast) == len(plain) > 30
+        for a, b in zip(fast, plain):
+            assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
+
+
 def test_the_matmul_peak_is_probed_once_per_machine_and_layout(tmp_path, monkeypatch):
     path = tmp_path / "peak.json"
     first = machine_peak_flops("float32", path)

@@ -27,6 +27,19 @@ from jaxformer.parallel.config import ParallelConfig
 from jaxformer.parallel.mesh import make_mesh
 from jaxformer.parallel.rules import Rules, batch_spec, param_shardings, resolve_rules, rule_size
 
+# XLA's backend optimisation level for a program that runs once, such as a run's initial state, whose compile time
+# is its whole cost. Level 1 compiles it markedly faster than the default (3) and gave bit-identical parameters on
+# every model the sweeps train; level 0 changed their last bit (docs/sweep-speed.md, sessions 16 and 17). CPU only:
+# that is where the bits were compared.
+RUN_ONCE_OPTIMIZATION_LEVEL = 1
+
+
+def jit_once(fun: Callable, **jit_kwargs) -> Callable:
+    """``jax.jit(fun, **jit_kwargs)`` compiled for a single call (`RUN_ONCE_OPTIMIZATION_LEVEL` on a CPU)."""
+    if jax.default_backend() == "cpu":
+        jit_kwargs["compiler_options"] = {"xla_backend_optimization_level": RUN_ONCE_OPTIMIZATION_LEVEL}
+    return jax.jit(fun, **jit_kwargs)
+
 
 def _devices_dividing(devices: list[jax.Device], sizes: dict[str, int], micro_batch: int) -> list[jax.Device]:
     """The first ``data·fixed`` devices, ``data`` the largest count ≤ the free devices splitting ``micro_batch``."""
@@ -114,7 +127,7 @@ class Layout:
         so a model too big for one device (or one host) can still be created.
         """
         graphdef, abstract = jax.eval_shape(build)
-        state = jax.jit(lambda: build()[1], out_shardings=self.shardings(abstract))()
+        state = jit_once(lambda: build()[1], out_shardings=self.shardings(abstract))()
         return graphdef, state
 
     def batch_sharding(self, shape: tuple[int, ...], batch_dim: int) -> NamedSharding:

@@ -24,6 +24,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from jaxformer.architecture import ModelConfig
 from jaxformer.functional.kernel import KernelConfig
 from jaxformer.parallel import Layout
+from jaxformer.parallel.layout import jit_once
 from jaxformer.train.optimizer import OptimizerConfig, transformation_settings
 from jaxformer.train.step import Stacked, build_state, make_eval_pass, make_train_step
 
@@ -51,7 +52,7 @@ def initial_state(model: ModelConfig, kernel: KernelConfig, optimizer_config: Op
         # `shardings` holds one sharding where ``abstract`` holds a variable: a prefix of its tree
         abstract = jax.tree.map(lambda s, x: jax.tree.map(lambda leaf: jax.ShapeDtypeStruct(
             leaf.shape, leaf.dtype, sharding=s), x), shardings, abstract)
-        program = jax.jit(lambda seed: build(seed)[1], out_shardings=shardings)
+        program = jit_once(lambda seed: build(seed)[1], out_shardings=shardings)
         _INITS[key] = graphdef, abstract, lambda seed: program(np.int32(seed))
     return _INITS[key]
 
