@@ -28,9 +28,9 @@ from jaxformer.parallel.mesh import make_mesh
 from jaxformer.parallel.rules import Rules, batch_spec, param_shardings, resolve_rules, rule_size
 
 # XLA's backend optimisation level for a program that runs once, such as a run's initial state, whose compile time
-# is its whole cost. Level 1 compiles it markedly faster than the default (3) and gave bit-identical parameters on
-# every model the sweeps train; level 0 changed their last bit (docs/sweep-speed.md, sessions 16 and 17). CPU only:
-# that is where the bits were compared.
+# is its whole cost. Level 1 compiles it markedly faster than the default (3) and gave bit-identical states on the
+# main job's models (a test holds it to that); level 0 changed their last bit (docs/sweep-speed.md, sessions 16 and
+# 17). CPU only: that is where the bits were compared.
 RUN_ONCE_OPTIMIZATION_LEVEL = 1
 
 
