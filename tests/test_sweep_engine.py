@@ -10,12 +10,18 @@ import time
 from pathlib import Path
 
 import jax
+import numpy as np
 import pytest
 import yaml
 
+from jaxformer.benchmarks.train import bench_config
+from jaxformer.parallel import Layout
+from jaxformer.train import compiled
 from jaxformer.train.config import load_config
 from jaxformer.train.loop import train
+from jaxformer.train.optimizer import make_optimizer
 from jaxformer.train.peak import machine_peak_flops
+from jaxformer.train.step import build_state
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["model.d_model=32", "model.num_layers=1", "model.num_heads=2", "model.max_seq_len=64",
@@ -48,7 +54,6 @@ def test_a_process_compiles_a_shape_once_for_every_run_of_it(tmp_path):
 def test_a_run_that_restores_a_checkpoint_never_builds_an_initial_state(tmp_path, monkeypatch):
     """A sweep's cooldown branch (or any resumed run) restores into the abstract state: the initial-state program
     is neither compiled nor run, and the run continues from the checkpoint as before."""
-    from jaxformer.train import compiled
 
     compiles = []
     jax.monitoring.register_event_duration_secs_listener(
@@ -73,14 +78,6 @@ def test_the_initial_state_program_compiled_for_one_call_gives_the_default_progr
     """`compiled.initial_state` compiles at `RUN_ONCE_OPTIMIZATION_LEVEL` (faster to compile); every parameter and
     optimizer leaf equals, bit for bit, the state of the same program at XLA's default level, so committed studies
     are still reproduced exactly."""
-    import numpy as np
-
-    from jaxformer.benchmarks.train import bench_config
-    from jaxformer.parallel import Layout
-    from jaxformer.train import compiled
-    from jaxformer.train.optimizer import make_optimizer
-    from jaxformer.train.step import build_state
-
     config = bench_config(d_model, layers, 64, 16)
     optimizer = make_optimizer(config.optimizer)
     layout = Layout.for_run(config.parallel, config.model, config.micro_batch, jax.devices()[:1])
