@@ -1,5 +1,6 @@
 """WSD trunks and cooldown branches (#17): a branch equals a straight run bit for bit; a branched sweep end to end."""
 
+import dataclasses
 import json
 import re
 import subprocess
@@ -11,9 +12,8 @@ import pytest
 import yaml
 
 from jaxformer.sweep.branches import BranchCompute, copy_fork, trunk_config, trunks_of
-from jaxformer.sweep.plan import fork_step
 from jaxformer.sweep.launch import plan_table
-from jaxformer.sweep.plan import plan_runs
+from jaxformer.sweep.plan import fork_step, plan_run, plan_runs
 from jaxformer.sweep.results import collect
 from jaxformer.sweep.spec import load_spec
 from jaxformer.train.config import config_to_dict, load_config
@@ -162,3 +162,47 @@ def test_a_cooldown_that_starts_inside_the_warmup_is_refused_naming_the_run(tmp_
     with pytest.raises(ValueError, match="^" + re.escape("branches: run C1e09-N8240-s0's cooldown starts at update "
                                                          "63 of 79, before its warmup of 78 ends")):
         plan_runs(load_spec(spec))
+
+
+def _quick_filled(tmp_path: Path, **optimizer) -> Path:
+    """sweeps/quick.yaml (centred sizes, branches) with ``isoflop.fill: true`` and ``optimizer`` changes."""
+    spec = yaml.safe_load((ROOT / "sweeps" / "quick.yaml").read_text())
+    spec["isoflop"]["fill"] = True
+    spec["base"]["optimizer"].update(optimizer)
+    path = tmp_path / "filled.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+@pytest.mark.parametrize("warmup_tokens, skipped", [(16384, []), (200_000, ["C1.5e11-N95568-s0"])])
+def test_fill_cools_each_trunk_down_at_the_other_budgets_it_reaches(tmp_path, warmup_tokens, skipped):
+    spec = load_spec(_quick_filled(tmp_path, warmup_tokens=warmup_tokens))
+    runs = plan_runs(spec)
+    planned = {run.name for run in plan_runs(dataclasses.replace(spec, isoflop=dataclasses.replace(spec.isoflop,
+                                                                                                   fill=False)))}
+    # the centred sizes: 8240-34976 at 1.5e11, 12368-48352 at 3e11, 16496-67824 at 6e11, 21600-95568 at 1.2e12
+    # (trunk lengths 1.95e6 … 1.41e6 tokens); a trunk reaches a lower budget's D, never a higher one's
+    fills = ["C1.5e11-N48352-s0", "C1.5e11-N67824-s0", "C1.5e11-N95568-s0", "C3e11-N67824-s0", "C3e11-N95568-s0",
+             "C6e11-N95568-s0"]
+    assert sorted({run.name for run in runs} - planned) == sorted(set(fills) - set(skipped))
+    assert planned <= {run.name for run in runs}
+    longest = {trunk.name: max(run.D for run in runs if run.trunk == trunk.name) for trunk in trunks_of(runs)}
+    for run in runs:
+        alone = plan_run(spec, run.budget, run.target_params, run.seed, rule="exact")
+        assert (run.N, run.D, run.C, run.steps, run.config) == (alone.N, alone.D, alone.C, alone.steps, alone.config)
+        assert run.trunk == f"trunk-N{run.N}-s0" and run.fork_step == run.steps - round(0.2 * run.steps) - 1
+        assert run.D <= longest[run.trunk]
+    assert [(run.budget, run.N) for run in runs] == sorted((run.budget, run.N) for run in runs)  # launch order
+    assert len(trunks_of(runs)) == 8  # fill adds no trunk and trains none further
+    assert {trunk.name: trunk.steps for trunk in trunks_of(runs)} == \
+        {trunk.name: trunk.steps for trunk in trunks_of([run for run in runs if run.name in planned])}
+
+
+def test_fill_without_branches_is_refused(tmp_path):
+    path = _quick_filled(tmp_path)
+    spec = yaml.safe_load(path.read_text())
+    spec["branches"] = False
+    path.write_text(yaml.safe_dump(spec))
+    with pytest.raises(ValueError, match=r"^isoflop.fill needs branches: true \(it adds cooldowns to the sweep's "
+                                         r"WSD trunks\)$"):
+        load_spec(path)

@@ -120,7 +120,34 @@ def plan_runs(spec: SweepSpec) -> list[PlannedRun]:
         duplicate = next(name for name in names if names.count(name) > 1)
         raise ValueError(f"two runs of the sweep have the same shape and budget ({duplicate}); "
                          "the size rule mapped two targets to one model, or a seed is listed twice")
-    return fork_runs(runs) if spec.branches else runs
+    if not spec.branches:
+        return runs
+    branches = fork_runs(runs)
+    if spec.isoflop and spec.isoflop.fill:
+        branches = sorted(branches + fill_runs(spec, branches), key=lambda run: (run.budget, run.N, run.seed))
+    return branches
+
+
+def fill_runs(spec: SweepSpec, branches: list[PlannedRun]) -> list[PlannedRun]:
+    """The cooldowns ``isoflop.fill`` adds: each trunk among ``branches`` also cools down at every budget it
+    has no branch at, wherever that branch is no longer than its trunk's longest (so the trunk trains no
+    further) and its cooldown starts after the warmup. Each is a run of its budget like any other.
+
+    Such a cooldown costs only its last ``cooldown_fraction`` of steps, and it gives the parametric law
+    more tokens per size and the budget's curve more sizes.
+    """
+    trunks: dict[str, list[PlannedRun]] = {}
+    for run in branches:
+        trunks.setdefault(run.trunk, []).append(run)
+    filled = []
+    for name, runs in trunks.items():
+        first, longest = runs[0], max(run.D for run in runs)
+        for budget in sorted(set(spec.isoflop.budgets) - {run.budget for run in runs}):
+            run = plan_run(spec, budget, first.target_params, first.seed, rule=spec.flops_rule)
+            fork, warmup = _fork_and_warmup(config_from_dict(run.config))
+            if run.D <= longest and fork >= max(warmup, 1):
+                filled.append(dataclasses.replace(run, trunk=name, fork_step=fork))
+    return filled
 
 
 def fork_step(config: TrainConfig) -> int:
@@ -141,8 +168,7 @@ def fork_runs(runs: list[PlannedRun]) -> list[PlannedRun]:
         if config.optimizer.schedule != "wsd" or config.optimizer.warmup_tokens is None:
             raise ValueError(f"branches: run {run.name} trains with optimizer.schedule={config.optimizer.schedule}, "
                              f"warmup_tokens={config.optimizer.warmup_tokens}; branches need wsd and warmup_tokens")
-        fork = fork_step(config)
-        warmup = warmup_steps(config.optimizer, config.total_steps, config.tokens_per_step)
+        fork, warmup = _fork_and_warmup(config)
         if fork < max(warmup, 1):
             raise ValueError(f"branches: run {run.name}'s cooldown starts at update {fork + 1} of "
                              f"{config.total_steps}, before its warmup of {warmup} ends; lower "
@@ -153,6 +179,11 @@ def fork_runs(runs: list[PlannedRun]) -> list[PlannedRun]:
         raise ValueError("branches: two trunks would share a name: the size rule maps two targets to two shapes "
                          "of one N; change shape or the sizes")
     return branches
+
+
+def _fork_and_warmup(config: TrainConfig) -> tuple[int, int]:
+    """A branch's fork step (`fork_step`) and its warmup in updates: the cooldown must start after the warmup."""
+    return fork_step(config), warmup_steps(config.optimizer, config.total_steps, config.tokens_per_step)
 
 
 def _trunk_key(config: dict) -> str:

@@ -17,7 +17,8 @@ verify: {factor: 3}                               # a held-out compute-optimal r
 # sizes on a small budget (FLOPs each), whose fitted rule lr = c · (N / N0)^k the runs then train with
 tune: {budget: 3e10, params: [1e4, 3e4, 1e5], lr: [1e-3, 3e-3, 1e-2, 3e-2]}   # optional beta2: [...], batch_size: [...]
 branches: true    # base optimizer {schedule: wsd, warmup_tokens: ...}: one stable-lr trunk per model, each run a
-                  # cooldown forked from its checkpoint (branches.py); hyperparameters then may not use D or C
+                  # cooldown forked from its checkpoint (branches.py); hyperparameters then may not use D or C;
+                  # isoflop.fill: true then adds a cooldown at every other budget a trunk reaches (plan.py)
 together: true    # runs differing only in the lr schedule and seed (a tuning size's rates, a budget's seeds) train
                   # as one program in one worker request (jaxformer.train.together); default false
 ```
@@ -95,7 +96,8 @@ class IsoFlopSpec:
 
     The sizes are one list for every budget (``params``) or centred per budget (``center``); with
     ``adapt``, a budget whose minimum lies at an edge adds sizes beyond it, ``adapt_limit`` at most
-    (`jaxformer.sweep.adapt`).
+    (`jaxformer.sweep.adapt`). With ``fill`` (and ``branches: true``), each WSD trunk also cools down at
+    every other budget it reaches (`jaxformer.sweep.plan.fill_runs`).
     """
 
     budgets: list[float]
@@ -105,6 +107,7 @@ class IsoFlopSpec:
     repeat: RepeatSpec | None = None
     adapt: bool = False
     adapt_limit: int = 2
+    fill: bool = False
 
     def targets(self, budget: float) -> list[float]:
         return self.center.targets(budget) if self.center else list(self.params)
@@ -247,6 +250,8 @@ class SweepSpec:
             raise ValueError(f"isoflop.repeat.budget must be one of isoflop.budgets, got {repeat.budget:g}")
         if self.verify is not None:
             self._check_verify(self.verify)
+        if self.isoflop and self.isoflop.fill and not self.branches:
+            raise ValueError("isoflop.fill needs branches: true (it adds cooldowns to the sweep's WSD trunks)")
 
     @staticmethod
     def _check_adapt(isoflop: IsoFlopSpec) -> None:
