@@ -1,5 +1,6 @@
 """The sweep runner end to end: plan, local and Ray executors, resume after SIGKILL, failure isolation, bad input."""
 
+import dataclasses
 import json
 import os
 import signal
@@ -12,7 +13,10 @@ import numpy as np
 import pytest
 import yaml
 
+from jaxformer.accounting import count_params
+from jaxformer.models.presets import get_preset
 from jaxformer.sweep.plan import plan_runs
+from jaxformer.sweep.sizing import ShapeRule, shape_for_params
 from jaxformer.sweep.spec import load_spec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -148,7 +152,9 @@ def test_ray_executor_on_a_local_instance(tmp_path):
 @pytest.mark.parametrize(("changes", "message"), [
     ({"isoflop": {"budgets": [1e9], "params": [8e3]}, "learning_rate": 1}, "unknown config key 'learning_rate'"),
     ({"isoflop": {"budgets": [1e6], "params": [8e3]}}, "budget C=1e+06 is too small for params=8e+03"),
-    ({"isoflop": {"budgets": [1e9], "params": [100]}}, "shape rule gives zero layers for params=100"),
+    ({"isoflop": {"budgets": [1e9], "params": [100]}}, "shape rule gives too few layers for params=100"),
+    ({"isoflop": {"budgets": [1e9], "params": [8e3]}, "shape": {"min_layers": 5, "max_layers": 4}},
+     "shape.min_layers must be at most shape.max_layers (4), got 5"),
     ({"base": {"model": {"preset": "tiny", "dmodel": 3}}}, "unknown config key 'model.dmodel'"),
     ({"hyperparameters": {"optimizer.lr": "N **"}}, "hyperparameters.optimizer.lr: cannot evaluate"),
 ])
@@ -210,6 +216,18 @@ def test_sizes_centred_per_budget_follow_the_prior_law(tmp_path):
     bad = variant(tmp_path, "both", isoflop={"budgets": [1e9], "params": [8e3], "center": {"n_opt": 1e4, "budget": 1e9}})
     with pytest.raises(ValueError, match="exactly one of params"):
         load_spec(bad)
+
+
+def test_min_layers_keeps_the_size_rule_off_one_layer_models():
+    base = get_preset("tiny")
+    rule = ShapeRule(head_dim=16, aspect_ratio=16, max_layers=4)  # sweeps/quick.yaml's rule
+    one_layer = shape_for_params(21600, base, rule)  # d32 L1 (aspect 32) beats d16 L4 (aspect 4)
+    assert (one_layer.num_layers, one_layer.d_model, count_params(one_layer).total) == (1, 32, 21600)
+    two_or_more = dataclasses.replace(rule, min_layers=2)
+    deeper = shape_for_params(21600, base, two_or_more)
+    assert (deeper.num_layers, deeper.d_model, count_params(deeper).total) == (4, 16, 20624)
+    for target in (12368, 16496, 34976, 95568):  # where the rule already picks 2+ layers, nothing changes
+        assert shape_for_params(target, base, rule) == shape_for_params(target, base, two_or_more), target
 
 
 def test_held_out_run_and_seed_repeats_after_the_fit(tmp_path):

@@ -3,8 +3,8 @@
 Rule (documented, deterministic): heads have a fixed width ``head_dim``; the width is a
 multiple of it, ``d_model = head_dim · num_heads``; depth follows a fixed aspect ratio
 ``d_model ≈ aspect_ratio · num_layers`` (Kaplan et al. found loss insensitive to the
-ratio over a wide range, so holding it fixed isolates N). For every depth from 1 to
-``max_layers`` the width whose *exact* count (``jaxformer.accounting``, embeddings and
+ratio over a wide range, so holding it fixed isolates N). For every depth from ``min_layers``
+to ``max_layers`` the width whose *exact* count (``jaxformer.accounting``, embeddings and
 the output head included unless ``count: non_embedding``) is nearest the target is
 found; among those within ``tolerance`` of the target, the shape nearest the aspect
 ratio wins, else the nearest count. All other architecture fields come from the base
@@ -28,14 +28,18 @@ class ShapeRule:
     head_dim: int = 16
     aspect_ratio: float = 16.0
     max_layers: int = 12
+    min_layers: int = 1
     max_heads: int = 64
     tolerance: float = 0.15
     count: Literal["total", "non_embedding"] = "total"
 
     def __post_init__(self) -> None:
-        for name in ("head_dim", "max_layers", "max_heads"):
+        for name in ("head_dim", "max_layers", "min_layers", "max_heads"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"shape.{name} must be positive, got {getattr(self, name)}")
+        if self.min_layers > self.max_layers:
+            raise ValueError(f"shape.min_layers must be at most shape.max_layers ({self.max_layers}), "
+                             f"got {self.min_layers}")
         if self.aspect_ratio <= 0 or self.tolerance <= 0:
             raise ValueError(f"shape.aspect_ratio and shape.tolerance must be positive, got "
                              f"{self.aspect_ratio} and {self.tolerance}")
@@ -59,22 +63,23 @@ def _counted(cfg: ModelConfig, rule: ShapeRule) -> int:
 def shape_for_params(target: float, base: ModelConfig, rule: ShapeRule) -> ModelConfig:
     """The model of ``base``'s architecture whose exact N is nearest ``target`` under ``rule``.
 
-    Raises ``ValueError`` when even one layer of one head overshoots the target by more
-    than the tolerance (the rule would need zero layers).
+    Raises ``ValueError`` when even ``min_layers`` layers of one head overshoot the target by more
+    than the tolerance (the rule would need fewer layers than ``min_layers``).
     """
     if target <= 0:
         raise ValueError(f"target params must be positive, got {target}")
     candidates = []
-    for layers in range(1, rule.max_layers + 1):
+    for layers in range(rule.min_layers, rule.max_layers + 1):
         best = min(
             (_shape(base, layers, heads, rule) for heads in range(1, rule.max_heads + 1)),
             key=lambda cfg: abs(math.log(_counted(cfg, rule) / target)),
         )
         candidates.append(best)
-    smallest = _counted(_shape(base, 1, 1, rule), rule)
+    smallest = _counted(_shape(base, rule.min_layers, 1, rule), rule)
     if smallest > target * (1 + rule.tolerance):
+        layers = "one layer" if rule.min_layers == 1 else f"{rule.min_layers} layers (shape.min_layers)"
         raise ValueError(
-            f"shape rule gives zero layers for params={target:.4g}: one layer of width {rule.head_dim} "
+            f"shape rule gives too few layers for params={target:.4g}: {layers} of width {rule.head_dim} "
             f"already holds {smallest:,} parameters"
         )
     close = [cfg for cfg in candidates if abs(_counted(cfg, rule) / target - 1) <= rule.tolerance]
