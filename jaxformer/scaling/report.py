@@ -83,7 +83,8 @@ class FitReport:
             found["Approach 3"] = sample_laws(self.bootstrap3.samples, self.approach3.law.flops).n_opt(C)
         if self.approach2 and self.approach2.samples:
             s = self.approach2.samples
-            found["Approach 2"] = s["k_N"][:, None] * C ** s["a"][:, None]
+            with np.errstate(over="ignore"):  # a wild resample's N_opt overflows to inf: the band is open there
+                found["Approach 2"] = s["k_N"][:, None] * C ** s["a"][:, None]
         return {label: tuple(np.nanpercentile(n, percentiles(self.level), axis=0)) for label, n in found.items()}
 
     def agreement(self) -> dict | None:
