@@ -230,6 +230,28 @@ def test_min_layers_keeps_the_size_rule_off_one_layer_models():
         assert shape_for_params(target, base, rule) == shape_for_params(target, base, two_or_more), target
 
 
+def test_one_runs_prediction_interval_adds_the_seed_noise_to_the_laws():
+    """The held-out check's interval for one run: each bootstrap law's loss times 1 + noise·z. Its half-width is
+    the law's and the seed's combined in quadrature (normal percentiles), and without noise there is none."""
+    from jaxformer.scaling.allocation import PRESETS
+    from jaxformer.scaling.report import fit_table
+    from jaxformer.scaling.synthetic import isoflop_sweep
+    from jaxformer.sweep.verify import predict
+
+    law = PRESETS["chinchilla"]
+    report = fit_table(isoflop_sweep(law, np.logspace(18, 21, 7), noise=0.002), "3", resamples=100, seed=0)
+    N = float(law.n_opt(1e22))
+    D = 1e22 / (6 * N)
+    assert predict(report, N, D)["prediction_interval"] is None
+    found = predict(report, N, D, noise=0.02)
+    (low, high), (one_low, one_high) = found["interval"], found["prediction_interval"]
+    assert found["loss"] == pytest.approx(float(report.approach3.law.loss(N, D))) and found["seed_noise"] == 0.02
+    law_sd = (high - low) / (2 * 1.96 * found["loss"])
+    expected = 1.96 * (law_sd ** 2 + 0.02 ** 2) ** 0.5 * found["loss"]
+    assert (one_high - one_low) / 2 == pytest.approx(expected, rel=0.05)
+    assert one_low < low < high < one_high
+
+
 def test_held_out_run_and_seed_repeats_after_the_fit(tmp_path):
     """``verify:`` trains the compute-optimal run the fitted law predicts at 2× the largest budget and compares
     its loss with the law's; ``isoflop.repeat`` adds a second seed at one budget and the fit reports the noise.
@@ -270,6 +292,15 @@ def test_held_out_run_and_seed_repeats_after_the_fit(tmp_path):
     assert verify["measured_loss"] == final["val_loss"] and final["tokens"] == verify["D"]
     assert verify["within_tolerance"] == (abs(final["val_loss"] / verify["predicted"]["loss"] - 1) <= TOLERANCE)
     assert verify["inside_interval"] == (low <= final["val_loss"] <= high)
+    repeats = {}  # the seed noise the sweep measured: two seeds of 4 shapes at 2e9, 0.3% apart
+    for row in json.loads(jaxformer("results", out, "--format", "json").stdout):
+        repeats.setdefault((row["N"], row["D"]), []).append(row["loss"])
+    noise = np.median([np.std(v, ddof=1) / np.mean(v) for v in repeats.values() if len(v) > 1])
+    assert verify["predicted"]["seed_noise"] == pytest.approx(noise) and noise == pytest.approx(0.003 / 2 ** 0.5, rel=0.01)
+    one_low, one_high = verify["predicted"]["prediction_interval"]
+    assert one_low < low and high < one_high  # one run's interval holds the law's and the seed's noise
+    assert verify["inside_prediction_interval"] == (one_low <= final["val_loss"] <= one_high)
+    assert "prediction interval for one run" in result.stdout
     assert f"held-out run {verify['run']}" in result.stdout
     assert verify["run"] not in (out / "results.csv").read_text()  # held out: no table or fit of the sweep has it
     held_out = sorted([verify, *verify["neighbours"]], key=lambda c: c["N"])  # half and twice N_opt around it

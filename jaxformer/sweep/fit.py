@@ -76,13 +76,20 @@ def fit_and_write(table: RunTable, done: list[dict], spec: FitSpec, directory: P
     return "\n".join(lines), report
 
 
-def seed_noise(rows: list[dict]) -> str | None:
-    """A line on how much the final loss moves with the seed alone, from runs of one shape and budget
-    trained with several seeds (the sweep's ``isoflop.repeat``), or None when there are none."""
+def seed_spreads(rows: list[dict]) -> list[float]:
+    """The final loss's standard deviation across seeds over its mean, for each shape and budget trained with
+    several seeds (the sweep's ``isoflop.repeat``) among the finished ``rows``."""
     groups: dict[tuple, list[float]] = {}
     for row in rows:
-        groups.setdefault((row["N"], row["D"]), []).append(float(row["loss"]))
-    spreads = [np.std(losses, ddof=1) / np.mean(losses) for losses in groups.values() if len(losses) > 1]
+        if row["status"] == "done":
+            groups.setdefault((row["N"], row["D"]), []).append(float(row["loss"]))
+    return [float(np.std(losses, ddof=1) / np.mean(losses)) for losses in groups.values() if len(losses) > 1]
+
+
+def seed_noise(rows: list[dict]) -> str | None:
+    """A line on how much the final loss moves with the seed alone (`seed_spreads`), or None when no shape
+    was trained with several seeds."""
+    spreads = seed_spreads(rows)
     if not spreads:
         return None
     return (f"seed noise: {len(spreads)} shapes trained with several seeds; the final loss's standard deviation "

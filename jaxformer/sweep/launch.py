@@ -264,7 +264,7 @@ def launch(spec: SweepSpec, runs: list[PlannedRun], out: Path, options: LaunchOp
         text, fitted = fit_sweep(out, rows, spec.fit)
         report(text)
         if spec.verify is not None and fitted is not None:
-            failed += _verify(spec, runs, fitted, out, train, report)
+            failed += _verify(spec, runs, fitted, out, train, report, rows)
     return LaunchResult(rows, failed, elsewhere)
 
 
@@ -344,8 +344,10 @@ def _adapt(spec: SweepSpec, runs: list[PlannedRun], own: int, out: Path, train,
     return runs, outcomes
 
 
-def _verify(spec: SweepSpec, runs: list[PlannedRun], fitted, out: Path, train, report: Callable[[str], None]) -> list[str]:
-    """Plans, trains (those not done) and checks the held-out runs; returns the names of those that failed."""
+def _verify(spec: SweepSpec, runs: list[PlannedRun], fitted, out: Path, train, report: Callable[[str], None],
+            rows: list[dict]) -> list[str]:
+    """Plans, trains (those not done) and checks the held-out runs against the law and, where ``rows`` hold
+    seed repeats, the seed noise; returns the names of those that failed."""
     from jaxformer.sweep.verify import plan_verify, verify_runs
 
     try:
@@ -364,5 +366,5 @@ def _verify(spec: SweepSpec, runs: list[PlannedRun], fitted, out: Path, train, r
     if failed:
         report(f"verify: held-out runs did not finish: {', '.join(failed)} (see {out / 'logs'})")
         return failed
-    report(verify_runs(out, held_out, fitted, spec)[1])
+    report(verify_runs(out, held_out, fitted, spec, rows)[1])
     return []

@@ -7,7 +7,9 @@ approach's N_opt there, shaped by the sweep's rule (counting parameters as the f
 tokens those of the budget. ``verify.sizes`` adds neighbours (multiples of N_opt) at the same
 budget, whose losses locate the measured optimum. Approach 3's law predicts each run's final
 validation loss at its shaped N and the D it trains on, and each bootstrap resample's law gives
-the interval. The runs live with the others (``runs/verify-…``) but are not in ``plan.json``, so no
+the interval: how well the law's mean loss there is known. One run also carries its seed's noise, so
+where the sweep trained seed repeats (``isoflop.repeat``) a prediction interval for one run adds
+that noise (the median relative spread across seeds) to each resample's loss. The runs live with the others (``runs/verify-…``) but are not in ``plan.json``, so no
 table or fit of the sweep reads them; ``fit/verify.json`` records the comparison.
 """
 
@@ -22,11 +24,13 @@ import numpy as np
 from jaxformer.files import write_bytes_atomic
 from jaxformer.scaling.bootstrap import percentiles, sample_laws
 from jaxformer.scaling.report import FitReport, jsonable
+from jaxformer.sweep.fit import seed_spreads
 from jaxformer.sweep.plan import PlannedRun, plan_run
 from jaxformer.sweep.runs import RunPaths, read_json
 from jaxformer.sweep.spec import SweepSpec
 
 TOLERANCE = 0.01  # the relative error within which a prediction counts as met
+NOISE_DRAWS = 64  # seed-noise draws per bootstrap law in the prediction interval
 
 
 def plan_verify(spec: SweepSpec, runs: list[PlannedRun], report: FitReport) -> list[PlannedRun]:
@@ -50,26 +54,38 @@ def plan_verify(spec: SweepSpec, runs: list[PlannedRun], report: FitReport) -> l
     return list(planned.values())
 
 
-def predict(report: FitReport, N: float, D: float) -> dict:
-    """Approach 3's loss at (N, D) with its bootstrap percentile interval (None without a bootstrap)."""
+def predict(report: FitReport, N: float, D: float, noise: float | None = None) -> dict:
+    """Approach 3's loss at (N, D) with its bootstrap percentile interval, and with ``noise`` (one run's
+    relative standard deviation) the prediction interval for one run: each resample's loss times
+    1 + noise·z, z standard normal. Intervals are None without a bootstrap (or without ``noise``)."""
     point = float(report.approach3.law.loss(N, D))
-    interval = None
+    interval = prediction = None
     if report.bootstrap3 is not None:
         losses = sample_laws(report.bootstrap3.samples, report.approach3.law.flops).loss(N, D).ravel()
-        interval = [float(v) for v in np.percentile(losses[np.isfinite(losses)], percentiles(report.level))]
-    return {"loss": point, "interval": interval, "level": report.level}
+        losses = losses[np.isfinite(losses)]
+        interval = [float(v) for v in np.percentile(losses, percentiles(report.level))]
+        if noise is not None:
+            z = np.random.default_rng(0).standard_normal((losses.size, NOISE_DRAWS))
+            runs = losses[:, None] * (1 + noise * z)
+            prediction = [float(v) for v in np.percentile(runs, percentiles(report.level))]
+    return {"loss": point, "interval": interval, "level": report.level, "seed_noise": noise,
+            "prediction_interval": prediction}
 
 
-def _compare(out: Path, run: PlannedRun, report: FitReport, spec: SweepSpec) -> dict:
+def _inside(measured: float, low_high: list[float] | None) -> bool | None:
+    return None if low_high is None else bool(low_high[0] <= measured <= low_high[1])
+
+
+def _compare(out: Path, run: PlannedRun, report: FitReport, spec: SweepSpec, noise: float | None) -> dict:
     """One held-out run's measured final loss against Approach 3's prediction for its N and D."""
     N = run.N if spec.fit.params == "total" else run.N_non_embedding
-    prediction = predict(report, N, run.D)
+    prediction = predict(report, N, run.D, noise)
     measured = float(read_json(RunPaths(out, run.name).final)["val_loss"])
     error = measured / prediction["loss"] - 1
-    low_high = prediction["interval"]
     return {"run": run.name, "N": N, "D": run.D, "tokens_per_param": run.D / N, "predicted": prediction,
             "measured_loss": measured, "relative_error": error, "within_tolerance": bool(abs(error) <= TOLERANCE),
-            "inside_interval": None if low_high is None else bool(low_high[0] <= measured <= low_high[1])}
+            "inside_interval": _inside(measured, prediction["interval"]),
+            "inside_prediction_interval": _inside(measured, prediction["prediction_interval"])}
 
 
 def _measured_optimum(compared: list[dict]) -> float | None:
@@ -82,13 +98,17 @@ def _measured_optimum(compared: list[dict]) -> float | None:
     return float(np.exp(vertex)) if u.min() < vertex < u.max() else None
 
 
-def verify_runs(out: Path, held_out: list[PlannedRun], report: FitReport, spec: SweepSpec) -> tuple[dict, str]:
-    """Compares the finished held-out runs with the law; writes ``fit/verify.json``; returns it and its lines.
+def verify_runs(out: Path, held_out: list[PlannedRun], report: FitReport, spec: SweepSpec,
+                rows: list[dict]) -> tuple[dict, str]:
+    """Compares the finished held-out runs with the law (and, where the sweep's results ``rows`` hold seed
+    repeats, with one run's prediction interval); writes ``fit/verify.json``; returns it and its lines.
 
     The top level describes the compute-optimal run; ``neighbours`` the other sizes; ``measured_n_opt``
     the optimum their losses locate (None unless three sizes bracket it) against ``predicted_n_opt``.
     """
-    main, *others = [_compare(out, run, report, spec) for run in held_out]
+    spreads = seed_spreads(rows)
+    noise = float(np.median(spreads)) if spreads else None
+    main, *others = [_compare(out, run, report, spec, noise) for run in held_out]
     run = held_out[0]
     predicted_n_opt = float(report.laws()[f"Approach {spec.verify.approach}"].n_opt(run.budget))
     result = {**main, "approach": spec.verify.approach, "budget": run.budget, "C": run.C, "tolerance": TOLERANCE,
@@ -111,6 +131,11 @@ def _line(compared: dict, level: float) -> str:
     where = ("no bootstrap interval" if low_high is None else
              f"{'inside' if compared['inside_interval'] else 'outside'} its {100 * level:.0f}% interval "
              f"[{low_high[0]:.4f}, {low_high[1]:.4f}]")
+    one_run = predicted["prediction_interval"]
+    if one_run is not None:
+        where += (f"; {'inside' if compared['inside_prediction_interval'] else 'outside'} the {100 * level:.0f}% "
+                  f"prediction interval for one run [{one_run[0]:.4f}, {one_run[1]:.4f}] (seed noise "
+                  f"{100 * predicted['seed_noise']:.2f}%)")
     return (f"held-out run {compared['run']} (N = {compared['N']:,}, D = {compared['D']:.3g}): loss "
             f"{compared['measured_loss']:.4f} against {predicted['loss']:.4f} predicted by Approach 3, "
             f"{100 * error:+.2f}% ({'within' if compared['within_tolerance'] else 'beyond'} {100 * TOLERANCE:.0f}%), "
