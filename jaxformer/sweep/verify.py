@@ -7,10 +7,11 @@ approach's N_opt there, shaped by the sweep's rule (counting parameters as the f
 tokens those of the budget. ``verify.sizes`` adds neighbours (multiples of N_opt) at the same
 budget, whose losses locate the measured optimum. Approach 3's law predicts each run's final
 validation loss at its shaped N and the D it trains on, and each bootstrap resample's law gives
-the interval: how well the law's mean loss there is known. One run also carries its seed's noise, so
-where the sweep trained seed repeats (``isoflop.repeat``) a prediction interval for one run adds
-that noise (the median relative spread across seeds) to each resample's loss. The runs live with the others (``runs/verify-…``) but are not in ``plan.json``, so no
-table or fit of the sweep reads them; ``fit/verify.json`` records the comparison.
+the interval: how well the law's mean loss there is known. One run also carries its seed's noise,
+so where the sweep trained seed repeats (``isoflop.repeat``) a prediction interval for one run adds
+that noise (the median relative spread across seeds) to each resample's loss. The runs live with
+the others (``runs/verify-…``) but are not in ``plan.json``, so no table or fit of the sweep reads
+them; ``fit/verify.json`` records the comparison.
 """
 
 from __future__ import annotations
