@@ -76,7 +76,7 @@ def plan_table(runs: list[PlannedRun], *, workers: int, probe: bool, adapt_limit
     for run in trunks + runs:
         minutes = estimates.get(run.name)
         lines.append(f"{run.name:<{width}}{run.N:>10,}{run.D:>11.3g}{run.C:>10.3g}{run.tokens_per_param:>8.1f}"
-                     f"{steps[run.name]:>{steps_width}}{'' if minutes is None else f'{minutes:.1f}':>10}")
+                     f"{steps[run.name]:>{steps_width}}{'' if minutes is None else _minutes(minutes):>10}")
     compute = BranchCompute.of(runs, trunks) if trunks else None
     total = compute.branched if compute else sum(run.C for run in runs)
     line = f"{len(runs)} runs" + (f" on {len(trunks)} trunks" if trunks else "") + f", total compute {total:.3g} FLOPs"
@@ -96,6 +96,11 @@ def plan_table(runs: list[PlannedRun], *, workers: int, probe: bool, adapt_limit
         lines.append(_together_line(len(names), together_groups(trunks + runs, names)))
     note = repeated_data_note(runs)
     return "\n".join(lines + ([note] if note else []))
+
+
+def _minutes(minutes: float) -> str:
+    """A run's estimate, to a tenth of a minute, or to two digits when shorter (a short run is not 0.0)."""
+    return f"{minutes:.1f}" if minutes >= 0.1 else f"{minutes:.2g}"
 
 
 def _estimate_minutes(runs: list[PlannedRun]) -> dict[str, float]:
