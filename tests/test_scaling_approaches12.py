@@ -98,10 +98,27 @@ def test_frontier_bands_take_an_overflowing_resample_without_a_warning():
 
     report = fit_table(isoflop_sweep(LAW, BUDGETS, noise=0.002), "2", resamples=100, seed=0)
     report.approach2.samples["a"][0] = 40.0  # 1e25 ** 40 overflows float64
+    report.approach2.samples["a"][1], report.approach2.samples["k_N"][1] = -40.0, np.inf  # inf · 1e25 ** -40 = NaN
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         low, high = report.frontier_bands(np.geomspace(1e18, 1e25, 8))["Approach 2"]
-    assert np.all(np.isfinite(low)) and np.all(np.isfinite(high))  # one of 100 resamples stays outside 95%
+    assert np.all(np.isfinite(low)) and np.all(np.isfinite(high))  # two of 100 resamples stay outside 95%
+
+
+def test_a_degenerate_resample_is_an_open_interval_not_a_warning():
+    """The Ice Lake beta2 study's nine budgets (experiments/cpu_chinchilla_ladder_beta2_icx): one of the 1,000
+    residual resamples of seed 0 fits its minima with an intercept beyond float64 (the sweep printed an overflow
+    warning); k_N's interval is then open above, silently."""
+    from pathlib import Path
+
+    from jaxformer.scaling.table import load_table
+
+    study = Path(__file__).resolve().parents[1] / "experiments" / "cpu_chinchilla_ladder_beta2_icx" / "results.csv"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fit = fit_isoflop(load_table(study).canonical(), resamples=1000, seed=0, resample="residuals")
+    assert np.isinf(fit.samples["k_N"]).sum() >= 1
+    assert fit.stats["a"].low == pytest.approx(0.2986, abs=1e-4) and fit.stats["a"].high == pytest.approx(0.6674, abs=1e-4)
 
 
 def test_residual_bootstrap_matches_the_spread_over_repeated_studies():

@@ -196,7 +196,9 @@ def _bootstrap(table, profiles, groups, allocation, resamples, seed, level, resa
     valid = np.all(np.isfinite(n_opt), axis=1)
     C = np.array([p.budget for p in profiles])
     a, log_k = loglog_fit(C, n_opt[valid])
-    samples = {"a": a, "b": 1.0 - flops.p * a, "k_N": np.exp(log_k)}
+    with np.errstate(over="ignore"):  # a degenerate resample's intercept overflows to inf: an open interval
+        k_N = np.exp(log_k)
+    samples = {"a": a, "b": 1.0 - flops.p * a, "k_N": k_N}
     point = {"a": allocation.a, "b": allocation.b, "k_N": allocation.k_N}
     for k, p in enumerate(profiles):
         samples[f"N_opt@{p.budget:.3g}"] = n_opt[valid, k]

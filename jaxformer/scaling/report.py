@@ -83,8 +83,10 @@ class FitReport:
             found["Approach 3"] = sample_laws(self.bootstrap3.samples, self.approach3.law.flops).n_opt(C)
         if self.approach2 and self.approach2.samples:
             s = self.approach2.samples
-            with np.errstate(over="ignore"):  # a wild resample's N_opt overflows to inf: the band is open there
-                found["Approach 2"] = s["k_N"][:, None] * C ** s["a"][:, None]
+            # In logs, so that a wild resample's N_opt overflows to inf (the band is open there) rather than
+            # an infinite k_N times an underflowed C^a making NaN.
+            with np.errstate(over="ignore", divide="ignore"):
+                found["Approach 2"] = np.exp(np.log(s["k_N"])[:, None] + s["a"][:, None] * np.log(C))
         return {label: tuple(np.nanpercentile(n, percentiles(self.level), axis=0)) for label, n in found.items()}
 
     def agreement(self) -> dict | None:
