@@ -120,7 +120,7 @@ def test_norms_match_their_definitions_and_swiglu_gates():
     w_in, w_gate, w_out = jax.random.normal(jax.random.key(4), (3, 16, 16))
     gated = F.feed_forward(x, w_in, w_out, activation="swiglu", w_gate_EF=w_gate)
     np.testing.assert_allclose(gated, (jax.nn.silu(x @ w_gate) * (x @ w_in)) @ w_out, rtol=1e-5, atol=1e-5)
-    gelu = torch.nn.functional.gelu(torch.from_numpy(np.asarray(x @ w_in))).numpy() @ np.asarray(w_out)
+    gelu = torch.nn.functional.gelu(torch.from_numpy(np.array(x @ w_in))).numpy() @ np.asarray(w_out)
     np.testing.assert_allclose(F.feed_forward(x, w_in, w_out, activation="gelu"), gelu, rtol=1e-4, atol=1e-4)
 
 
