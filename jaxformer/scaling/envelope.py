@@ -20,7 +20,7 @@ import numpy as np
 
 from jaxformer.scaling.allocation import FlopsPerToken, PowerLawAllocation
 from jaxformer.scaling.bootstrap import Interval, resample_counts, summarize
-from jaxformer.scaling.powerlaw import allocation_from_optima, loglog_fit
+from jaxformer.scaling.powerlaw import allocation_from_optima, power_law_samples
 from jaxformer.scaling.table import RunTable
 
 
@@ -83,14 +83,13 @@ def fit_envelope(table: RunTable, *, points: int = 250, resamples: int = 0, seed
 
 def _bootstrap(table, grid, L_RF, allocation, per_token, resamples, seed, level, chunk: int = 100) -> dict[str, Interval]:
     counts = resample_counts(len(table), resamples, seed)
-    a, log_k = np.empty(resamples), np.empty(resamples)
+    n_opt_bF = np.empty((resamples, len(grid)))
     for s in range(0, resamples, chunk):
         drawn = counts[s:s + chunk] > 0  # [b, R]
         L_bRF = np.where(drawn[:, :, None], L_RF[None], np.inf)
         best = np.argmin(L_bRF, axis=1)  # [b, F]
         N_b = table.N[best]
         interior = (N_b > table.N.min()) & (N_b < table.N.max())
-        n_opt = np.where(np.isfinite(np.min(L_bRF, axis=1)) & interior, N_b, np.nan)
-        a[s:s + chunk], log_k[s:s + chunk] = loglog_fit(grid, n_opt)
-    samples = {"a": a, "b": 1.0 - per_token.p * a, "k_N": np.exp(log_k)}
+        n_opt_bF[s:s + chunk] = np.where(np.isfinite(np.min(L_bRF, axis=1)) & interior, N_b, np.nan)
+    samples = power_law_samples(grid, n_opt_bF, per_token)
     return summarize({"a": allocation.a, "b": allocation.b, "k_N": allocation.k_N}, samples, level)

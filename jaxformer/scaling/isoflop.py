@@ -25,7 +25,7 @@ import numpy as np
 
 from jaxformer.scaling.allocation import SIX_ND, FlopsPerToken, PowerLawAllocation
 from jaxformer.scaling.bootstrap import Interval, summarize
-from jaxformer.scaling.powerlaw import allocation_from_optima, loglog_fit
+from jaxformer.scaling.powerlaw import allocation_from_optima, power_law_samples
 from jaxformer.scaling.table import RunTable
 
 
@@ -195,10 +195,7 @@ def _bootstrap(table, profiles, groups, allocation, resamples, seed, level, resa
         n_opt[:, k] = _vertex(coeffs, p.center)[0]
     valid = np.all(np.isfinite(n_opt), axis=1)
     C = np.array([p.budget for p in profiles])
-    a, log_k = loglog_fit(C, n_opt[valid])
-    with np.errstate(over="ignore"):  # a degenerate resample's intercept overflows to inf: an open interval
-        k_N = np.exp(log_k)
-    samples = {"a": a, "b": 1.0 - flops.p * a, "k_N": k_N}
+    samples = power_law_samples(C, n_opt[valid], flops)
     point = {"a": allocation.a, "b": allocation.b, "k_N": allocation.k_N}
     for k, p in enumerate(profiles):
         samples[f"N_opt@{p.budget:.3g}"] = n_opt[valid, k]

@@ -36,3 +36,14 @@ def allocation_from_optima(C: np.ndarray, n_opt: np.ndarray, loss_opt: np.ndarra
     k_n = float(np.exp(log_k))
     return PowerLawAllocation(k_N=k_n, a=float(a), k_D=1.0 / (flops.k * k_n**flops.p), b=1.0 - flops.p * float(a),
                               k_L=float(np.exp(log_kl)), gamma=float(gamma))
+
+
+def power_law_samples(C: np.ndarray, n_opt: np.ndarray, flops: FlopsPerToken = SIX_ND) -> dict[str, np.ndarray]:
+    """a, b and k_N ``[B]`` of the power laws through resampled optima ``[B, K]`` (NaN entries left out).
+
+    A degenerate resample's intercept can overflow float64: its k_N is then inf (an open interval), silently.
+    """
+    a, log_k = loglog_fit(C, n_opt)
+    with np.errstate(over="ignore"):
+        k_N = np.exp(log_k)
+    return {"a": a, "b": 1.0 - flops.p * a, "k_N": k_N}
