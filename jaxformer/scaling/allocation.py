@@ -126,7 +126,10 @@ class PowerLawAllocation:
     gamma: float | None = None
 
     def n_opt(self, C) -> np.ndarray:
-        return self.k_N * np.asarray(C, np.float64) ** self.a
+        # In logs, so that resampled laws held as arrays (`powerlaw.sample_allocations`) take an infinite k_N
+        # to an infinite N_opt (an open band) rather than inf·0 = NaN against an underflowed C^a.
+        with np.errstate(over="ignore", divide="ignore"):
+            return np.exp(np.log(self.k_N) + self.a * np.log(np.asarray(C, np.float64)))
 
     def d_opt(self, C) -> np.ndarray:
         return self.k_D * np.asarray(C, np.float64) ** self.b

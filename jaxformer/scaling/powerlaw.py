@@ -47,3 +47,12 @@ def power_law_samples(C: np.ndarray, n_opt: np.ndarray, flops: FlopsPerToken = S
     with np.errstate(over="ignore"):
         k_N = np.exp(log_k)
     return {"a": a, "b": 1.0 - flops.p * a, "k_N": k_N}
+
+
+def sample_allocations(samples: dict[str, np.ndarray], flops: FlopsPerToken = SIX_ND) -> PowerLawAllocation:
+    """The resampled power laws (`power_law_samples`) as one allocation of ``[B, 1]`` fields, broadcast against
+    ``[K]`` budgets; the loss at the optimum is not resampled."""
+    k_N, a = samples["k_N"][:, None], samples["a"][:, None]
+    with np.errstate(divide="ignore", over="ignore"):
+        k_D = 1.0 / (flops.k * k_N**flops.p)
+    return PowerLawAllocation(k_N=k_N, a=a, k_D=k_D, b=1.0 - flops.p * a)

@@ -19,6 +19,7 @@ from jaxformer.scaling.bootstrap import (REFERENCE_BUDGET, BootstrapResult, Inte
 from jaxformer.scaling.envelope import EnvelopeFit, fit_envelope
 from jaxformer.scaling.isoflop import IsoFLOPFit, fit_isoflop
 from jaxformer.scaling.parametric import PARAMS, ParametricFit, fit_parametric
+from jaxformer.scaling.powerlaw import sample_allocations
 from jaxformer.scaling.table import RunTable
 
 APPROACHES = ("1", "2", "3", "all")
@@ -82,11 +83,7 @@ class FitReport:
         if self.approach3 and self.bootstrap3:
             found["Approach 3"] = sample_laws(self.bootstrap3.samples, self.approach3.law.flops).n_opt(C)
         if self.approach2 and self.approach2.samples:
-            s = self.approach2.samples
-            # In logs, so that a wild resample's N_opt overflows to inf (the band is open there) rather than
-            # an infinite k_N times an underflowed C^a making NaN.
-            with np.errstate(over="ignore", divide="ignore"):
-                found["Approach 2"] = np.exp(np.log(s["k_N"])[:, None] + s["a"][:, None] * np.log(C))
+            found["Approach 2"] = sample_allocations(self.approach2.samples, self.approach2.flops).n_opt(C)
         return {label: tuple(np.nanpercentile(n, percentiles(self.level), axis=0)) for label, n in found.items()}
 
     def agreement(self) -> dict | None:
