@@ -20,12 +20,14 @@ computed on the devices and does not depend on the sharding, so it checks such r
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
+import logging
 import shutil
 import sys
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -135,12 +137,14 @@ class Checkpointer:
         policies, kept = ocp.checkpoint_managers, list(kept_steps)
         # Orbax takes max_to_keep or a preservation policy, not both; kept steps need the policy (newest `keep` or kept)
         policy = policies.AnyPreservationPolicy([policies.LatestN(keep), policies.CustomSteps(kept)]) if kept else None
-        options = ocp.CheckpointManagerOptions(
-            max_to_keep=None if kept else keep, preservation_policy=policy,
-            create=not read_only, enable_async_checkpointing=asynchronous and not read_only,
-            cleanup_tmp_directories=not read_only, read_only=read_only,
-        )
-        self.manager = ocp.CheckpointManager(self.directory, options=options)
+        # read_only: Orbax warns (through absl) once for each option read_only implies and once for read_only itself
+        with _absl_warnings_off() if read_only else contextlib.nullcontext():
+            options = ocp.CheckpointManagerOptions(
+                max_to_keep=None if kept else keep, preservation_policy=policy,
+                create=not read_only, enable_async_checkpointing=asynchronous and not read_only,
+                cleanup_tmp_directories=not read_only, read_only=read_only,
+            )
+            self.manager = ocp.CheckpointManager(self.directory, options=options)
 
     def steps(self) -> list[int]:
         return sorted(self.manager.all_steps())
@@ -166,6 +170,7 @@ class Checkpointer:
         abstract_state: a tree of ``jax.ShapeDtypeStruct`` (with shardings) shaped like the state.
         Raises `CheckpointError` when steps exist but none restores.
         """
+        _ignore_reads_outliving_their_loop()
         steps, unreadable = self.steps(), []
         for step in reversed(steps):
             try:
@@ -209,3 +214,41 @@ class Checkpointer:
 
     def close(self) -> None:
         self.manager.close()
+
+
+@contextlib.contextmanager
+def _absl_warnings_off() -> Iterator[None]:
+    """Orbax's warnings (absl's Python logger) held back inside the block; errors still show."""
+    logger = logging.getLogger("absl")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def _unraisable_read_after_its_loop(unraisable: Any) -> bool:
+    return (unraisable.object is None and isinstance(unraisable.exc_value, RuntimeError)
+            and str(unraisable.exc_value) == "Event loop is closed")
+
+
+def _ignore_reads_outliving_their_loop() -> None:
+    """Drops one known unraisable exception for the rest of the process; every other goes on as before.
+
+    When one array of a step fails to restore, Orbax closes the event loop of that restore while
+    TensorStore is still reading the step's other arrays. Each of those reads, when it completes on
+    TensorStore's thread, reports ``RuntimeError: Event loop is closed`` as an unraisable exception:
+    a traceback printed after the command's one-line error, or a pytest warning. The reads' results
+    are not wanted (the step is already judged unreadable), so those reports are dropped.
+    """
+    previous = sys.unraisablehook
+    if getattr(previous, "drops_reads_after_their_loop", False):
+        return
+
+    def hook(unraisable: Any) -> None:
+        if not _unraisable_read_after_its_loop(unraisable):
+            previous(unraisable)
+
+    hook.drops_reads_after_their_loop = True
+    sys.unraisablehook = hook
