@@ -105,6 +105,23 @@ def test_frontier_bands_take_an_overflowing_resample_without_a_warning():
     assert np.all(np.isfinite(low)) and np.all(np.isfinite(high))  # two of 100 resamples stay outside 95%
 
 
+def test_resampled_allocations_equal_the_law_through_each_resamples_optima():
+    """`sample_allocations` (all resamples as one allocation of arrays) against `allocation_from_optima` run on
+    each resample's optima alone, with exact-FLOPs compute per token (k = 23, p = 0.91)."""
+    from jaxformer.scaling.allocation import FlopsPerToken
+    from jaxformer.scaling.powerlaw import allocation_from_optima, power_law_samples, sample_allocations
+
+    rng = np.random.default_rng(0)
+    C, flops = np.geomspace(1e11, 1e13, 9), FlopsPerToken(k=23.16, p=0.91)
+    optima = 0.0018 * C**0.61 * np.exp(rng.normal(0, 0.05, (20, 9)))
+    many = sample_allocations(power_law_samples(C, optima, flops), flops)
+    budgets = np.array([3e10, 3e13, 1e15])
+    for i, row in enumerate(optima):
+        one = allocation_from_optima(C, row, np.ones_like(row), flops)
+        np.testing.assert_allclose(many.n_opt(budgets)[i], one.n_opt(budgets), rtol=1e-12)
+        np.testing.assert_allclose(many.d_opt(budgets)[i], one.d_opt(budgets), rtol=1e-12)
+
+
 def test_a_degenerate_resample_is_an_open_interval_not_a_warning():
     """The Ice Lake beta2 study's nine budgets (experiments/cpu_chinchilla_ladder_beta2_icx): one of the 1,000
     residual resamples of seed 0 fits its minima with an intercept beyond float64 (the sweep printed an overflow
