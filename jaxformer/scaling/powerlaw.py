@@ -33,9 +33,15 @@ def allocation_from_optima(C: np.ndarray, n_opt: np.ndarray, loss_opt: np.ndarra
     """Power laws through compute-optimal points ``[K]`` (budgets, sizes, losses); D_opt = C / F(N_opt)."""
     a, log_k = loglog_fit(C, n_opt)
     gamma, log_kl = loglog_fit(C, loss_opt)
-    k_n = float(np.exp(log_k))
-    return PowerLawAllocation(k_N=k_n, a=float(a), k_D=1.0 / (flops.k * k_n**flops.p), b=1.0 - flops.p * float(a),
-                              k_L=float(np.exp(log_kl)), gamma=float(gamma))
+    return allocation_through(float(np.exp(log_k)), float(a), flops, k_L=float(np.exp(log_kl)), gamma=float(gamma))
+
+
+def allocation_through(k_N, a, flops: FlopsPerToken = SIX_ND, *, k_L=None, gamma=None) -> PowerLawAllocation:
+    """N_opt = k_N C^a, and D_opt = C / F(N_opt) = C^(1 − p·a) / (k·k_N^p) with F(N) = k·N^p; k_N and a are
+    numbers, or arrays of resampled laws (an infinite k_N gives D_opt = 0)."""
+    with np.errstate(divide="ignore", over="ignore"):
+        k_D = 1.0 / (flops.k * np.float64(k_N) ** flops.p)
+    return PowerLawAllocation(k_N=k_N, a=a, k_D=k_D, b=1.0 - flops.p * a, k_L=k_L, gamma=gamma)
 
 
 def power_law_samples(C: np.ndarray, n_opt: np.ndarray, flops: FlopsPerToken = SIX_ND) -> dict[str, np.ndarray]:
@@ -46,13 +52,10 @@ def power_law_samples(C: np.ndarray, n_opt: np.ndarray, flops: FlopsPerToken = S
     a, log_k = loglog_fit(C, n_opt)
     with np.errstate(over="ignore"):
         k_N = np.exp(log_k)
-    return {"a": a, "b": 1.0 - flops.p * a, "k_N": k_N}
+    return {"a": a, "b": allocation_through(k_N, a, flops).b, "k_N": k_N}
 
 
 def sample_allocations(samples: dict[str, np.ndarray], flops: FlopsPerToken = SIX_ND) -> PowerLawAllocation:
     """The resampled power laws (`power_law_samples`) as one allocation of ``[B, 1]`` fields, broadcast against
     ``[K]`` budgets; the loss at the optimum is not resampled."""
-    k_N, a = samples["k_N"][:, None], samples["a"][:, None]
-    with np.errstate(divide="ignore", over="ignore"):
-        k_D = 1.0 / (flops.k * k_N**flops.p)
-    return PowerLawAllocation(k_N=k_N, a=a, k_D=k_D, b=1.0 - flops.p * a)
+    return allocation_through(samples["k_N"][:, None], samples["a"][:, None], flops)
