@@ -128,3 +128,21 @@ def test_unreadable_checkpoints_are_one_line_from_a_real_process(workspace, comm
         done = subprocess.run([sys.executable, "-m", "jaxformer.cli", *argv], capture_output=True, text=True)
         assert done.returncode == 2, done.stderr
         assert done.stderr.count("\n") == 1 and "they were left in place" in done.stderr, done.stderr
+
+
+def test_only_the_late_reports_of_abandoned_checkpoint_reads_are_dropped():
+    """The second late report, seen in CI under load: asyncio logging a failed TensorStore read that nobody awaited."""
+    import logging
+
+    from jaxformer.train.checkpoint import _keeps_log_record
+
+    def record(message, error):
+        return logging.LogRecord("asyncio", logging.ERROR, __file__, 1, message, None,
+                                 (type(error), error, None) if error else None)
+
+    late = ValueError("DATA_LOSS: Error opening \"zarr\" driver [tensorstore_spec='{}']")
+    assert not _keeps_log_record(record("Future exception was never retrieved\nfuture: <Future finished>", late))
+    assert not _keeps_log_record(record("Task exception was never retrieved\nfuture: <Task finished>", late))
+    assert _keeps_log_record(record("Future exception was never retrieved", ValueError("a user's own error")))
+    assert _keeps_log_record(record("Task was destroyed but it is pending!", late))
+    assert _keeps_log_record(record("Future exception was never retrieved", None))

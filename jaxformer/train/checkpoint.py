@@ -233,14 +233,23 @@ def _unraisable_read_after_its_loop(unraisable: Any) -> bool:
             and str(unraisable.exc_value) == "Event loop is closed")
 
 
+def _keeps_log_record(record: logging.LogRecord) -> bool:
+    """False for asyncio's note on a TensorStore read's failure that nobody awaited any more."""
+    error = record.exc_info[1] if record.exc_info else None
+    return not (record.getMessage().startswith(("Future exception was never retrieved",
+                                                "Task exception was never retrieved"))
+                and error is not None and "tensorstore_spec" in str(error))
+
+
 def _ignore_reads_outliving_their_loop() -> None:
-    """Drops one known unraisable exception for the rest of the process; every other goes on as before.
+    """Drops two known late reports for the rest of the process; every other goes on as before.
 
     When one array of a step fails to restore, Orbax closes the event loop of that restore while
     TensorStore is still reading the step's other arrays. Each of those reads, when it completes on
-    TensorStore's thread, reports ``RuntimeError: Event loop is closed`` as an unraisable exception:
-    a traceback printed after the command's one-line error, or a pytest warning. The reads' results
-    are not wanted (the step is already judged unreadable), so those reports are dropped.
+    TensorStore's thread, reports ``RuntimeError: Event loop is closed`` as an unraisable exception,
+    or, when it failed too, asyncio logs "Future (or Task) exception was never retrieved": tracebacks
+    printed after the command's one-line error, or pytest warnings. The reads' results are not wanted
+    (the step is already judged unreadable), so those reports are dropped.
     """
     previous = sys.unraisablehook
     if getattr(previous, "drops_reads_after_their_loop", False):
@@ -252,3 +261,4 @@ def _ignore_reads_outliving_their_loop() -> None:
 
     hook.drops_reads_after_their_loop = True
     sys.unraisablehook = hook
+    logging.getLogger("asyncio").addFilter(_keeps_log_record)
