@@ -79,6 +79,19 @@ def test_fused_matches_naive_values_and_gradients(kernel, case):
 
 
 @needs_kernel
+def test_avx2_build_matches_naive(tmp_path):
+    """The kernel built without AVX-512 (16 vector registers, so smaller register blocks than this machine's
+    default build where it has AVX-512) passes the same value and gradient cases, in a process that loads it."""
+    library = fused_attention.EXTENSION.build(tmp_path / "fused_attention_avx2.so", ("-mno-avx512f",))
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           f"{__file__}::test_fused_matches_naive_values_and_gradients"],
+                          capture_output=True, text=True, timeout=600, cwd=os.path.dirname(__file__),
+                          env={**os.environ, fused_attention.LIBRARY_ENV: str(library)})
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"{len(CASES)} passed" in done.stdout, done.stdout
+
+
+@needs_kernel
 def test_bf16_inputs_compute_in_fp32(kernel):
     """bf16 q, k, v: the fp32 kernel on the upcast inputs, rounded back to bf16 (values and gradients), and
     the naive bf16 path's numbers to bf16 precision."""

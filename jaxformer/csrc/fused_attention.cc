@@ -12,6 +12,8 @@
 //
 // Inner loops use GCC/Clang vector extensions (8 floats, one AVX register) over contiguous
 // head-dimension or key-tile rows; head dims are zero-padded to 8, 16, 32, 48, 64, 96 or 128 when packed.
+// Rows per register block are sized to the vector registers the build has (16 with AVX2, 32 with
+// AVX-512), and causal blocks skip the half-tiles of keys no row of theirs sees.
 
 #include <algorithm>
 #include <cmath>
@@ -35,6 +37,12 @@ constexpr int kTileKeys = 64;  // keys per tile: 8 vectors of scores per query r
 constexpr int kTileRows = 32;  // query rows per block
 constexpr int kTileVecs = kTileKeys / 8;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+// vector registers the compiler may allocate: AVX-512 (VL) gives 32 for 8-float vectors too, AVX2 16
+#if defined(__AVX512F__)
+constexpr int kRegisters = 32;
+#else
+constexpr int kRegisters = 16;
+#endif
 
 // scratch buffers aligned to cache lines, so that no 32-byte load straddles two lines
 template <typename T>
@@ -97,58 +105,54 @@ inline float hsum8(v8 x) {
   return ((x[0] + x[1]) + (x[2] + x[3])) + ((x[4] + x[5]) + (x[6] + x[7]));
 }
 
-// out[0:64] = a[0:8·NV] · Mt[:, 0:64], Mt being 8·NV rows of ldm floats (the tile's first column).
-template <int NV>
-inline void tile_dots(const float* a, const float* Mt, int64_t ldm, float* out) {
-  v8 acc[kTileVecs];
-  for (int c = 0; c < kTileVecs; ++c) acc[c] = splat(0.0f);
-  for (int d = 0; d < 8 * NV; ++d) {
-    const float ad = a[d];
-    const float* row = Mt + d * ldm;
-    for (int c = 0; c < kTileVecs; ++c) acc[c] += ad * load8(row + 8 * c);
-  }
-  for (int c = 0; c < kTileVecs; ++c) store8(out + 8 * c, acc[c]);
-}
-
-// tile_dots for two rows of a (stride lda) into two rows of out (stride kTileKeys): each load of Mt serves
-// both rows, so the loop does two FMAs per load instead of one. The tile is done in halves of 32 keys, so
-// that the 2 x 4 accumulators and 4 loaded vectors fit in 16 AVX2 registers.
-template <int NV>
-inline void tile_dots2(const float* a, int64_t lda, const float* Mt, int64_t ldm, float* out) {
+// out[r, 0:32·halves] = a[r·lda, 0:8·NV] · Mt[:, 0:32·halves] for R rows of a (stride lda) and of out
+// (stride kTileKeys), Mt being 8·NV rows of ldm floats (the tile's first column). Each load of Mt serves
+// all R rows (R FMAs per load). The tile is done in halves of 32 keys, so that the R x 4 accumulators and
+// 4 loaded vectors fit in the vector registers, and a causal block whose keys end within the first half
+// computes only that half.
+template <int NV, int R>
+inline void tile_dots_rows(const float* a, int64_t lda, const float* Mt, int64_t ldm, int halves, float* out) {
   constexpr int kHalf = kTileVecs / 2;
-  for (int h = 0; h < 2; ++h) {
-    v8 acc0[kHalf], acc1[kHalf];
-    for (int c = 0; c < kHalf; ++c) acc0[c] = acc1[c] = splat(0.0f);
+  for (int h = 0; h < halves; ++h) {
+    v8 acc[R][kHalf];
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < kHalf; ++c) acc[r][c] = splat(0.0f);
     for (int d = 0; d < 8 * NV; ++d) {
-      const float a0 = a[d], a1 = a[lda + d];
       const float* row = Mt + d * ldm + 8 * kHalf * h;
-      for (int c = 0; c < kHalf; ++c) {
-        const v8 m = load8(row + 8 * c);
-        acc0[c] += a0 * m;
-        acc1[c] += a1 * m;
+      v8 m[kHalf];
+      for (int c = 0; c < kHalf; ++c) m[c] = load8(row + 8 * c);
+      for (int r = 0; r < R; ++r) {
+        const float ar = a[r * lda + d];
+        for (int c = 0; c < kHalf; ++c) acc[r][c] += ar * m[c];
       }
     }
-    for (int c = 0; c < kHalf; ++c) {
-      store8(out + 8 * (kHalf * h + c), acc0[c]);
-      store8(out + kTileKeys + 8 * (kHalf * h + c), acc1[c]);
-    }
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < kHalf; ++c) store8(out + r * kTileKeys + 8 * (kHalf * h + c), acc[r][c]);
   }
 }
 
-// rows [0, nr) of the score tile: out[r, 0:64] = a[r·lda, 0:8·NV] · Mt[:, 0:64], two rows at a time
+// rows [0, nr) of the score tile's first 32·halves keys, kScoreRows rows at a time
+constexpr int kScoreRows = kRegisters >= 32 ? 4 : 2;
 template <int NV>
-inline void tile_rows(const float* a, int64_t lda, const float* Mt, int64_t ldm, int nr, float* out) {
+inline void tile_rows(const float* a, int64_t lda, const float* Mt, int64_t ldm, int nr, int halves, float* out) {
   int r = 0;
-  for (; r + 1 < nr; r += 2) tile_dots2<NV>(a + r * lda, lda, Mt, ldm, out + r * kTileKeys);
-  if (r < nr) tile_dots<NV>(a + r * lda, Mt, ldm, out + r * kTileKeys);
+  for (; r + kScoreRows <= nr; r += kScoreRows)
+    tile_dots_rows<NV, kScoreRows>(a + r * lda, lda, Mt, ldm, halves, out + r * kTileKeys);
+  for (; r < nr; ++r) tile_dots_rows<NV, 1>(a + r * lda, lda, Mt, ldm, halves, out + r * kTileKeys);
 }
+
+// 32-key halves of a tile that hold the first nk keys
+inline int halves_for(int nk) { return nk > kTileKeys / 2 ? 2 : 1; }
+
+constexpr int pow2_floor(int n) { return n >= 8 ? 8 : n >= 4 ? 4 : n >= 2 ? 2 : 1; }
 
 // C[r, :] += Σ_s coef[r·cs_row + s·cs_sum] · X[s, :] for r < nrows, s < nsum; rows of 8·NV floats,
 // C and X with leading dimensions ldc and ldx. R rows share each load of X.
 template <int NV>
 void accumulate(float* C, int64_t ldc, const float* coef, int64_t cs_row, int64_t cs_sum, const float* X,
                 int64_t ldx, int nrows, int nsum) {
-  constexpr int R = NV >= 8 ? 1 : (8 / NV > 4 ? 4 : 8 / NV);
+  // R accumulator rows of NV vectors plus the NV loaded ones within the registers, at most 8 rows
+  constexpr int R = pow2_floor(std::max(1, std::min(8, (kRegisters - 4) / NV - 1)));
   int r0 = 0;
   for (; r0 + R <= nrows; r0 += R) {
     v8 acc[R][NV];
@@ -248,7 +252,9 @@ void forward(const Shape& s, const float* q, const float* k, const float* v, flo
           std::fill(l.begin(), l.end(), 0.0f);
           const int64_t key_end = s.visible(i0 + nr - 1);
           for (int64_t j0 = 0; j0 < key_end; j0 += kTileKeys) {
-            tile_rows<NV>(Q.data() + i0 * Dp, Dp, Kt.data() + j0, Sp, nr, P.data());
+            const int nk = static_cast<int>(std::min<int64_t>(kTileKeys, key_end - j0));
+            const int halves = halves_for(nk), vecs = halves * kTileVecs / 2;
+            tile_rows<NV>(Q.data() + i0 * Dp, Dp, Kt.data() + j0, Sp, nr, halves, P.data());
             for (int r = 0; r < nr; ++r) {
               float* p = P.data() + r * kTileKeys;
               const int64_t valid = std::min<int64_t>(kTileKeys, s.visible(i0 + r) - j0);
@@ -258,19 +264,19 @@ void forward(const Shape& s, const float* q, const float* k, const float* v, flo
               }
               for (int64_t j = valid; j < kTileKeys; ++j) p[j] = kNegInf;
               v8 mx = load8(p);
-              for (int c = 1; c < kTileVecs; ++c) {
+              for (int c = 1; c < vecs; ++c) {
                 v8 x = load8(p + 8 * c);
                 mx = mx > x ? mx : x;
               }
               const float m_new = std::max(m[r], hmax8(mx));
               const float alpha = std::exp(m[r] - m_new);  // exp(-inf) = 0 on the first tile
               v8 sum = splat(0.0f);
-              for (int c = 0; c < kTileVecs; ++c) {
+              for (int c = 0; c < vecs; ++c) {
                 v8 e = exp8(load8(p + 8 * c) - splat(m_new));
                 store8(p + 8 * c, e);
               }
               for (int64_t j = valid; j < kTileKeys; ++j) p[j] = 0.0f;
-              for (int c = 0; c < kTileVecs; ++c) sum += load8(p + 8 * c);
+              for (int c = 0; c < vecs; ++c) sum += load8(p + 8 * c);
               l[r] = l[r] * alpha + hsum8(sum);
               m[r] = m_new;
               if (alpha != 1.0f) {
@@ -278,7 +284,6 @@ void forward(const Shape& s, const float* q, const float* k, const float* v, flo
                 for (int64_t d = 0; d < Dp; ++d) o[d] *= alpha;
               }
             }
-            const int nk = static_cast<int>(std::min<int64_t>(kTileKeys, key_end - j0));
             accumulate<NV>(O.data(), Dp, P.data(), kTileKeys, 1, V.data() + j0 * Dp, Dp, nr, nk);
           }
           for (int r = 0; r < nr; ++r) {
@@ -332,8 +337,11 @@ void backward(const Shape& s, const float* q, const float* k, const float* v, co
           const float* dOg = dO.data() + g * T * Dp;
           for (int64_t i0 = i_start; i0 < T; i0 += kTileRows) {
             const int nr = static_cast<int>(std::min<int64_t>(kTileRows, T - i0));
-            tile_rows<NV>(Qg + i0 * Dp, Dp, Kt.data() + j0, Sp, nr, P.data());
-            tile_rows<NV>(dOg + i0 * Dp, Dp, Vt.data() + j0, Sp, nr, dS.data());
+            // keys of this tile that some row of the block sees (causal blocks on the diagonal see fewer)
+            const int nk_seen = static_cast<int>(std::min<int64_t>(nk, s.visible(i0 + nr - 1) - j0));
+            const int halves = halves_for(nk_seen), vecs = halves * kTileVecs / 2;
+            tile_rows<NV>(Qg + i0 * Dp, Dp, Kt.data() + j0, Sp, nr, halves, P.data());
+            tile_rows<NV>(dOg + i0 * Dp, Dp, Vt.data() + j0, Sp, nr, halves, dS.data());
             for (int r = 0; r < nr; ++r) {
               const int64_t i = i0 + r;
               float* p = P.data() + r * kTileKeys;
@@ -345,20 +353,20 @@ void backward(const Shape& s, const float* q, const float* k, const float* v, co
                 continue;
               }
               const v8 lse_i = splat(lse_row[i]), delta_i = splat(delta[g * T + i]);
-              for (int c = 0; c < kTileVecs; ++c) {
+              for (int c = 0; c < vecs; ++c) {
                 v8 e = exp8(load8(p + 8 * c) - lse_i);
                 store8(p + 8 * c, e);
               }
               for (int64_t j = valid; j < kTileKeys; ++j) p[j] = 0.0f;
-              for (int c = 0; c < kTileVecs; ++c) {
+              for (int c = 0; c < vecs; ++c) {
                 store8(ds + 8 * c, load8(p + 8 * c) * (load8(ds + 8 * c) - delta_i));
               }
             }
             // dV_j += Σ_i P_ij dO_i; dK_j += Σ_i dS_ij Q_i (Q already scaled); dQ_i += Σ_j dS_ij K_j
-            accumulate<NV>(dV.data() + j0 * Dp, Dp, P.data(), 1, kTileKeys, dOg + i0 * Dp, Dp, nk, nr);
-            accumulate<NV>(dK.data() + j0 * Dp, Dp, dS.data(), 1, kTileKeys, Qg + i0 * Dp, Dp, nk, nr);
+            accumulate<NV>(dV.data() + j0 * Dp, Dp, P.data(), 1, kTileKeys, dOg + i0 * Dp, Dp, nk_seen, nr);
+            accumulate<NV>(dK.data() + j0 * Dp, Dp, dS.data(), 1, kTileKeys, Qg + i0 * Dp, Dp, nk_seen, nr);
             accumulate<NV>(dQ.data() + (g * T + i0) * Dp, Dp, dS.data(), kTileKeys, 1, Krows.data() + j0 * Dp, Dp,
-                           nr, nk);
+                           nr, nk_seen);
           }
         }
       }
