@@ -55,6 +55,38 @@ def test_bench_train_runs_and_reports_ratios(tmp_path, capsys):
     assert f"CPU: {cpu_model()}" in out and "ratio" in out and "matmul peak bfloat16" in out
 
 
+def test_alternating_sides_time_each_run_after_an_untimed_one(monkeypatch):
+    """Where the JAX and PyTorch steps alternate, each timed run follows an untimed one of the same side (a side's
+    first run after the other's pays for the memory that run churned); alone, nothing is run untimed."""
+    from jaxformer.benchmarks import train as bench
+    from jaxformer.train.throughput import TrainStepRunner
+
+    calls = []
+    real_run, real_torch_step = TrainStepRunner.run, bench._torch_step
+
+    def run(self, steps):
+        calls.append(("jax", steps))
+        return real_run(self, steps)
+
+    def torch_step(config):
+        step = real_torch_step(config)
+
+        def timed(steps):
+            calls.append(("torch", steps))
+            return step(steps=steps)
+        return timed
+
+    monkeypatch.setattr(TrainStepRunner, "run", run)
+    monkeypatch.setattr(bench, "_torch_step", torch_step)
+    config = bench.bench_config(16, 1, 32, 4)
+    row = bench.measure(config, steps=2, repeats=2, torch_too=True)
+    assert calls == [("torch", 1)] + [("jax", 2), ("jax", 2), ("torch", 2), ("torch", 2)] * 2  # warm-up, then pairs
+    assert row["ratio"] == pytest.approx(row["jax_tokens_per_s"] / row["torch_tokens_per_s"])
+    calls.clear()
+    bench.measure(config, steps=2, repeats=2, torch_too=False)
+    assert calls == [("jax", 2)] * 2
+
+
 def test_torch_twin_bf16_autocast_tracks_fp32():
     """The bf16 peer (autocast) computes the same model: its first loss is within bf16 rounding of fp32's."""
     from jaxformer.benchmarks.torch_reference import make_torch_step

@@ -2,7 +2,8 @@
 
 For a ladder of the CPU sweeps' sizes (byte vocabulary), jaxformer's jitted train step and
 a PyTorch twin of the identical model and optimizer (`torch_reference`) are timed in
-alternating repeats in one process; medians are compared as ratios, and MFU is measured
+alternating repeats in one process, each timed run after an untimed one of its own side (the first run after the
+other side's pays for the memory that run churned); medians are compared as ratios, and MFU is measured
 against a matmul peak probed in the same run. Both use the whole machine: PyTorch its
 intra-op threads, jaxformer (as `jaxformer train` does) a data-parallel mesh over one JAX
 device per core (`jaxformer.runtime`); the ``dev`` column says over how many devices.
@@ -46,7 +47,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtypes", default="float32,bfloat16",
                         help="compute dtypes to time, comma-separated (bfloat16: fp32 masters, against torch autocast)")
     parser.add_argument("--steps", type=int, default=10, help="steps per timed repeat")
-    parser.add_argument("--repeats", type=int, default=5, help="alternating repeats (medians reported)")
+    parser.add_argument("--repeats", type=int, default=5, help="alternating repeats, each timed run after an untimed one of its side (medians reported)")
     parser.add_argument("--no-torch", action="store_true", help="time jaxformer only")
     parser.add_argument("--layout", action="store_true", help="also compare process/thread layouts for sweeps")
     parser.add_argument("--one-device", action="store_true",
@@ -84,7 +85,7 @@ def parse_sizes(text: str) -> list[tuple[int, int, int]]:
 
 def measure(config, *, steps: int, repeats: int, torch_too: bool, one_device: bool = False) -> dict:
     """Alternating repeats of the JAX and PyTorch steps (and, with ``one_device``, of the JAX step on the first
-    device alone, where the mesh has several); medians of tokens/s."""
+    device alone, where the mesh has several), each timed run after an untimed one of its own; medians of tokens/s."""
     from jaxformer.accounting import count_params
     from jaxformer.train.matmul_choice import choose_kernels
     from jaxformer.train.throughput import TrainStepRunner
@@ -95,13 +96,17 @@ def measure(config, *, steps: int, repeats: int, torch_too: bool, one_device: bo
     torch_step = _torch_step(config) if torch_too else None
     if torch_step is not None:
         torch_step(steps=1)  # warm-up
+    # A step's first run after the other side's pays for the memory that run churned (fresh huge pages cost XLA's
+    # threads system time: up to half the JAX step at d >= 128, docs/cpu-speed.md session 22), so where the sides
+    # alternate, each timed run follows an untimed one of its own.
+    settle = torch_step is not None or alone is not None
     jax_times, torch_times, alone_times = [], [], []
     for _ in range(repeats):
-        jax_times.append(runner.run(steps))
+        jax_times.append(_timed_after_settling(lambda: runner.run(steps), settle))
         if alone is not None:
-            alone_times.append(alone.run(steps))
+            alone_times.append(_timed_after_settling(lambda: alone.run(steps), settle))
         if torch_step is not None:
-            torch_times.append(torch_step(steps=steps))
+            torch_times.append(_timed_after_settling(lambda: torch_step(steps=steps), settle))
     tokens = steps * runner.tokens_per_step
     result = {
         "dtype": config.train.compute_dtype, "attention_impl": choice.attention_impl, "kernel_choice": choice.to_record(),
@@ -119,6 +124,13 @@ def measure(config, *, steps: int, repeats: int, torch_too: bool, one_device: bo
         result["torch_tokens_per_s"] = tokens / statistics.median(torch_times)
         result["ratio"] = result["jax_tokens_per_s"] / result["torch_tokens_per_s"]
     return result
+
+
+def _timed_after_settling(run, settle: bool) -> float:
+    """Seconds of ``run()``, after one untimed ``run()`` when ``settle``."""
+    if settle:
+        run()
+    return run()
 
 
 def _torch_step(config):
