@@ -151,8 +151,8 @@ constexpr int pow2_floor(int n) { return n >= 8 ? 8 : n >= 4 ? 4 : n >= 2 ? 2 : 
 template <int NV>
 void accumulate(float* C, int64_t ldc, const float* coef, int64_t cs_row, int64_t cs_sum, const float* X,
                 int64_t ldx, int nrows, int nsum) {
-  // R accumulator rows of NV vectors plus the NV loaded ones within the registers, at most 8 rows
-  constexpr int R = pow2_floor(std::max(1, std::min(8, (kRegisters - 4) / NV - 1)));
+  // R accumulator rows of NV vectors plus the NV loaded ones within the registers (pow2_floor caps R at 8)
+  constexpr int R = pow2_floor(std::max(1, (kRegisters - 4) / NV - 1));
   int r0 = 0;
   for (; r0 + R <= nrows; r0 += R) {
     v8 acc[R][NV];
