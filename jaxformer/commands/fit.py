@@ -18,6 +18,7 @@ import sys
 
 from jaxformer.runtime import enable_compilation_cache
 from jaxformer.scaling.bootstrap import REFERENCE_BUDGET
+from jaxformer.scaling.isoflop import RESAMPLE
 from jaxformer.scaling.report import APPROACHES, fit_table, jsonable
 from jaxformer.scaling.table import load_table
 
@@ -46,8 +47,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="Approach 2 without budget labels: runs within this relative C are one budget")
     parser.add_argument("--keep-edges", action="store_true",
                         help="Approach 2: fit the power laws to minima at the edge of their sizes too (default: leave them out)")
-    parser.add_argument("--approach2-resample", default="runs", choices=("runs", "residuals"),
-                        help="Approach 2's bootstrap: draw each budget's runs (default) or its parabola's residuals")
+    parser.add_argument("--approach2-resample", default="runs", choices=RESAMPLE,
+                        help="Approach 2's bootstrap: draw each budget's runs (default), normal noise of the pooled "
+                             "residuals' size, or each run's own residual with a random sign (wild; one sign per "
+                             "--bootstrap-groups group)")
     parser.add_argument("--bootstrap-groups", metavar="COL[,COL]",
                         help="Approach 3's bootstrap draws groups of runs equal in these columns (a sweep directory: "
                              "its plan.json fields) instead of single runs (e.g. N,seed: the branches of one WSD "

@@ -13,7 +13,13 @@ at once, in numpy), giving standard errors and percentile intervals of a, b and 
 each budget. ``resample="runs"`` draws each budget's runs with replacement; ``"residuals"``
 holds the sizes fixed and adds to each fitted parabola normal noise of the residuals' pooled
 standard deviation (a fixed-design bootstrap: with five or so sizes per budget, a draw of runs
-often keeps only three distinct sizes, whose parabola can put its vertex anywhere).
+often keeps only three distinct sizes, whose parabola can put its vertex anywhere); ``"wild"``
+holds the sizes fixed too but adds each run's own residual, leverage-adjusted, times a random
+sign (Wu 1986; Rademacher weights as Davidson & Flachaire 2008), so a budget whose runs lie
+close to their parabola is resampled with its own small scatter rather than the pooled one.
+With bootstrap groups on the table (one WSD trunk's branches), the sign is drawn per group,
+so an offset a trunk gives to every budget it serves moves them together (the cluster wild
+bootstrap of Cameron, Gelbach & Miller 2008).
 """
 
 from __future__ import annotations
@@ -27,6 +33,9 @@ from jaxformer.scaling.allocation import SIX_ND, FlopsPerToken, PowerLawAllocati
 from jaxformer.scaling.bootstrap import Interval, summarize
 from jaxformer.scaling.powerlaw import allocation_from_optima, power_law_samples
 from jaxformer.scaling.table import RunTable
+
+
+RESAMPLE = ("runs", "residuals", "wild")  # what Approach 2's bootstrap draws
 
 
 @dataclass(frozen=True)
@@ -140,8 +149,8 @@ def fit_isoflop(table: RunTable, *, budget_tol: float = 0.1, resamples: int = 0,
                 level: float = 0.95, keep_edges: bool = False, resample: str = "runs") -> IsoFLOPFit:
     """Parabola per budget, power laws through the bracketed minima (every minimum with ``keep_edges``),
     bootstrap intervals if ``resamples`` (drawing ``runs`` or ``residuals``)."""
-    if resample not in ("runs", "residuals"):
-        raise ValueError(f"Approach 2 resamples runs or residuals, got {resample!r}")
+    if resample not in RESAMPLE:
+        raise ValueError(f"Approach 2 resamples {', '.join(RESAMPLE)}, got {resample!r}")
     warnings, profiles, groups = [], [], []
     for idx in group_budgets(table, budget_tol):
         C = float(table.budget[idx[0]]) if table.budget is not None else float(np.exp(np.log(table.C[idx]).mean()))
@@ -178,20 +187,34 @@ def fit_isoflop(table: RunTable, *, budget_tol: float = 0.1, resamples: int = 0,
     return IsoFLOPFit(profiles, allocation, stats, warnings, samples, flops)
 
 
+def _leverage(u: np.ndarray) -> np.ndarray:
+    """``[n]`` diagonal of the hat matrix of a least-squares parabola in u ``[n]``."""
+    X = np.stack([np.ones_like(u), u, u * u], axis=1)
+    return np.einsum("ni,ij,nj->n", X, np.linalg.pinv(X.T @ X), X)
+
+
 def _bootstrap(table, profiles, groups, allocation, resamples, seed, level, resample, flops):
     """``(intervals, samples)`` of a, b, k_N and each budget's N_opt over resampled profiles."""
     rng = np.random.default_rng(seed)
     n_opt = np.empty((resamples, len(profiles)))
     residuals = np.concatenate([table.loss[idx] - p.curve(table.N[idx]) for p, idx in zip(profiles, groups)])
     sigma = np.sqrt(np.sum(residuals**2) / max(len(residuals) - 3 * len(profiles), 1))
+    if resample == "wild":  # one sign per run, or per group of runs
+        clusters = table.group if table.group is not None else np.arange(len(table))
+        signs = rng.choice([-1.0, 1.0], size=(resamples, int(clusters.max()) + 1))
     for k, (p, idx) in enumerate(zip(profiles, groups)):
+        u = np.log(table.N[idx]) - p.center
         if resample == "runs":
             w = rng.multinomial(len(idx), np.full(len(idx), 1.0 / len(idx)), size=resamples).astype(np.float64)
             y = table.loss[idx]
-        else:
+        elif resample == "residuals":
             w = np.ones((resamples, len(idx)))
             y = p.curve(table.N[idx]) + rng.normal(0.0, sigma, size=(resamples, len(idx)))
-        coeffs = _parabolas(np.log(table.N[idx]) - p.center, y, w)
+        else:
+            w = np.ones((resamples, len(idx)))
+            own = (table.loss[idx] - p.curve(table.N[idx])) / np.sqrt(np.maximum(1.0 - _leverage(u), 1e-12))
+            y = p.curve(table.N[idx]) + own * signs[:, clusters[idx]]
+        coeffs = _parabolas(u, y, w)
         n_opt[:, k] = _vertex(coeffs, p.center)[0]
     valid = np.all(np.isfinite(n_opt), axis=1)
     C = np.array([p.budget for p in profiles])

@@ -136,14 +136,14 @@ class FitSpec:
 
     params: N as ``total`` or ``non_embedding`` parameters; flops: C as ``exact`` or ``6ND``
     training FLOPs (unset: the rule the sweep planned its budgets with); approach2_resample:
-    what Approach 2's bootstrap draws, ``runs`` or ``residuals`` (`jaxformer.scaling.isoflop`);
+    what Approach 2's bootstrap draws, ``runs``, ``residuals`` or ``wild`` (`jaxformer.scaling.isoflop`);
     bootstrap_groups: planned-run fields whose values together make Approach 3's bootstrap draw groups of runs
     instead of single runs (``[N, seed]``: the branches of one WSD trunk, which share its stable phase).
     """
 
     approaches: list[int] = dataclasses.field(default_factory=lambda: [2, 3])
     bootstrap: int = 0
-    approach2_resample: Literal["runs", "residuals"] = "runs"
+    approach2_resample: Literal["runs", "residuals", "wild"] = "runs"
     params: Literal["total", "non_embedding"] = "total"
     flops: Literal["exact", "6ND"] | None = None
     bootstrap_groups: list[str] = dataclasses.field(default_factory=list)
