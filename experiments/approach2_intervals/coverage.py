@@ -18,7 +18,8 @@ studies (its 2.5-97.5 percentile width, what a calibrated interval's width shoul
 
 Then each method is applied to the committed studies' own results.
 
-Usage: python experiments/approach2_intervals/coverage.py [STUDIES]   (output: coverage.txt beside it)
+Usage: python experiments/approach2_intervals/coverage.py [STUDIES [STUDY]]   (output: coverage_STUDY.txt beside it;
+STUDY, a folder of experiments/, defaults to the long study above)
 """
 
 import csv
@@ -33,7 +34,6 @@ from jaxformer.scaling.isoflop import fit_isoflop
 from jaxformer.scaling.table import RunTable
 
 HERE = Path(__file__).resolve().parent
-STUDY = HERE.parent / "cpu_chinchilla_ladder_beta2_wide_icx"
 METHODS = [("runs", False), ("residuals", False), ("wild", False), ("wild", True)]
 COMMITTED = ["cpu_chinchilla_ladder_beta2_wide_icx", "cpu_chinchilla_ladder_beta2_icx", "cpu_chinchilla_ladder_icx",
              "cpu_chinchilla_ladder_zen4", "cpu_chinchilla_tuned", "quick_min2_beta2_icx", "quick_beta2_icx",
@@ -74,12 +74,12 @@ def noise_models(cols: dict[str, np.ndarray], law: ParametricLaw, out) -> dict[s
     }
 
 
-def simulate(studies: int, out) -> None:
-    cols = load(STUDY)
-    fitted = json.loads((STUDY / "fit.json").read_text())
+def simulate(study: Path, studies: int, out) -> None:
+    cols = load(study)
+    fitted = json.loads((study / "fit.json").read_text())
     law = ParametricLaw.from_dict(fitted["approach3"]["params"])
     law = ParametricLaw(law.E, law.A, law.B, law.alpha, law.beta, FlopsPerToken(**fitted["flops_per_token"]))
-    print(f"law (Approach 3 on {STUDY.name}): E={law.E:.4f} A={law.A:.4g} B={law.B:.4g} alpha={law.alpha:.4f} "
+    print(f"law (Approach 3 on {study.name}): E={law.E:.4f} A={law.A:.4g} B={law.B:.4g} alpha={law.alpha:.4f} "
           f"beta={law.beta:.4f}; true a = {law.a:.4f}; {len(cols['N'])} runs, {len(np.unique(cols['trunk']))} trunks",
           file=out)
     exact = fit_isoflop(table(cols, law.loss(cols["N"], cols["D"]), False)).allocation.a
@@ -130,7 +130,8 @@ class Tee:
 
 
 if __name__ == "__main__":
-    with (HERE / "coverage.txt").open("w") as f:
+    name = sys.argv[2] if len(sys.argv) > 2 else "cpu_chinchilla_ladder_beta2_wide_icx"
+    with (HERE / f"coverage_{name}.txt").open("w") as f:
         out = Tee(sys.stdout, f)
-        simulate(int(sys.argv[1]) if len(sys.argv) > 1 else 200, out)
+        simulate(HERE.parent / name, int(sys.argv[1]) if len(sys.argv) > 1 else 200, out)
         committed(out)
