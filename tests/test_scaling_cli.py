@@ -138,3 +138,21 @@ def test_a_second_fit_in_a_fresh_process_loads_the_compiled_solver_and_a_damaged
     third = run_fit()
     assert "ignoring stored program" in third.stderr and compiled in third.stderr
     assert json.loads(third.stdout) == json.loads(first.stdout) and stored[0].stat().st_size > 1000
+
+
+def test_fit_approach2_wild_bootstrap_on_the_long_study(capsys):
+    """`--approach2-resample wild` on the long study at beta2 0.99 (experiments/cpu_chinchilla_ladder_beta2_wide_icx):
+    the command's interval is the library's on the same table and seed, and about half as wide as the pooled
+    residuals' [0.451, 0.659] (experiments/approach2_intervals/)."""
+    from jaxformer.scaling.isoflop import fit_isoflop
+    from jaxformer.scaling.table import load_table
+
+    results = Path(__file__).resolve().parents[1] / "experiments" / "cpu_chinchilla_ladder_beta2_wide_icx" / "results.csv"
+    rc, out, err = run(capsys, "fit", str(results), "--approach", "2", "--approach2-resample", "wild",
+                       "--bootstrap", "1000", "--json")
+    assert rc == 0, err
+    a = json.loads(out)["approach2"]["bootstrap"]["a"]
+    library = fit_isoflop(load_table(results).canonical(), resamples=1000, seed=0, resample="wild").stats["a"]
+    assert a["ci"] == pytest.approx([library.low, library.high], rel=1e-12)
+    assert a["value"] == pytest.approx(0.6129, abs=1e-4) and a["ci"][0] == pytest.approx(0.577, abs=0.005)
+    assert 0.10 < a["ci"][1] - a["ci"][0] < 0.15
