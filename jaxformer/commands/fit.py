@@ -54,7 +54,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bootstrap-groups", metavar="COL[,COL]",
                         help="Approach 3's bootstrap draws groups of runs equal in these columns (a sweep directory: "
                              "its plan.json fields) instead of single runs (e.g. N,seed: the branches of one WSD "
-                             "trunk share its stable phase)")
+                             "trunk share its stable phase); Approach 2's wild bootstrap then draws a sign per group")
     parser.add_argument("--bootstrap-starts", type=int, default=4,
                         help="Approach 3 starts per resample: the point optimum and the best grid starts")
     for role, flag in (("N", "--n-col"), ("D", "--d-col"), ("C", "--c-col"), ("loss", "--loss-col"),

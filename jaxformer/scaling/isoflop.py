@@ -149,7 +149,7 @@ def minimum_edge(N: np.ndarray, loss: np.ndarray, n_opt: float) -> Literal["lowe
 def fit_isoflop(table: RunTable, *, budget_tol: float = 0.1, resamples: int = 0, seed: int = 0,
                 level: float = 0.95, keep_edges: bool = False, resample: str = "runs") -> IsoFLOPFit:
     """Parabola per budget, power laws through the bracketed minima (every minimum with ``keep_edges``),
-    bootstrap intervals if ``resamples`` (drawing ``runs`` or ``residuals``)."""
+    bootstrap intervals if ``resamples`` (drawing ``runs``, ``residuals`` or ``wild``)."""
     if resample not in RESAMPLE:
         raise ValueError(f"Approach 2 resamples {', '.join(RESAMPLE)}, got {resample!r}")
     warnings, profiles, groups = [], [], []
@@ -204,17 +204,17 @@ def _bootstrap(table, profiles, groups, allocation, resamples, seed, level, resa
         clusters = table.group if table.group is not None else np.arange(len(table))
         signs = rng.choice([-1.0, 1.0], size=(resamples, int(clusters.max()) + 1))
     for k, (p, idx) in enumerate(zip(profiles, groups)):
-        u = np.log(table.N[idx]) - p.center
+        u, fitted = np.log(table.N[idx]) - p.center, p.curve(table.N[idx])
         if resample == "runs":
             w = rng.multinomial(len(idx), np.full(len(idx), 1.0 / len(idx)), size=resamples).astype(np.float64)
             y = table.loss[idx]
         elif resample == "residuals":
             w = np.ones((resamples, len(idx)))
-            y = p.curve(table.N[idx]) + rng.normal(0.0, sigma, size=(resamples, len(idx)))
+            y = fitted + rng.normal(0.0, sigma, size=(resamples, len(idx)))
         else:
             w = np.ones((resamples, len(idx)))
-            own = (table.loss[idx] - p.curve(table.N[idx])) / np.sqrt(np.maximum(1.0 - _leverage(u), 1e-12))
-            y = p.curve(table.N[idx]) + own * signs[:, clusters[idx]]
+            own = (table.loss[idx] - fitted) / np.sqrt(np.maximum(1.0 - _leverage(u), 1e-12))
+            y = fitted + own * signs[:, clusters[idx]]
         coeffs = _parabolas(u, y, w)
         n_opt[:, k] = _vertex(coeffs, p.center)[0]
     valid = np.all(np.isfinite(n_opt), axis=1)

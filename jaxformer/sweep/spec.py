@@ -138,7 +138,8 @@ class FitSpec:
     training FLOPs (unset: the rule the sweep planned its budgets with); approach2_resample:
     what Approach 2's bootstrap draws, ``runs``, ``residuals`` or ``wild`` (`jaxformer.scaling.isoflop`);
     bootstrap_groups: planned-run fields whose values together make Approach 3's bootstrap draw groups of runs
-    instead of single runs (``[N, seed]``: the branches of one WSD trunk, which share its stable phase).
+    instead of single runs (``[N, seed]``: the branches of one WSD trunk, which share its stable phase), and
+    Approach 2's ``wild`` bootstrap draw one sign per group.
     """
 
     approaches: list[int] = dataclasses.field(default_factory=lambda: [2, 3])
