@@ -25,6 +25,7 @@ STUDY, a folder of experiments/, defaults to the long study above)
 import csv
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -52,7 +53,10 @@ def table(cols: dict[str, np.ndarray], loss: np.ndarray, grouped: bool) -> RunTa
     return t.with_groups(cols["trunk"]) if grouped else t
 
 
-def noise_models(cols: dict[str, np.ndarray], law: ParametricLaw, out) -> dict[str, callable]:
+Draw = Callable[[np.random.Generator], np.ndarray]  # one simulated study's log-noise per run
+
+
+def noise_models(cols: dict[str, np.ndarray], law: ParametricLaw, out) -> dict[str, Draw]:
     """name -> draw(rng) giving one study's log-noise per run, each scaled to the study's residuals."""
     residual = np.log(cols["loss"] / law.loss(cols["N"], cols["D"]))
     sd = residual.std()
