@@ -23,14 +23,13 @@ STUDY, a folder of experiments/, defaults to the long study above)
 """
 
 import csv
-import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
-from jaxformer.scaling.allocation import FlopsPerToken, ParametricLaw
+from jaxformer.scaling.allocation import ParametricLaw, load_law
 from jaxformer.scaling.isoflop import fit_isoflop
 from jaxformer.scaling.table import RunTable
 
@@ -80,9 +79,7 @@ def noise_models(cols: dict[str, np.ndarray], law: ParametricLaw, out) -> dict[s
 
 def simulate(study: Path, studies: int, out) -> None:
     cols = load(study)
-    fitted = json.loads((study / "fit.json").read_text())
-    law = ParametricLaw.from_dict(fitted["approach3"]["params"])
-    law = ParametricLaw(law.E, law.A, law.B, law.alpha, law.beta, FlopsPerToken(**fitted["flops_per_token"]))
+    _, law = load_law(study / "fit.json", "3")  # Approach 3's law with the study's FLOPs per token
     print(f"law (Approach 3 on {study.name}): E={law.E:.4f} A={law.A:.4g} B={law.B:.4g} alpha={law.alpha:.4f} "
           f"beta={law.beta:.4f}; true a = {law.a:.4f}; {len(cols['N'])} runs, {len(np.unique(cols['trunk']))} trunks",
           file=out)

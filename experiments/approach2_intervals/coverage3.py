@@ -9,23 +9,20 @@ width, and the spread of the point estimate over the studies.
 Usage: python experiments/approach2_intervals/coverage3.py [STUDIES [STUDY]]   (output: coverage3_STUDY.txt)
 """
 
-import json
 import sys
 from pathlib import Path
 
 import numpy as np
 
 from coverage import HERE, Tee, load, noise_models, table
-from jaxformer.scaling.allocation import FlopsPerToken, ParametricLaw
+from jaxformer.scaling.allocation import load_law
 from jaxformer.scaling.bootstrap import bootstrap_parametric
 from jaxformer.scaling.parametric import fit_parametric
 
 
 def simulate(study: Path, studies: int, out) -> None:
     cols = load(study)
-    fitted = json.loads((study / "fit.json").read_text())
-    law = ParametricLaw.from_dict(fitted["approach3"]["params"])
-    law = ParametricLaw(law.E, law.A, law.B, law.alpha, law.beta, FlopsPerToken(**fitted["flops_per_token"]))
+    _, law = load_law(study / "fit.json", "3")  # Approach 3's law with the study's FLOPs per token
     print(f"law (Approach 3 on {study.name}): true a = {law.a:.4f}; {len(cols['N'])} runs, "
           f"{len(np.unique(cols['trunk']))} trunks; {studies} studies per noise", file=out)
     print(f"{'noise':<8}{'method':<10}{'covered':>9}{'median width':>14}{'point spread':>14}{'median a':>10}",
