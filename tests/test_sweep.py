@@ -157,6 +157,9 @@ def test_ray_executor_on_a_local_instance(tmp_path):
      "shape.min_layers must be at most shape.max_layers (4), got 5"),
     ({"base": {"model": {"preset": "tiny", "dmodel": 3}}}, "unknown config key 'model.dmodel'"),
     ({"hyperparameters": {"optimizer.lr": "N **"}}, "hyperparameters.optimizer.lr: cannot evaluate"),
+    ({"base": {"model": {"preset": "tiny"}, "data": {"corpus": "synthetic-markov"}, "train": {"seed": 1}}},
+     "base.train.seed: the sweep sets it for every run (each run's seed comes from the spec's `seeds:`"),
+    ({"hyperparameters": {"train.tokens": "2e3 * N"}}, "hyperparameters.train.tokens: the sweep sets it"),
 ])
 def test_bad_specs_exit_2_with_one_line_before_any_run(tmp_path, changes, message):
     spec = variant(tmp_path, "bad", **changes)
