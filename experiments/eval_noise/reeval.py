@@ -27,14 +27,18 @@ from jaxformer.train.restore import load_run_config, restore_params
 from jaxformer.train.step import build_state, next_token_loss
 
 
+_PROGRAMS: dict = {}  # (graphdef, dtype) -> the compiled pass: runs of one shape share it
+
+
 def batch_losses(config, params, batches_ABW: np.ndarray) -> np.ndarray:
     """``[A]`` mean cross-entropy (nats/byte) of each batch of windows."""
     graphdef, _ = jax.eval_shape(lambda: build_state(config.model, 0, make_optimizer(config.optimizer),
                                                      config.kernel))
     dtype = jnp.dtype(config.train.compute_dtype)
-    per_batch = jax.jit(lambda p, b: jax.lax.map(
-        lambda w: next_token_loss(graphdef, p, w, dtype, drop_tokens=False)[1], b))
-    return np.asarray(per_batch(params, jnp.asarray(batches_ABW)))
+    if (graphdef, dtype) not in _PROGRAMS:
+        _PROGRAMS[graphdef, dtype] = jax.jit(lambda p, b: jax.lax.map(
+            lambda w: next_token_loss(graphdef, p, w, dtype, drop_tokens=False)[1], b))
+    return np.asarray(_PROGRAMS[graphdef, dtype](params, jnp.asarray(batches_ABW)))
 
 
 def score(run_dir: Path, chunk_bytes: int | None) -> dict:
