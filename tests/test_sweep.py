@@ -160,6 +160,9 @@ def test_ray_executor_on_a_local_instance(tmp_path):
     ({"base": {"model": {"preset": "tiny"}, "data": {"corpus": "synthetic-markov"}, "train": {"seed": 1}}},
      "base.train.seed: the sweep sets it for every run (each run's seed comes from the spec's `seeds:`"),
     ({"hyperparameters": {"train.tokens": "2e3 * N"}}, "hyperparameters.train.tokens: the sweep sets it"),
+    ({"fit": {"approaches": [2, 3]}, "verify": {"seeds": [1, 1]}},
+     "verify.seeds must list one or more distinct seeds, got [1, 1]"),
+    ({"fit": {"approaches": [2, 3]}, "verify": {"seed": 1}}, "unknown config key 'verify.seed'"),
 ])
 def test_bad_specs_exit_2_with_one_line_before_any_run(tmp_path, changes, message):
     spec = variant(tmp_path, "bad", **changes)
@@ -253,6 +256,65 @@ def test_one_runs_prediction_interval_adds_the_seed_noise_to_the_laws():
     expected = 1.96 * (law_sd ** 2 + 0.02 ** 2) ** 0.5 * found["loss"]
     assert (one_high - one_low) / 2 == pytest.approx(expected, rel=0.05)
     assert one_low < low < high < one_high
+    mean_low, mean_high = predict(report, N, D, noise=0.02, runs=4)["prediction_interval"]  # four seeds' mean
+    expected = 1.96 * (law_sd ** 2 + 0.01 ** 2) ** 0.5 * found["loss"]
+    assert (mean_high - mean_low) / 2 == pytest.approx(expected, rel=0.05)
+    assert one_low < mean_low < low < high < mean_high < one_high
+
+
+def test_held_out_sizes_train_at_every_seed_and_their_mean_is_judged(tmp_path):
+    """A sweep with ``seeds: [0, 1]`` trains each held-out size at both seeds (``verify.seeds`` defaults to the
+    sweep's) and judges their mean loss, against the prediction interval for the mean of two runs.
+
+    Every run's final loss, the held-out ones' too, is written from a known law before the launch, so the sweep
+    trains nothing and every figure in verify.json is known."""
+    from jaxformer.scaling.allocation import ParametricLaw
+    from jaxformer.sweep.fit import fit_sweep
+    from jaxformer.sweep.results import collect
+    from jaxformer.sweep.verify import plan_verify, predict
+
+    truth = ParametricLaw(E=1.0, A=200.0, B=168.5, alpha=0.35, beta=0.35)
+    path = variant(tmp_path, "two-seeds", seeds=[0, 1], isoflop={"budgets": [1e9, 2e9, 4e9],
+                                                                "params": [8e3, 16e3, 32e3, 64e3], "flops": "6ND"},
+                   fit={"approaches": [2, 3], "bootstrap": 20}, verify={"factor": 2, "sizes": [1, 2]})
+    spec, out = load_spec(path), tmp_path / "out"
+    runs = plan_runs(spec)
+
+    def finish(run, loss):
+        final = {"params": run.N, "params_non_embedding": run.N_non_embedding, "tokens": run.D,
+                 "flops_exact": run.C_exact, "flops_6nd": run.C_6nd, "val_loss": loss}
+        (out / "runs" / run.name).mkdir(parents=True)
+        (out / "runs" / run.name / "final.json").write_text(json.dumps(final))
+
+    for run in runs:  # seed 1 0.4% above seed 0
+        finish(run, float(truth.loss(run.N, run.D)) * (1 + 0.004 * run.seed))
+    unverified = tmp_path / "unverified.yaml"
+    unverified.write_text(yaml.safe_dump({k: v for k, v in yaml.safe_load(path.read_text()).items() if k != "verify"}))
+    assert jaxformer("sweep", unverified, "--out", out).returncode == 0  # the sweep's plan.json, nothing to train
+    _, fitted = fit_sweep(out, collect(out), spec.fit)
+    held_out = plan_verify(spec, runs, fitted)
+    assert [run.seed for run in held_out] == [0, 1, 0, 1]
+    assert held_out[0].N == held_out[1].N < held_out[2].N == held_out[3].N  # the compute-optimal size first
+    losses = {run.name: float(truth.loss(run.N, run.D)) * (1.02 if run.seed == 0 else 0.99) for run in held_out}
+    for run in held_out:
+        finish(run, losses[run.name])
+    result = jaxformer("sweep", path, "--out", out, "--workers", 1)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "verify: 4 held-out runs at C = 8e+09" in result.stdout and "0 to train" in result.stdout.split("verify:")[1]
+    verify = json.loads((out / "fit" / "verify.json").read_text())
+    assert verify["runs"] == [held_out[0].name, held_out[1].name] and verify["seeds"] == [0, 1]
+    assert verify["run"] == held_out[0].name and len(verify["neighbours"]) == 1
+    assert verify["losses"] == [losses[held_out[0].name], losses[held_out[1].name]]
+    assert verify["measured_loss"] == pytest.approx(np.mean(verify["losses"]), rel=1e-12)
+    predicted = verify["predicted"]["loss"]
+    assert verify["relative_errors"] == pytest.approx([loss / predicted - 1 for loss in verify["losses"]])
+    assert verify["relative_error"] == pytest.approx(verify["measured_loss"] / predicted - 1)
+    noise = verify["predicted"]["seed_noise"]  # the sweep's two seeds, 0.4% apart
+    assert noise == pytest.approx(0.004 / 2 ** 0.5 / 1.002, rel=1e-9)
+    assert verify["predicted"] == predict(fitted, verify["N"], verify["D"], noise, runs=2)
+    assert verify["predicted"]["prediction_runs"] == 2
+    assert "prediction interval for the mean of 2 runs" in result.stdout
+    assert f"held-out runs {held_out[0].name}, {held_out[1].name} (each " in result.stdout
 
 
 def test_held_out_run_and_seed_repeats_after_the_fit(tmp_path):

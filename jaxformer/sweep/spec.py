@@ -163,12 +163,14 @@ class VerifySpec:
     largest; its size is the fitted ``approach``'s N_opt there, shaped by the sweep's rule; the loss it
     should reach and the interval are Approach 3's (so the fit must include Approach 3). ``sizes``:
     multiples of N_opt to train, e.g. ``[0.5, 1, 2]`` for neighbours whose losses locate the optimum.
+    ``seeds``: each size trains once per seed (None: the sweep's ``seeds``), and the mean of their losses
+    is what the law, fitted on those seeds, predicts.
     """
 
     factor: float = 3.0
     budget: float | None = None
     approach: int = 3
-    seed: int = 0
+    seeds: list[int] | None = None
     sizes: list[float] = dataclasses.field(default_factory=lambda: [1.0])
 
 
@@ -284,6 +286,8 @@ class SweepSpec:
                 raise ValueError(f"verify.{field} must be positive, got {value}")
         if 1 not in verify.sizes or not all(math.isfinite(m) and m > 0 for m in verify.sizes):
             raise ValueError(f"verify.sizes must be positive multiples of N_opt including 1, got {verify.sizes}")
+        if verify.seeds is not None and (not verify.seeds or len(set(verify.seeds)) < len(verify.seeds)):
+            raise ValueError(f"verify.seeds must list one or more distinct seeds, got {verify.seeds}")
 
 
 def evaluate_formula(key: str, formula: Any, variables: dict[str, float] | None) -> Any:

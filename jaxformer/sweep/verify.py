@@ -5,13 +5,15 @@ The run is planned after the fit, from the fit alone: its budget is ``verify.bud
 ``verify.factor`` × the largest budget, counted as the fit counts FLOPs; its size the fitted
 approach's N_opt there, shaped by the sweep's rule (counting parameters as the fit does); its
 tokens those of the budget. ``verify.sizes`` adds neighbours (multiples of N_opt) at the same
-budget, whose losses locate the measured optimum. Approach 3's law predicts each run's final
-validation loss at its shaped N and the D it trains on, and each bootstrap resample's law gives
-the interval: how well the law's mean loss there is known. One run also carries its seed's noise,
-so where the sweep trained seed repeats (``isoflop.repeat``) a prediction interval for one run adds
-that noise (the median relative spread across seeds) to each resample's loss. The runs live with
-the others (``runs/verify-…``) but are not in ``plan.json``, so no table or fit of the sweep reads
-them; ``fit/verify.json`` records the comparison.
+budget, whose losses locate the measured optimum. Each size trains at every seed of
+``verify.seeds`` (by default the sweep's): the law fitted on those seeds predicts their mean loss,
+so the mean is what is measured. Approach 3's law predicts each size's final validation loss at its
+shaped N and the D it trains on, and each bootstrap resample's law gives the interval: how well the
+law's mean loss there is known. The mean of k runs also carries their seeds' noise, so where the
+sweep trained seed repeats (``seeds:`` or ``isoflop.repeat``) a prediction interval adds that noise
+(the median relative spread across seeds, over √k) to each resample's loss. The runs live with the
+others (``runs/verify-…``) but are not in ``plan.json``, so no table or fit of the sweep reads them;
+``fit/verify.json`` records the comparison.
 """
 
 from __future__ import annotations
@@ -36,7 +38,8 @@ NOISE_DRAWS = 64  # seed-noise draws per bootstrap law in the prediction interva
 
 def plan_verify(spec: SweepSpec, runs: list[PlannedRun], report: FitReport) -> list[PlannedRun]:
     """The held-out runs at the verify budget: ``verify.sizes`` multiples of the fitted ``verify.approach``'s
-    N_opt there (the compute-optimal run first; multiples the size rule maps to one shape train once)."""
+    N_opt there, each at every seed of ``verify.seeds`` (the compute-optimal size first, a size's seeds
+    together; multiples the size rule maps to one shape train once)."""
     verify, fit = spec.verify, spec.fit
     laws = report.laws()
     missing = sorted({f"Approach {verify.approach}", "Approach 3"} - set(laws))
@@ -49,16 +52,18 @@ def plan_verify(spec: SweepSpec, runs: list[PlannedRun], report: FitReport) -> l
     shape = dataclasses.replace(spec.shape, count=fit.params)
     planned: dict[str, PlannedRun] = {}
     for multiple in sorted(verify.sizes, key=lambda m: (m != 1, m)):
-        run = plan_run(spec, budget, multiple * n_opt, verify.seed, rule=rule, isoflop=True, shape=shape,
-                       prefix="verify-")
-        planned.setdefault(run.name, run)
+        for seed in verify.seeds or spec.seeds:
+            run = plan_run(spec, budget, multiple * n_opt, seed, rule=rule, isoflop=True, shape=shape,
+                           prefix="verify-")
+            planned.setdefault(run.name, run)
     return list(planned.values())
 
 
-def predict(report: FitReport, N: float, D: float, noise: float | None = None) -> dict:
+def predict(report: FitReport, N: float, D: float, noise: float | None = None, runs: int = 1) -> dict:
     """Approach 3's loss at (N, D) with its bootstrap percentile interval, and with ``noise`` (one run's
-    relative standard deviation) the prediction interval for one run: each resample's loss times
-    1 + noise·z, z standard normal. Intervals are None without a bootstrap (or without ``noise``)."""
+    relative standard deviation) the prediction interval for the mean of ``runs`` runs (seeds): each
+    resample's loss times 1 + noise·z/√runs, z standard normal. Intervals are None without a bootstrap
+    (or without ``noise``)."""
     point = float(report.approach3.law.loss(N, D))
     interval = prediction = None
     if report.bootstrap3 is not None:
@@ -67,23 +72,28 @@ def predict(report: FitReport, N: float, D: float, noise: float | None = None) -
         interval = [float(v) for v in np.percentile(losses, percentiles(report.level))]
         if noise is not None:
             z = np.random.default_rng(0).standard_normal((losses.size, NOISE_DRAWS))
-            runs = losses[:, None] * (1 + noise * z)
-            prediction = [float(v) for v in np.percentile(runs, percentiles(report.level))]
+            means = losses[:, None] * (1 + noise / np.sqrt(runs) * z)
+            prediction = [float(v) for v in np.percentile(means, percentiles(report.level))]
     return {"loss": point, "interval": interval, "level": report.level, "seed_noise": noise,
-            "prediction_interval": prediction}
+            "prediction_runs": runs, "prediction_interval": prediction}
 
 
 def _inside(measured: float, low_high: list[float] | None) -> bool | None:
     return None if low_high is None else bool(low_high[0] <= measured <= low_high[1])
 
 
-def _compare(out: Path, run: PlannedRun, report: FitReport, spec: SweepSpec, noise: float | None) -> dict:
-    """One held-out run's measured final loss against Approach 3's prediction for its N and D."""
+def _compare(out: Path, seeds: list[PlannedRun], report: FitReport, spec: SweepSpec, noise: float | None) -> dict:
+    """One held-out size's measured final loss, the mean over its ``seeds`` runs, against Approach 3's
+    prediction for its N and D. ``run`` names the first seed's run, ``runs`` all of them."""
+    run = seeds[0]
     N = run.N if spec.fit.params == "total" else run.N_non_embedding
-    prediction = predict(report, N, run.D, noise)
-    measured = float(read_json(RunPaths(out, run.name).final)["val_loss"])
+    prediction = predict(report, N, run.D, noise, len(seeds))
+    losses = [float(read_json(RunPaths(out, each.name).final)["val_loss"]) for each in seeds]
+    measured = float(np.mean(losses))
     error = measured / prediction["loss"] - 1
-    return {"run": run.name, "N": N, "D": run.D, "tokens_per_param": run.D / N, "predicted": prediction,
+    return {"run": run.name, "runs": [each.name for each in seeds], "seeds": [each.seed for each in seeds],
+            "losses": losses, "relative_errors": [loss / prediction["loss"] - 1 for loss in losses],
+            "N": N, "D": run.D, "tokens_per_param": run.D / N, "predicted": prediction,
             "measured_loss": measured, "relative_error": error, "within_tolerance": bool(abs(error) <= TOLERANCE),
             "inside_interval": _inside(measured, prediction["interval"]),
             "inside_prediction_interval": _inside(measured, prediction["prediction_interval"])}
@@ -101,15 +111,19 @@ def _measured_optimum(compared: list[dict]) -> float | None:
 
 def verify_runs(out: Path, held_out: list[PlannedRun], report: FitReport, spec: SweepSpec,
                 rows: list[dict]) -> tuple[dict, str]:
-    """Compares the finished held-out runs with the law (and, where the sweep's results ``rows`` hold seed
-    repeats, with one run's prediction interval); writes ``fit/verify.json``; returns it and its lines.
+    """Compares the finished held-out runs, each size's seeds averaged, with the law (and, where the sweep's
+    results ``rows`` hold seed repeats, with the prediction interval for that many runs); writes
+    ``fit/verify.json``; returns it and its lines.
 
-    The top level describes the compute-optimal run; ``neighbours`` the other sizes; ``measured_n_opt``
+    The top level describes the compute-optimal size; ``neighbours`` the other sizes; ``measured_n_opt``
     the optimum their losses locate (None unless three sizes bracket it) against ``predicted_n_opt``.
     """
     spreads = seed_spreads(rows)
     noise = float(np.median(spreads)) if spreads else None
-    main, *others = [_compare(out, run, report, spec, noise) for run in held_out]
+    sizes: dict[tuple[int, int], list[PlannedRun]] = {}
+    for run in held_out:
+        sizes.setdefault((run.N, run.D), []).append(run)
+    main, *others = [_compare(out, seeds, report, spec, noise) for seeds in sizes.values()]
     run = held_out[0]
     predicted_n_opt = float(report.laws()[f"Approach {spec.verify.approach}"].n_opt(run.budget))
     result = {**main, "approach": spec.verify.approach, "budget": run.budget, "C": run.C, "tolerance": TOLERANCE,
@@ -132,12 +146,14 @@ def _line(compared: dict, level: float) -> str:
     where = ("no bootstrap interval" if low_high is None else
              f"{'inside' if compared['inside_interval'] else 'outside'} its {100 * level:.0f}% interval "
              f"[{low_high[0]:.4f}, {low_high[1]:.4f}]")
-    one_run = predicted["prediction_interval"]
+    one_run, k = predicted["prediction_interval"], len(compared["runs"])
     if one_run is not None:
         where += (f"; {'inside' if compared['inside_prediction_interval'] else 'outside'} the {100 * level:.0f}% "
-                  f"prediction interval for one run [{one_run[0]:.4f}, {one_run[1]:.4f}] (seed noise "
-                  f"{100 * predicted['seed_noise']:.2f}%)")
-    return (f"held-out run {compared['run']} (N = {compared['N']:,}, D = {compared['D']:.3g}): loss "
+                  f"prediction interval for {'one run' if k == 1 else f'the mean of {k} runs'} "
+                  f"[{one_run[0]:.4f}, {one_run[1]:.4f}] (seed noise {100 * predicted['seed_noise']:.2f}%)")
+    runs = (f"run {compared['run']}" if k == 1 else
+            f"runs {', '.join(compared['runs'])} (each {', '.join(f'{e:+.2%}' for e in compared['relative_errors'])})")
+    return (f"held-out {runs} (N = {compared['N']:,}, D = {compared['D']:.3g}): {'mean ' * (k > 1)}loss "
             f"{compared['measured_loss']:.4f} against {predicted['loss']:.4f} predicted by Approach 3, "
             f"{100 * error:+.2f}% ({'within' if compared['within_tolerance'] else 'beyond'} {100 * TOLERANCE:.0f}%), "
             f"{where}")
