@@ -54,10 +54,11 @@ def test_main_job_plans_what_the_readme_describes():
     runs = plan_runs(spec)
     budgets = sorted({run.budget for run in runs})
     section = (ROOT / "README.md").read_text().split("## The main job", 1)[1].split("\n## ", 1)[0]
-    described = re.search(r"(\d+) runs: (\d+) budgets? \(([^)]*)\) × (\d+) sizes", section)
+    described = re.search(r"(\d+) runs: (\d+) budgets? \(([^)]*)\) × (\d+) sizes(?: × (\d+) seeds)?", section)
     assert described, section[:400]
-    count, n_budgets, listed, sizes = described.groups()
+    count, n_budgets, listed, sizes, seeds = described.groups()
     assert len(runs) == int(count) and len(budgets) == int(n_budgets) == len(listed.split(","))
     assert [float(b) for b in listed.replace(" FLOPs", "").split(",")] == budgets
-    assert all(sum(run.budget == b for run in runs) == int(sizes) for b in budgets)
+    assert len({run.seed for run in runs}) == int(seeds or 1)
+    assert all(sum(run.budget == b for run in runs) == int(sizes) * int(seeds or 1) for b in budgets)
     assert {run.flops_rule for run in runs} == {"exact"}

@@ -226,7 +226,7 @@ def test_sizes_centred_per_budget_follow_the_prior_law(tmp_path):
 
 def test_min_layers_keeps_the_size_rule_off_one_layer_models():
     base = get_preset("tiny")
-    rule = ShapeRule(head_dim=16, aspect_ratio=16, max_layers=4)  # sweeps/quick.yaml's rule
+    rule = ShapeRule(head_dim=16, aspect_ratio=16, max_layers=4)  # sweeps/quick-8x.yaml's rule
     one_layer = shape_for_params(21600, base, rule)  # d32 L1 (aspect 32) beats d16 L4 (aspect 4)
     assert (one_layer.num_layers, one_layer.d_model, count_params(one_layer).total) == (1, 32, 21600)
     two_or_more = dataclasses.replace(rule, min_layers=2)

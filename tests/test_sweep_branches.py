@@ -165,8 +165,8 @@ def test_a_cooldown_that_starts_inside_the_warmup_is_refused_naming_the_run(tmp_
 
 
 def _quick_filled(tmp_path: Path, **optimizer) -> Path:
-    """sweeps/quick.yaml (centred sizes, branches) with ``isoflop.fill: true`` and ``optimizer`` changes."""
-    spec = yaml.safe_load((ROOT / "sweeps" / "quick.yaml").read_text())
+    """sweeps/quick-8x.yaml (centred sizes, branches) with ``isoflop.fill: true`` and ``optimizer`` changes."""
+    spec = yaml.safe_load((ROOT / "sweeps" / "quick-8x.yaml").read_text())
     spec["isoflop"]["fill"] = True
     spec["base"]["optimizer"].update(optimizer)
     path = tmp_path / "filled.yaml"
