@@ -82,16 +82,16 @@ def _inside(measured: float, low_high: list[float] | None) -> bool | None:
     return None if low_high is None else bool(low_high[0] <= measured <= low_high[1])
 
 
-def _compare(out: Path, seeds: list[PlannedRun], report: FitReport, spec: SweepSpec, noise: float | None) -> dict:
-    """One held-out size's measured final loss, the mean over its ``seeds`` runs, against Approach 3's
-    prediction for its N and D. ``run`` names the first seed's run, ``runs`` all of them."""
-    run = seeds[0]
+def _compare(out: Path, repeats: list[PlannedRun], report: FitReport, spec: SweepSpec, noise: float | None) -> dict:
+    """One held-out size's measured final loss, the mean over its ``repeats`` (its runs, one per seed), against
+    Approach 3's prediction for its N and D. ``run`` names the first seed's run, ``runs`` all of them."""
+    run = repeats[0]
     N = run.N if spec.fit.params == "total" else run.N_non_embedding
-    prediction = predict(report, N, run.D, noise, len(seeds))
-    losses = [float(read_json(RunPaths(out, each.name).final)["val_loss"]) for each in seeds]
+    prediction = predict(report, N, run.D, noise, len(repeats))
+    losses = [float(read_json(RunPaths(out, each.name).final)["val_loss"]) for each in repeats]
     measured = float(np.mean(losses))
     error = measured / prediction["loss"] - 1
-    return {"run": run.name, "runs": [each.name for each in seeds], "seeds": [each.seed for each in seeds],
+    return {"run": run.name, "runs": [each.name for each in repeats], "seeds": [each.seed for each in repeats],
             "losses": losses, "relative_errors": [loss / prediction["loss"] - 1 for loss in losses],
             "N": N, "D": run.D, "tokens_per_param": run.D / N, "predicted": prediction,
             "measured_loss": measured, "relative_error": error, "within_tolerance": bool(abs(error) <= TOLERANCE),
@@ -123,7 +123,7 @@ def verify_runs(out: Path, held_out: list[PlannedRun], report: FitReport, spec: 
     sizes: dict[tuple[int, int], list[PlannedRun]] = {}
     for run in held_out:
         sizes.setdefault((run.N, run.D), []).append(run)
-    main, *others = [_compare(out, seeds, report, spec, noise) for seeds in sizes.values()]
+    main, *others = [_compare(out, repeats, report, spec, noise) for repeats in sizes.values()]
     run = held_out[0]
     predicted_n_opt = float(report.laws()[f"Approach {spec.verify.approach}"].n_opt(run.budget))
     result = {**main, "approach": spec.verify.approach, "budget": run.budget, "C": run.C, "tolerance": TOLERANCE,
@@ -146,11 +146,11 @@ def _line(compared: dict, level: float) -> str:
     where = ("no bootstrap interval" if low_high is None else
              f"{'inside' if compared['inside_interval'] else 'outside'} its {100 * level:.0f}% interval "
              f"[{low_high[0]:.4f}, {low_high[1]:.4f}]")
-    one_run, k = predicted["prediction_interval"], len(compared["runs"])
-    if one_run is not None:
+    with_noise, k = predicted["prediction_interval"], len(compared["runs"])
+    if with_noise is not None:
         where += (f"; {'inside' if compared['inside_prediction_interval'] else 'outside'} the {100 * level:.0f}% "
                   f"prediction interval for {'one run' if k == 1 else f'the mean of {k} runs'} "
-                  f"[{one_run[0]:.4f}, {one_run[1]:.4f}] (seed noise {100 * predicted['seed_noise']:.2f}%)")
+                  f"[{with_noise[0]:.4f}, {with_noise[1]:.4f}] (seed noise {100 * predicted['seed_noise']:.2f}%)")
     runs = (f"run {compared['run']}" if k == 1 else
             f"runs {', '.join(compared['runs'])} (each {', '.join(f'{e:+.2%}' for e in compared['relative_errors'])})")
     return (f"held-out {runs} (N = {compared['N']:,}, D = {compared['D']:.3g}): {'mean ' * (k > 1)}loss "
