@@ -7,9 +7,7 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
-import numpy as np
 import pytest
 import yaml
 
@@ -18,23 +16,7 @@ from jaxformer.models.presets import get_preset
 from jaxformer.sweep.plan import plan_runs
 from jaxformer.sweep.sizing import ShapeRule, shape_for_params
 from jaxformer.sweep.spec import load_spec
-
-ROOT = Path(__file__).resolve().parents[1]
-TINY = ROOT / "sweeps" / "tiny.yaml"
-
-
-def jaxformer(*args, cwd=None, **kwargs):
-    return subprocess.run([sys.executable, "-m", "jaxformer.cli", *map(str, args)], capture_output=True, text=True,
-                          cwd=cwd, **kwargs)
-
-
-def variant(tmp_path: Path, name: str, **changes) -> Path:
-    """A copy of sweeps/tiny.yaml with top-level sections replaced."""
-    spec = yaml.safe_load(TINY.read_text())
-    spec.update(name=name, **changes)
-    path = tmp_path / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(spec))
-    return path
+from sweep_helpers import TINY, jaxformer, variant
 
 
 def test_plan_has_exact_counts_whole_steps_and_isoflop_compute():
@@ -234,158 +216,6 @@ def test_min_layers_keeps_the_size_rule_off_one_layer_models():
     assert (deeper.num_layers, deeper.d_model, count_params(deeper).total) == (4, 16, 20624)
     for target in (12368, 16496, 34976, 95568):  # where the rule already picks 2+ layers, nothing changes
         assert shape_for_params(target, base, rule) == shape_for_params(target, base, two_or_more), target
-
-
-def test_one_runs_prediction_interval_adds_the_seed_noise_to_the_laws():
-    """The held-out check's interval for one run: each bootstrap law's loss times 1 + noise·z. Its half-width is
-    the law's and the seed's combined in quadrature (normal percentiles), and without noise there is none."""
-    from jaxformer.scaling.allocation import PRESETS
-    from jaxformer.scaling.report import fit_table
-    from jaxformer.scaling.synthetic import isoflop_sweep
-    from jaxformer.sweep.verify import predict
-
-    law = PRESETS["chinchilla"]
-    report = fit_table(isoflop_sweep(law, np.logspace(18, 21, 7), noise=0.002), "3", resamples=100, seed=0)
-    N = float(law.n_opt(1e22))
-    D = 1e22 / (6 * N)
-    assert predict(report, N, D)["prediction_interval"] is None
-    found = predict(report, N, D, noise=0.02)
-    (low, high), (one_low, one_high) = found["interval"], found["prediction_interval"]
-    assert found["loss"] == pytest.approx(float(report.approach3.law.loss(N, D))) and found["seed_noise"] == 0.02
-    law_sd = (high - low) / (2 * 1.96 * found["loss"])
-    expected = 1.96 * (law_sd ** 2 + 0.02 ** 2) ** 0.5 * found["loss"]
-    assert (one_high - one_low) / 2 == pytest.approx(expected, rel=0.05)
-    assert one_low < low < high < one_high
-    mean_low, mean_high = predict(report, N, D, noise=0.02, runs=4)["prediction_interval"]  # four seeds' mean
-    expected = 1.96 * (law_sd ** 2 + 0.01 ** 2) ** 0.5 * found["loss"]
-    assert (mean_high - mean_low) / 2 == pytest.approx(expected, rel=0.05)
-    assert one_low < mean_low < low < high < mean_high < one_high
-
-
-def test_held_out_sizes_train_at_every_seed_and_their_mean_is_judged(tmp_path):
-    """A sweep with ``seeds: [0, 1]`` trains each held-out size at both seeds (``verify.seeds`` defaults to the
-    sweep's) and judges their mean loss, against the prediction interval for the mean of two runs.
-
-    Every run's final loss, the held-out ones' too, is written from a known law before the launch, so the sweep
-    trains nothing and every figure in verify.json is known."""
-    from jaxformer.scaling.allocation import ParametricLaw
-    from jaxformer.sweep.fit import fit_sweep
-    from jaxformer.sweep.results import collect
-    from jaxformer.sweep.verify import plan_verify, predict
-
-    truth = ParametricLaw(E=1.0, A=200.0, B=168.5, alpha=0.35, beta=0.35)
-    path = variant(tmp_path, "two-seeds", seeds=[0, 1], isoflop={"budgets": [1e9, 2e9, 4e9],
-                                                                "params": [8e3, 16e3, 32e3, 64e3], "flops": "6ND"},
-                   fit={"approaches": [2, 3], "bootstrap": 20}, verify={"factor": 2, "sizes": [1, 2]})
-    spec, out = load_spec(path), tmp_path / "out"
-    runs = plan_runs(spec)
-
-    def finish(run, loss):
-        final = {"params": run.N, "params_non_embedding": run.N_non_embedding, "tokens": run.D,
-                 "flops_exact": run.C_exact, "flops_6nd": run.C_6nd, "val_loss": loss}
-        (out / "runs" / run.name).mkdir(parents=True)
-        (out / "runs" / run.name / "final.json").write_text(json.dumps(final))
-
-    for run in runs:  # seed 1 0.4% above seed 0
-        finish(run, float(truth.loss(run.N, run.D)) * (1 + 0.004 * run.seed))
-    unverified = tmp_path / "unverified.yaml"
-    unverified.write_text(yaml.safe_dump({k: v for k, v in yaml.safe_load(path.read_text()).items() if k != "verify"}))
-    assert jaxformer("sweep", unverified, "--out", out).returncode == 0  # the sweep's plan.json, nothing to train
-    _, fitted = fit_sweep(out, collect(out), spec.fit)
-    held_out = plan_verify(spec, runs, fitted)
-    assert [run.seed for run in held_out] == [0, 1, 0, 1]
-    assert held_out[0].N == held_out[1].N < held_out[2].N == held_out[3].N  # the compute-optimal size first
-    losses = {run.name: float(truth.loss(run.N, run.D)) * (1.02 if run.seed == 0 else 0.99) for run in held_out}
-    for run in held_out:
-        finish(run, losses[run.name])
-    result = jaxformer("sweep", path, "--out", out, "--workers", 1)
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert "verify: 4 held-out runs at C = 8e+09" in result.stdout and "0 to train" in result.stdout.split("verify:")[1]
-    verify = json.loads((out / "fit" / "verify.json").read_text())
-    assert verify["runs"] == [held_out[0].name, held_out[1].name] and verify["seeds"] == [0, 1]
-    assert verify["run"] == held_out[0].name and len(verify["neighbours"]) == 1
-    assert verify["losses"] == [losses[held_out[0].name], losses[held_out[1].name]]
-    assert verify["measured_loss"] == pytest.approx(np.mean(verify["losses"]), rel=1e-12)
-    predicted = verify["predicted"]["loss"]
-    assert verify["relative_errors"] == pytest.approx([loss / predicted - 1 for loss in verify["losses"]])
-    assert verify["relative_error"] == pytest.approx(verify["measured_loss"] / predicted - 1)
-    noise = verify["predicted"]["seed_noise"]  # the sweep's two seeds, 0.4% apart
-    assert noise == pytest.approx(0.004 / 2 ** 0.5 / 1.002, rel=1e-9)
-    assert verify["predicted"] == predict(fitted, verify["N"], verify["D"], noise, runs=2)
-    assert verify["predicted"]["prediction_runs"] == 2
-    assert "prediction interval for the mean of 2 runs" in result.stdout
-    assert f"held-out runs {held_out[0].name}, {held_out[1].name} (each " in result.stdout
-
-
-def test_held_out_run_and_seed_repeats_after_the_fit(tmp_path):
-    """``verify:`` trains the compute-optimal run the fitted law predicts at 2× the largest budget and compares
-    its loss with the law's; ``isoflop.repeat`` adds a second seed at one budget and the fit reports the noise.
-
-    The sweep's own runs are given final losses from a known law (so the fit and its N_opt are known); the
-    held-out run is planned from that fit and trained for real.
-    """
-    from jaxformer.scaling.allocation import ParametricLaw
-    from jaxformer.sweep.verify import TOLERANCE
-
-    truth = ParametricLaw(E=1.0, A=200.0, B=168.5, alpha=0.35, beta=0.35)  # N_opt 16K at 1e9 … 47K at 8e9
-    spec = variant(tmp_path, "verified", isoflop={"budgets": [1e9, 2e9, 4e9], "params": [8e3, 16e3, 32e3, 64e3],
-                                                  "flops": "6ND", "repeat": {"budget": 2e9, "seeds": [1]}},
-                   fit={"approaches": [2, 3], "bootstrap": 20}, verify={"factor": 2, "sizes": [0.5, 1, 2]})
-    runs = plan_runs(load_spec(spec))
-    assert len(runs) == 16 and sorted(run.seed for run in runs if run.budget == 2e9) == [0] * 4 + [1] * 4
-    out = tmp_path / "out"
-    for k, run in enumerate(runs):  # "trained": final losses of the known law, 0.3% apart between seeds
-        loss = float(truth.loss(run.N, run.D)) * (1 + 0.003 * run.seed * (-1) ** k)
-        final = {"params": run.N, "params_non_embedding": run.N_non_embedding, "tokens": run.D,
-                 "flops_exact": run.C_exact, "flops_6nd": run.C_6nd, "val_loss": loss}
-        (out / "runs" / run.name).mkdir(parents=True)
-        (out / "runs" / run.name / "final.json").write_text(json.dumps(final))
-    result = jaxformer("sweep", spec, "--out", out, "--workers", 2)
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert "0 to train" in result.stdout and "seed noise: 4 shapes trained with several seeds" in result.stdout
-    fit = json.loads((out / "fit" / "fit.json").read_text())
-    law = ParametricLaw.from_dict(fit["approach3"]["params"])
-    assert law.a == pytest.approx(truth.a, abs=0.02) and fit["warnings"] == []
-    verify = json.loads((out / "fit" / "verify.json").read_text())
-    assert verify["budget"] == 8e9 and verify["run"].startswith("verify-C8e09-N")
-    assert abs(verify["N"] / float(law.n_opt(8e9)) - 1) <= 0.25  # the size rule's nearest shape
-    assert verify["D"] * 6 * verify["N"] == pytest.approx(8e9, rel=0.03)  # whole steps of the budget's tokens
-    assert verify["predicted"]["loss"] == pytest.approx(float(law.loss(verify["N"], verify["D"])), rel=1e-12)
-    low, high = verify["predicted"]["interval"]
-    assert low < verify["predicted"]["loss"] < high
-    final = json.loads((out / "runs" / verify["run"] / "final.json").read_text())  # trained here, for real
-    assert verify["measured_loss"] == final["val_loss"] and final["tokens"] == verify["D"]
-    assert verify["within_tolerance"] == (abs(final["val_loss"] / verify["predicted"]["loss"] - 1) <= TOLERANCE)
-    assert verify["inside_interval"] == (low <= final["val_loss"] <= high)
-    repeats = {}  # the seed noise the sweep measured: two seeds of 4 shapes at 2e9, 0.3% apart
-    for row in json.loads(jaxformer("results", out, "--format", "json").stdout):
-        repeats.setdefault((row["N"], row["D"]), []).append(row["loss"])
-    noise = np.median([np.std(v, ddof=1) / np.mean(v) for v in repeats.values() if len(v) > 1])
-    assert verify["predicted"]["seed_noise"] == pytest.approx(noise) and noise == pytest.approx(0.003 / 2 ** 0.5, rel=0.01)
-    one_low, one_high = verify["predicted"]["prediction_interval"]
-    assert one_low < low and high < one_high  # one run's interval holds the law's and the seed's noise
-    assert verify["inside_prediction_interval"] == (one_low <= final["val_loss"] <= one_high)
-    assert "prediction interval for one run" in result.stdout
-    assert f"held-out run {verify['run']}" in result.stdout
-    assert verify["run"] not in (out / "results.csv").read_text()  # held out: no table or fit of the sweep has it
-    held_out = sorted([verify, *verify["neighbours"]], key=lambda c: c["N"])  # half and twice N_opt around it
-    assert len(held_out) == 3 and held_out[1]["run"] == verify["run"]
-    assert held_out[0]["N"] < verify["N"] < held_out[2]["N"]
-    assert all(6 * c["N"] * c["D"] == pytest.approx(8e9, rel=0.03) for c in held_out)  # one budget
-    u, losses = np.log([c["N"] for c in held_out]), [c["measured_loss"] for c in held_out]
-    p2, p1, _ = np.polyfit(u, losses, 2)
-    vertex = -p1 / (2 * p2)
-    expected = float(np.exp(vertex)) if p2 > 0 and u[0] < vertex < u[2] else None
-    assert verify["measured_n_opt"] == (None if expected is None else pytest.approx(expected))
-    assert verify["predicted_n_opt"] == pytest.approx(float(law.n_opt(8e9)))
-    from matplotlib.image import imread
-
-    for name in ("isoflop", "n_opt", "contour", "residuals"):  # the fit's figures open, and are not blank
-        assert imread(out / "fit" / f"{name}.png").std() > 0.05, name
-    again = jaxformer("sweep", spec, "--out", out)
-    assert again.returncode == 0 and "3 held-out runs at C = 8e+09" in again.stdout, again.stdout
-    assert "0 to train" in again.stdout.split("verify:")[1]
-    assert json.loads((out / "fit" / "verify.json").read_text()) == verify
 
 
 def test_the_dry_run_probe_times_runs_whose_kernels_are_chosen_per_machine(tmp_path):
