@@ -20,7 +20,7 @@ import numpy as np
 from jaxformer.scaling.report import fit_table, jsonable
 from jaxformer.scaling.table import load_table
 from jaxformer.sweep.fit import seed_spreads
-from jaxformer.sweep.verify import _inside, predict
+from jaxformer.sweep.verify import inside, predict
 
 HERE = Path(__file__).resolve().parent
 SEED0 = HERE.parent / "cpu_chinchilla_ladder_beta2_wide_icx"
@@ -66,8 +66,8 @@ def main(seed1_dir: str) -> None:
         measured = run["measured_loss"]
         held_out.append({"run": run["run"], "N": run["N"], "D": run["D"], "measured_loss": measured,
                          "predicted": predicted, "relative_error": measured / predicted["loss"] - 1,
-                         "inside_interval": _inside(measured, predicted["interval"]),
-                         "inside_prediction_interval": _inside(measured, predicted["prediction_interval"])})
+                         "inside_interval": inside(measured, predicted["interval"]),
+                         "inside_prediction_interval": inside(measured, predicted["prediction_interval"])})
     n_opt = float(report.approach3.law.n_opt(verify["budget"]))
     (HERE / "heldout.json").write_text(json.dumps({"seed_noise": noise, "pairs": len(seed_spreads(combined)),
                                                    "n_opt_at_3e13": n_opt, "runs": held_out}, indent=1) + "\n")

@@ -78,7 +78,8 @@ def predict(report: FitReport, N: float, D: float, noise: float | None = None, r
             "prediction_runs": runs, "prediction_interval": prediction}
 
 
-def _inside(measured: float, low_high: list[float] | None) -> bool | None:
+def inside(measured: float, low_high: list[float] | None) -> bool | None:
+    """Whether ``measured`` lies in the closed interval ``low_high``; None when there is no interval."""
     return None if low_high is None else bool(low_high[0] <= measured <= low_high[1])
 
 
@@ -95,8 +96,8 @@ def _compare(out: Path, repeats: list[PlannedRun], report: FitReport, spec: Swee
             "losses": losses, "relative_errors": [loss / prediction["loss"] - 1 for loss in losses],
             "N": N, "D": run.D, "tokens_per_param": run.D / N, "predicted": prediction,
             "measured_loss": measured, "relative_error": error, "within_tolerance": bool(abs(error) <= TOLERANCE),
-            "inside_interval": _inside(measured, prediction["interval"]),
-            "inside_prediction_interval": _inside(measured, prediction["prediction_interval"])}
+            "inside_interval": inside(measured, prediction["interval"]),
+            "inside_prediction_interval": inside(measured, prediction["prediction_interval"])}
 
 
 def _measured_optimum(compared: list[dict]) -> float | None:
