@@ -6,7 +6,6 @@ A spec with ``tune:`` runs its tuning stage first (`jaxformer.sweep.tune`, also 
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 
 
@@ -37,7 +36,7 @@ def check_worker_flags(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from jaxformer.sweep.launch import LaunchOptions, launch, plan_table, worker_pool
+    from jaxformer.sweep.launch import LaunchOptions, choose_layout, launch, plan_table, worker_pool
     from jaxformer.sweep.plan import plan_runs
     from jaxformer.sweep.spec import load_spec
 
@@ -46,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
     runs = plan_runs(spec)  # every run is checked before any trains (a tuned sweep's again with its rule)
     out = Path(args.out) if args.out else Path("runs") / spec.name
     if args.dry_run:
-        workers = args.workers or os.cpu_count() or 1
+        workers = choose_layout(args.workers, args.threads)[0]  # the launch's own layout, for the ETA
         if spec.tune is not None:
             from jaxformer.sweep.tune import dry_run
 

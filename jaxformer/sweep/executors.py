@@ -1,6 +1,6 @@
 """Executors: where a sweep's runs train — on warm workers (`jaxformer.sweep.worker`).
 
-``local``: one warm worker process per slot (sized to the cores by the launch layout), each
+``local``: one warm worker process per slot (sized to the cores, or one per GPU, by the launch layout), each
 training runs back to back, fed by a supervising thread from one `WorkQueue`; a `LocalPool`
 keeps the processes for every stage of a launch. ``ray``: the same workers as Ray actors, each
 asking for its CPUs (and GPUs), on a local Ray instance or an existing cluster (``ray_address``);
@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Callable
 
 from jaxformer.runtime import HOST_DEVICES
+from jaxformer.sweep.accelerators import local_accelerators, worker_environment
 from jaxformer.sweep.queue import WorkQueue
 from jaxformer.sweep.runs import Outcome
 from jaxformer.sweep.worker import WarmWorker
@@ -43,8 +44,9 @@ class LocalPool:
     it compiled. Started on first use; `close` ends them."""
 
     def __init__(self, workers: int, threads: int, log_dir: Path) -> None:
-        env = thread_environment(threads)
-        self.workers = [WarmWorker(env, Path(log_dir) / "logs" / f"worker-{slot}.log") for slot in range(workers)]
+        env, accelerators = thread_environment(threads), local_accelerators()
+        self.workers = [WarmWorker(worker_environment(env, slot, workers, accelerators),
+                                   Path(log_dir) / "logs" / f"worker-{slot}.log") for slot in range(workers)]
         self.compiled: set[str] = set()  # the shapes these processes have compiled (`WorkQueue.compiled`)
 
     def run(self, sweep_dir: Path, queue: WorkQueue,

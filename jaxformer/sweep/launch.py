@@ -18,6 +18,7 @@ import yaml
 from jaxformer.configs import to_dict
 from jaxformer.files import write_bytes_atomic
 from jaxformer.sweep.branches import BranchCompute, train_branched, trunks_of
+from jaxformer.sweep.accelerators import keep_launcher_on_cpu, local_accelerators
 from jaxformer.sweep.executors import LocalPool, connect_ray, run_local, run_ray
 from jaxformer.sweep.plan import PlannedRun, plan_run, repeated_data_note
 from jaxformer.sweep.progress import SweepProgress
@@ -121,12 +122,18 @@ def _estimate_minutes(runs: list[PlannedRun]) -> dict[str, float]:
 
 
 def choose_layout(workers: int | None, threads: int | None) -> tuple[int, int, str]:
-    """``(processes, threads per process, why)``: given flags, else what `bench train --layout` measured here."""
+    """``(processes, threads per process, why)``: given flags, else one process per accelerator where JAX has
+    some (each with every thread), else what `bench train --layout` measured here."""
     from jaxformer.runtime import LAYOUT_FILE
 
     cores = os.cpu_count() or 1
+    accelerators = local_accelerators()
     if workers is not None or threads is not None:
-        return workers or cores, 1 if threads is None else threads, "from the command line"
+        default = accelerators.workers if accelerators is not None else cores
+        return workers or default, (0 if accelerators is not None else 1) if threads is None else threads, \
+            "from the command line"
+    if accelerators is not None:
+        return accelerators.workers, 0, f"one process per accelerator: {accelerators.describe()}"
     if LAYOUT_FILE.is_file():
         measured = json.loads(LAYOUT_FILE.read_text())
         return measured["processes"], measured["threads"], f"fastest in `jaxformer bench train --layout`, {LAYOUT_FILE}"
@@ -184,6 +191,7 @@ def _added_runs(spec: SweepSpec, entries: list[dict]) -> list[PlannedRun] | None
 def worker_pool(options: LaunchOptions, out: Path) -> Iterator[LocalPool | None]:
     """The warm local workers that every stage of a launch shares, their logs in ``out/logs`` (None for the Ray
     executor, whose actors live for one stage)."""
+    keep_launcher_on_cpu()
     if options.executor != "local":
         yield None
         return
@@ -215,6 +223,7 @@ def launch(spec: SweepSpec, runs: list[PlannedRun], out: Path, options: LaunchOp
     if pool is None and options.executor == "local":
         with worker_pool(options, out) as pool:
             return launch(spec, runs, out, options, report=report, pool=pool)
+    keep_launcher_on_cpu()  # its fits run here while workers hold the accelerators
     ray = connect_ray(options.ray_address, options.workers) if options.executor == "ray" else None
     own = len(runs)
     runs = _prepare_directory(spec, runs, out)

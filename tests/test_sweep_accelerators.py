@@ -1,0 +1,83 @@
+"""A sweep's layout on accelerators: one warm worker per GPU, each shown its own device; a TPU host's chips in one
+worker; the CPU layout where JAX has only the CPU (checked on a GPU machine in experiments/gpu_check/)."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from jaxformer.sweep import launch
+from jaxformer.sweep.accelerators import Accelerators, local_accelerators, plugin_installed, worker_environment
+from jaxformer.sweep.executors import LocalPool
+
+GPUS = Accelerators("gpu", (0, 1))
+
+
+def test_the_probe_finds_this_machines_accelerators():
+    """None on a CPU-only install (CI: no child is started); the GPUs on a GPU machine (experiments/gpu_check/)."""
+    found = local_accelerators()
+    if not plugin_installed():
+        assert found is None
+    else:
+        import jax
+
+        assert found.platform == jax.default_backend() and len(found.ids) == jax.local_device_count()
+
+
+@pytest.mark.skipif(plugin_installed(), reason="a real accelerator plugin is installed here")
+def test_an_installed_plugin_is_probed_in_a_child_process_whose_cpu_answer_keeps_the_cpu_layout(tmp_path):
+    """A PJRT plugin that registers nothing: the probe runs (JAX imports the plugin), JAX answers cpu, so no
+    accelerator layout; ``JAX_PLATFORMS=cpu`` skips the probe."""
+    plugin = tmp_path / "jax_plugins" / "inert"
+    plugin.mkdir(parents=True)
+    (plugin / "__init__.py").write_text("def initialize():\n    print('initialized', flush=True)\n")
+    script = textwrap.dedent("""
+        from jaxformer.sweep.accelerators import local_accelerators, plugin_installed
+        print(plugin_installed(), local_accelerators())
+    """)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["True", "None"]
+    env["JAX_PLATFORMS"] = "cpu"
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    assert done.stdout.split() == ["False", "None"]
+
+
+@pytest.mark.parametrize("slot, workers, visible, preallocate", [
+    (0, 2, "0", None), (1, 2, "1", None),  # one worker per GPU, each preallocating its own
+    (3, 4, "1", "false"),                   # more workers than GPUs: shared round-robin, no preallocation
+])
+def test_each_gpu_worker_sees_its_own_device(slot, workers, visible, preallocate):
+    env = worker_environment({"PATH": "/bin"}, slot, workers, GPUS)
+    assert env["JAX_CUDA_VISIBLE_DEVICES"] == env["JAX_ROCM_VISIBLE_DEVICES"] == visible
+    assert env.get("XLA_PYTHON_CLIENT_PREALLOCATE") == preallocate and env["PATH"] == "/bin"
+
+
+def test_the_users_own_devices_and_settings_are_kept():
+    """Ids are the devices the user's CUDA_VISIBLE_DEVICES left, as the probe saw them; their preallocation wins."""
+    env = worker_environment({"XLA_PYTHON_CLIENT_PREALLOCATE": "true"}, 0, 3, Accelerators("gpu", (2, 3)))
+    assert env["JAX_CUDA_VISIBLE_DEVICES"] == "2" and env["XLA_PYTHON_CLIENT_PREALLOCATE"] == "true"
+    for accelerators in (None, Accelerators("tpu", (0, 1, 2, 3))):
+        assert worker_environment({"A": "1"}, 1, 2, accelerators) == {"A": "1"}
+
+
+@pytest.mark.parametrize("accelerators, flags, layout", [
+    (Accelerators("gpu", (0, 1, 2, 3)), (None, None), (4, 0, "one process per accelerator: 4 gpu devices")),
+    (Accelerators("gpu", (0,)), (None, None), (1, 0, "one process per accelerator: 1 gpu device")),
+    (Accelerators("tpu", tuple(range(8))), (None, None), (1, 0, "one process per accelerator: 8 tpu devices")),
+    (Accelerators("gpu", (0, 1)), (None, 4), (2, 4, "from the command line")),
+    (Accelerators("gpu", (0, 1)), (3, None), (3, 0, "from the command line")),
+])
+def test_the_layout_on_accelerators_is_one_process_per_gpu(monkeypatch, accelerators, flags, layout):
+    monkeypatch.setattr(launch, "local_accelerators", lambda: accelerators)
+    assert launch.choose_layout(*flags) == layout
+
+
+def test_a_pool_on_gpus_starts_each_worker_with_its_device(monkeypatch, tmp_path):
+    monkeypatch.setattr("jaxformer.sweep.executors.local_accelerators", lambda: GPUS)
+    pool = LocalPool(2, 0, tmp_path)
+    assert [worker.env["JAX_CUDA_VISIBLE_DEVICES"] for worker in pool.workers] == ["0", "1"]
+    assert all(worker.process is None for worker in pool.workers)  # started on first use, none here
