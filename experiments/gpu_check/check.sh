@@ -21,7 +21,7 @@ step sweep_default 120 python3 -m jaxformer.cli sweep sweeps/tiny.yaml --out /tm
 nvidia-smi --query-gpu=memory.used --format=csv
 # the train run, its Python stacks dumped if it is still running at the limit
 step train_bf16 100 env PYTHONFAULTHANDLER=1 timeout -s ABRT 95 python3 -m jaxformer.cli train \
-  experiments/gpu_check/train_gpu.yaml --run-dir /tmp/train_gpu train.tokens=6553600 logging.interval=10
+  experiments/gpu_check/train_gpu.yaml train.tokens=6553600 logging.interval=10 --run-dir /tmp/train_gpu
 cp /tmp/train_gpu/final.json "$OUT/train_final.json" 2>/dev/null
 step tests 170 env XLA_PYTHON_CLIENT_PREALLOCATE=false python3 -m pytest -q -n 8 -p no:cacheprovider \
   tests/test_functional_peers.py tests/test_functional_seeds.py tests/test_blockwise.py tests/test_nn_attention.py \
