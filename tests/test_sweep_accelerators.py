@@ -10,7 +10,7 @@ import pytest
 
 from jaxformer.sweep import launch
 from jaxformer.sweep.accelerators import Accelerators, local_accelerators, plugin_installed, worker_environment
-from jaxformer.sweep.executors import LocalPool
+from jaxformer.sweep.executors import LocalPool, ray_actor_count
 
 GPUS = Accelerators("gpu", (0, 1))
 
@@ -81,3 +81,14 @@ def test_a_pool_on_gpus_starts_each_worker_with_its_device(monkeypatch, tmp_path
     pool = LocalPool(2, 0, tmp_path)
     assert [worker.env["JAX_CUDA_VISIBLE_DEVICES"] for worker in pool.workers] == ["0", "1"]
     assert all(worker.process is None for worker in pool.workers)  # started on first use, none here
+
+
+@pytest.mark.parametrize("resources, cpus, gpus_per_run, count", [
+    ({"CPU": 16.0}, 1, 0.0, 16),                  # CPU actors: one per CPU
+    ({"CPU": 16.0, "GPU": 1.0}, 1, 1.0, 1),       # one GPU: one actor, not 16 of which 15 never start
+    ({"CPU": 64.0, "GPU": 8.0}, 4, 0.5, 16),      # two actors per GPU, CPUs to spare
+    ({"CPU": 8.0, "GPU": 8.0}, 2, 1.0, 4),        # CPUs run out first
+    ({"CPU": 2.0}, 4, 1.0, 1),                    # nothing fits: one actor, which Ray schedules when it can
+])
+def test_ray_starts_only_the_actors_the_cluster_holds(resources, cpus, gpus_per_run, count):
+    assert ray_actor_count(resources, cpus, gpus_per_run) == count

@@ -135,12 +135,22 @@ class _RayWorker:
         self.worker.close()
 
 
+def ray_actor_count(resources: dict[str, float], cpus: int, gpus_per_run: float) -> int:
+    """How many actors of ``cpus`` CPUs and ``gpus_per_run`` GPUs the cluster's ``resources`` hold at once (at
+    least one): an actor that does not fit would wait for resources that the others never free, and its runs
+    with it."""
+    fits = [resources.get("CPU", 1) // cpus]
+    if gpus_per_run > 0:
+        fits.append(resources.get("GPU", 0) // gpus_per_run)
+    return max(1, int(min(fits)))
+
+
 def run_ray(ray, sweep_dir: Path, queue: WorkQueue, workers: int | None, threads: int,
             gpus_per_run: float, on_event: Callable[[str, str, Outcome | None], None]) -> list[Outcome]:
-    """Trains ``queue``'s runs on Ray actors (``workers`` of them: default, as many as the cluster's CPUs
-    allow), each asking for ``max(threads, 1)`` CPUs and ``gpus_per_run`` GPUs and keeping one warm worker."""
+    """Trains ``queue``'s runs on Ray actors (``workers`` of them: default, as many as the cluster's CPUs and
+    GPUs allow), each asking for ``max(threads, 1)`` CPUs and ``gpus_per_run`` GPUs and keeping one warm worker."""
     cpus = max(threads, 1)
-    count = workers or max(1, int(ray.cluster_resources().get("CPU", 1) // cpus))
+    count = workers or ray_actor_count(ray.cluster_resources(), cpus, gpus_per_run)
     actor = ray.remote(num_cpus=cpus, num_gpus=gpus_per_run, max_restarts=0)(_RayWorker)
     actors = [actor.remote(str(sweep_dir.resolve()), threads, slot) for slot in range(min(count, len(queue)))]
     for group in queue.waiting:

@@ -17,8 +17,8 @@ import yaml
 
 from jaxformer.configs import to_dict
 from jaxformer.files import write_bytes_atomic
-from jaxformer.sweep.branches import BranchCompute, train_branched, trunks_of
 from jaxformer.sweep.accelerators import keep_launcher_on_cpu, local_accelerators
+from jaxformer.sweep.branches import BranchCompute, train_branched, trunks_of
 from jaxformer.sweep.executors import LocalPool, connect_ray, run_local, run_ray
 from jaxformer.sweep.plan import PlannedRun, plan_run, repeated_data_note
 from jaxformer.sweep.progress import SweepProgress
