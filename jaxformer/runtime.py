@@ -26,6 +26,8 @@ the variables before starting Python (:func:`tuned_environment` says what to set
 
 from __future__ import annotations
 
+import importlib.metadata
+import importlib.util
 import os
 import sys
 from collections.abc import Mapping
@@ -41,6 +43,15 @@ LAYOUT_FILE = Path("~/.cache/jaxformer/layout.json").expanduser()
 def usable_cores() -> int:
     """CPU cores this process may run on (its affinity mask, not the machine's count)."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def plugin_installed() -> bool:
+    """Whether JAX could start a backend other than the CPU: a PJRT plugin (the ``jax_plugins`` namespace or entry
+    point, as `jax._src.xla_bridge` discovers them) or libtpu, unless ``JAX_PLATFORMS`` names the CPU alone."""
+    if os.environ.get("JAX_PLATFORMS", "").strip().lower() == "cpu":
+        return False
+    return (importlib.util.find_spec("jax_plugins") is not None or importlib.util.find_spec("libtpu") is not None
+            or bool(importlib.metadata.entry_points(group="jax_plugins")))
 
 
 def tuned_environment(env: Mapping[str, str]) -> dict[str, str]:

@@ -5,7 +5,7 @@ the processes they start. A CPU-only install (CI) is left as it is: XLA:CPU comp
 
 import os
 
-from jaxformer.sweep.accelerators import plugin_installed
+from jaxformer.runtime import plugin_installed
 
 if plugin_installed():
     import jax

@@ -9,7 +9,8 @@ import textwrap
 import pytest
 
 from jaxformer.sweep import launch
-from jaxformer.sweep.accelerators import Accelerators, local_accelerators, plugin_installed, worker_environment
+from jaxformer.runtime import plugin_installed
+from jaxformer.sweep.accelerators import Accelerators, local_accelerators, worker_environment
 from jaxformer.sweep.executors import LocalPool, ray_actor_count
 
 GPUS = Accelerators("gpu", (0, 1))

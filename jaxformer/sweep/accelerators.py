@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import importlib.metadata
-import importlib.util
 import json
 import os
 import subprocess
 import sys
+
+from jaxformer.runtime import plugin_installed
 
 # the JAX settings that restrict a process to some of the GPUs (jax._src.xla_bridge), by plugin
 VISIBLE_DEVICES = ("JAX_CUDA_VISIBLE_DEVICES", "JAX_ROCM_VISIBLE_DEVICES")
@@ -44,15 +44,6 @@ class Accelerators:
 
     def describe(self) -> str:
         return f"{len(self.ids)} {self.platform} device{'s' if len(self.ids) != 1 else ''}"
-
-
-def plugin_installed() -> bool:
-    """Whether JAX could start a backend other than the CPU: a PJRT plugin (the ``jax_plugins`` namespace or entry
-    point, as `jax._src.xla_bridge` discovers them) or libtpu, unless ``JAX_PLATFORMS`` names the CPU alone."""
-    if os.environ.get("JAX_PLATFORMS", "").strip().lower() == "cpu":
-        return False
-    return (importlib.util.find_spec("jax_plugins") is not None or importlib.util.find_spec("libtpu") is not None
-            or bool(importlib.metadata.entry_points(group="jax_plugins")))
 
 
 @functools.cache
