@@ -23,6 +23,10 @@ nvidia-smi --query-gpu=memory.used --format=csv
 step train_bf16 100 env PYTHONFAULTHANDLER=1 timeout -s ABRT 95 python3 -m jaxformer.cli train \
   experiments/gpu_check/train_gpu.yaml train.tokens=6553600 logging.interval=10 --run-dir /tmp/train_gpu
 cp /tmp/train_gpu/final.json "$OUT/train_final.json" 2>/dev/null
+# the same with XLA's GPU autotuning off: does the compile that outlasted 95 s (session 26) come from autotuning?
+step train_bf16_no_autotune 100 env PYTHONFAULTHANDLER=1 XLA_FLAGS=--xla_gpu_autotune_level=0 timeout -s ABRT 95 \
+  python3 -m jaxformer.cli train experiments/gpu_check/train_gpu.yaml train.tokens=6553600 logging.interval=10 \
+  --run-dir /tmp/train_gpu_no_autotune
 step tests 170 env XLA_PYTHON_CLIENT_PREALLOCATE=false python3 -m pytest -q -n 8 -p no:cacheprovider \
   tests/test_functional_peers.py tests/test_functional_seeds.py tests/test_blockwise.py tests/test_nn_attention.py \
   tests/test_nn_moe.py tests/test_models_families.py tests/test_models_params.py tests/test_generate.py \
