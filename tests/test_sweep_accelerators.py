@@ -8,8 +8,8 @@ import textwrap
 
 import pytest
 
-from jaxformer.sweep import launch
 from jaxformer.runtime import plugin_installed
+from jaxformer.sweep import launch
 from jaxformer.sweep.accelerators import Accelerators, local_accelerators, worker_environment
 from jaxformer.sweep.executors import LocalPool, ray_actor_count
 
@@ -33,18 +33,20 @@ def test_an_installed_plugin_is_probed_in_a_child_process_whose_cpu_answer_keeps
     accelerator layout; ``JAX_PLATFORMS=cpu`` skips the probe."""
     plugin = tmp_path / "jax_plugins" / "inert"
     plugin.mkdir(parents=True)
-    (plugin / "__init__.py").write_text("def initialize():\n    print('initialized', flush=True)\n")
+    marker = tmp_path / "initialized"
+    (plugin / "__init__.py").write_text(f"def initialize():\n    open({str(marker)!r}, 'a').write('x')\n")
     script = textwrap.dedent("""
-        from jaxformer.sweep.accelerators import local_accelerators, plugin_installed
+        from jaxformer.runtime import plugin_installed
+        from jaxformer.sweep.accelerators import local_accelerators
         print(plugin_installed(), local_accelerators())
     """)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["True", "None"]
+    assert done.stdout.split() == ["True", "None"] and marker.read_text() == "x"  # the child started JAX's backends
     env["JAX_PLATFORMS"] = "cpu"
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
-    assert done.stdout.split() == ["False", "None"]
+    assert done.stdout.split() == ["False", "None"] and marker.read_text() == "x"  # no second child
 
 
 @pytest.mark.parametrize("slot, workers, visible, preallocate", [
