@@ -39,6 +39,7 @@ scaling-law notation of ``jaxformer.accounting`` and ``jaxformer.scaling`` (``N`
 parameters, ``D`` training tokens, ``C`` compute, ``L`` loss) names scalars, not axes.
 """
 
+from jaxformer.functional.cross_entropy import cross_entropy
 from jaxformer.functional.dense import dense
 from jaxformer.functional.dot_product import dot_product_attention
 from jaxformer.functional.blockwise import blockwise_attention
@@ -64,6 +65,7 @@ __all__ = [
     "attention_mask",
     "blockwise_attention",
     "causal_mask",
+    "cross_entropy",
     "dense",
     "dot_product_attention",
     "feed_forward",

@@ -27,6 +27,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from jaxformer.accounting import count_params
 from jaxformer.architecture import ModelConfig
+from jaxformer.functional.cross_entropy import cross_entropy
 from jaxformer.functional.kernel import KernelConfig
 from jaxformer.models.pure import init_params
 
@@ -93,8 +94,8 @@ def next_token_loss(graphdef: nnx.GraphDef, params: nnx.State, window_BW: jax.Ar
     compute_params = jax.tree.map(lambda p: p.astype(compute_dtype), params)
     model = nnx.merge(graphdef, compute_params)  # `apply`, keeping the model for its config
     logits_BTV, aux_loss = model(inputs_BT, drop_tokens=drop_tokens)
-    cross_entropy = optax.softmax_cross_entropy_with_integer_labels(logits_BTV.astype(jnp.float32), targets_BT).mean()
-    return cross_entropy + model.cfg.router_aux_loss_weight * aux_loss, cross_entropy
+    loss = cross_entropy(logits_BTV.astype(jnp.float32), targets_BT).mean()  # optax's, bit for bit
+    return loss + model.cfg.router_aux_loss_weight * aux_loss, loss
 
 
 def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformation, compute_dtype: str, *,
