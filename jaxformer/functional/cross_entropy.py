@@ -3,7 +3,7 @@
 
 XLA:CPU rewrites a reduction over more than 32 elements into a reduce-window, and its maximum over the logits of a
 step (tokens × a 256-byte vocabulary) ran several times slower than the same maximum taken as a tree of elementwise
-maxima down to 32 lanes (docs/cpu-speed.md, session 26). A maximum is exact in any order, so every loss and gradient
+maxima down to 32 lanes (docs/cpu-speed.md, session 26), which is what `row_max` does on a CPU. A maximum is exact in any order, so every loss and gradient
 is bitwise optax's (tests/test_cross_entropy.py).
 """
 
@@ -17,9 +17,11 @@ LANES = 32  # the widest reduction XLA:CPU keeps as one reduce
 
 
 def row_max(x_NV: jax.Array) -> jax.Array:
-    """``[N]``: the maximum over the last axis; halved by elementwise maxima while its width is even and above
-    `LANES`, then reduced (a NaN propagates as through ``jnp.max``)."""
-    while x_NV.shape[-1] > LANES and x_NV.shape[-1] % 2 == 0:
+    """``[N]``: the maximum over the last axis. On a CPU it is halved by elementwise maxima while its width is even
+    and above `LANES`, then reduced (a NaN propagates as through ``jnp.max``); other backends reduce it at once, as
+    their reductions are fast and a vocabulary-parallel (``tensor``-sharded) axis is better reduced in place than
+    halved across its shards."""
+    while jax.default_backend() == "cpu" and x_NV.shape[-1] > LANES and x_NV.shape[-1] % 2 == 0:
         half = x_NV.shape[-1] // 2
         x_NV = jnp.maximum(x_NV[..., :half], x_NV[..., half:])
     return jnp.max(x_NV, axis=-1)
