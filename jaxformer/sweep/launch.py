@@ -129,9 +129,9 @@ def choose_layout(workers: int | None, threads: int | None) -> tuple[int, int, s
     cores = os.cpu_count() or 1
     accelerators = local_accelerators()
     if workers is not None or threads is not None:
-        default = accelerators.workers if accelerators is not None else cores
-        return workers or default, (0 if accelerators is not None else 1) if threads is None else threads, \
-            "from the command line"
+        if accelerators is not None:
+            return workers or accelerators.workers, threads or 0, "from the command line"
+        return workers or cores, 1 if threads is None else threads, "from the command line"
     if accelerators is not None:
         return accelerators.workers, 0, f"one process per accelerator: {accelerators.describe()}"
     if LAYOUT_FILE.is_file():
