@@ -21,7 +21,8 @@ def row_max(x_NV: jax.Array) -> jax.Array:
     and above `LANES`, then reduced (a NaN propagates as through ``jnp.max``); other backends reduce it at once, as
     their reductions are fast and a vocabulary-parallel (``tensor``-sharded) axis is better reduced in place than
     halved across its shards."""
-    while jax.default_backend() == "cpu" and x_NV.shape[-1] > LANES and x_NV.shape[-1] % 2 == 0:
+    halve = jax.default_backend() == "cpu"
+    while halve and x_NV.shape[-1] > LANES and x_NV.shape[-1] % 2 == 0:
         half = x_NV.shape[-1] // 2
         x_NV = jnp.maximum(x_NV[..., :half], x_NV[..., half:])
     return jnp.max(x_NV, axis=-1)

@@ -191,7 +191,6 @@ def _added_runs(spec: SweepSpec, entries: list[dict]) -> list[PlannedRun] | None
 def worker_pool(options: LaunchOptions, out: Path) -> Iterator[LocalPool | None]:
     """The warm local workers that every stage of a launch shares, their logs in ``out/logs`` (None for the Ray
     executor, whose actors live for one stage)."""
-    keep_launcher_on_cpu()
     if options.executor != "local":
         yield None
         return
@@ -223,7 +222,7 @@ def launch(spec: SweepSpec, runs: list[PlannedRun], out: Path, options: LaunchOp
     if pool is None and options.executor == "local":
         with worker_pool(options, out) as pool:
             return launch(spec, runs, out, options, report=report, pool=pool)
-    keep_launcher_on_cpu()  # its fits run here while workers hold the accelerators
+    keep_launcher_on_cpu()  # before any worker starts: this process's fits run while the workers hold them
     ray = connect_ray(options.ray_address, options.workers) if options.executor == "ray" else None
     own = len(runs)
     runs = _prepare_directory(spec, runs, out)
