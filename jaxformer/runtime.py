@@ -5,7 +5,10 @@ serves blocks over 32 MiB with fresh ``mmap`` mappings, so every train step touc
 new 4 KiB pages and pays a minor page fault for each. The glibc tunable
 ``glibc.malloc.hugetlb=1`` (glibc ≥ 2.35; older ones ignore it) makes ``malloc`` ask for
 transparent huge pages on those mappings: 2 MiB pages, each fault covering 512 times
-the memory of a 4 KiB one.
+the memory of a 4 KiB one. Those faults still zero every page of the scratch at every call;
+``glibc.malloc.mmap_max=0`` makes ``malloc`` serve large blocks from its heaps instead, and a
+4 GiB ``glibc.malloc.trim_threshold`` keeps the freed block mapped for the next call, which
+then reuses it without faulting.
 
 XLA's YNNPACK fusions (matmuls fused with their neighbours) are switched off with
 ``--xla_cpu_experimental_ynn_fusion_type=``: they speed up a bare matmul but not the
@@ -34,6 +37,9 @@ from collections.abc import Mapping
 from pathlib import Path
 
 HUGE_PAGES = "glibc.malloc.hugetlb=1"
+# glibc settings added to the environment (each unless the user set that tunable): huge pages, and large blocks
+# from malloc's heaps, kept mapped when freed
+MALLOC_TUNABLES = (HUGE_PAGES, "glibc.malloc.mmap_max=0", "glibc.malloc.trim_threshold=4294967296")
 NO_YNN_FUSION = "--xla_cpu_experimental_ynn_fusion_type="
 HOST_DEVICES = "--xla_force_host_platform_device_count"
 # the sweep layout (processes × threads) `jaxformer bench train --layout` measured fastest on this machine
@@ -63,8 +69,11 @@ def tuned_environment(env: Mapping[str, str]) -> dict[str, str]:
     if tuned.get("JAXFORMER_TUNE") == "0":
         return tuned
     tunables, flags = tuned.get("GLIBC_TUNABLES", ""), tuned.get("XLA_FLAGS", "")
-    if "glibc.malloc.hugetlb" not in tunables:
-        tuned["GLIBC_TUNABLES"] = f"{tunables}:{HUGE_PAGES}" if tunables else HUGE_PAGES
+    for setting in MALLOC_TUNABLES:
+        if setting.split("=")[0] not in tunables:
+            tunables = f"{tunables}:{setting}" if tunables else setting
+    if tunables != tuned.get("GLIBC_TUNABLES", ""):
+        tuned["GLIBC_TUNABLES"] = tunables
     if "xla_cpu_experimental_ynn_fusion_type" not in flags:
         flags = f"{flags} {NO_YNN_FUSION}".strip()
     if HOST_DEVICES not in flags:

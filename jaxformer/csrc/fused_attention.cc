@@ -96,6 +96,14 @@ inline v8 exp8(v8 x) {
   return y;
 }
 
+// x with the lanes of vector c of a key row (keys 8c .. 8c + 7) at or past `valid` replaced by `fill`
+inline v8 masked(v8 x, int c, int64_t valid, v8 fill) {
+  if (8 * c + 8 <= valid) return x;
+  const v8i key = v8i{0, 1, 2, 3, 4, 5, 6, 7} + 8 * c;
+  const v8i limit = v8i{0, 0, 0, 0, 0, 0, 0, 0} + static_cast<int32_t>(valid);
+  return key < limit ? x : fill;
+}
+
 inline float hmax8(v8 x) {
   float m = x[0];
   for (int i = 1; i < 8; ++i) m = std::max(m, x[i]);
@@ -262,21 +270,19 @@ void forward(const Shape& s, const float* q, const float* k, const float* v, flo
                 std::fill(p, p + kTileKeys, 0.0f);
                 continue;
               }
-              for (int64_t j = valid; j < kTileKeys; ++j) p[j] = kNegInf;
-              v8 mx = load8(p);
-              for (int c = 1; c < vecs; ++c) {
-                v8 x = load8(p + 8 * c);
-                mx = mx > x ? mx : x;
-              }
+              // the row's scores stay in registers; keys at or past `valid` are masked (-inf, then 0)
+              v8 x[kTileVecs];
+              for (int c = 0; c < vecs; ++c) x[c] = masked(load8(p + 8 * c), c, valid, splat(kNegInf));
+              v8 mx = x[0];
+              for (int c = 1; c < vecs; ++c) mx = mx > x[c] ? mx : x[c];
               const float m_new = std::max(m[r], hmax8(mx));
               const float alpha = std::exp(m[r] - m_new);  // exp(-inf) = 0 on the first tile
               v8 sum = splat(0.0f);
               for (int c = 0; c < vecs; ++c) {
-                v8 e = exp8(load8(p + 8 * c) - splat(m_new));
+                const v8 e = masked(exp8(x[c] - splat(m_new)), c, valid, splat(0.0f));
                 store8(p + 8 * c, e);
+                sum += e;
               }
-              for (int64_t j = valid; j < kTileKeys; ++j) p[j] = 0.0f;
-              for (int c = 0; c < vecs; ++c) sum += load8(p + 8 * c);
               l[r] = l[r] * alpha + hsum8(sum);
               m[r] = m_new;
               if (alpha != 1.0f) {
