@@ -99,6 +99,20 @@ def reexec_tuned(argv: list[str]) -> None:
     os.execve(sys.executable, [sys.executable, "-m", "jaxformer.cli", *argv], tuned)
 
 
+def run_inline_on_cpu() -> None:
+    """Runs this process's one-device CPU programs on the calling thread (JAX's ``jax_cpu_enable_async_dispatch``
+    off), before its backend starts.
+
+    XLA:CPU allocates a program's scratch on the thread that runs it. Its own threads allocate from malloc arenas
+    whose heaps hold at most 64 MiB, so a larger scratch is mapped afresh, faulted in and zeroed at every step
+    whatever the malloc tunables above say; the main thread's arena has no such limit and keeps the block. Programs
+    over several devices run on XLA's threads either way (the setting applies to one-device programs only).
+    """
+    import jax
+
+    jax.config.update("jax_cpu_enable_async_dispatch", False)
+
+
 _started_runs = 0
 
 

@@ -119,10 +119,14 @@ def test_tuned_environment_adds_its_settings_once_and_keeps_the_users():
 
 
 _FAULTS_PER_CALL = """
-import resource, jax, jax.numpy as jnp
-# the [4096, 3072] fp32 activation between the two products (48 MiB, above glibc's largest mmap threshold) is scratch
+import resource, sys, jax, jax.numpy as jnp
+from jaxformer.runtime import run_inline_on_cpu
+columns, inline = int(sys.argv[1]), sys.argv[2] == "inline"
+if inline:
+    run_inline_on_cpu()
+# the [4096, columns] fp32 activation between the two products is the program's scratch
 f = jax.jit(lambda x, w: (jnp.tanh(x @ w) @ w.T).sum())
-x, w = jnp.ones((4096, 64)), jnp.full((64, 3072), 0.01)
+x, w = jnp.ones((4096, 64)), jnp.full((64, columns), 0.01)
 for _ in range(10):  # calls may run on several threads, each allocating from its own malloc arena first
     f(x, w).block_until_ready()
 before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
@@ -132,18 +136,29 @@ print((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 10)
 """
 
 
+def _faults_per_call(tunables: str, columns: int, dispatch: str) -> float:
+    """Minor page faults per call of a one-device program with ``4096 × columns`` floats of scratch, in a process
+    with these glibc tunables, its programs dispatched ``async`` (JAX's default) or ``inline``."""
+    env = {**os.environ, "GLIBC_TUNABLES": tunables, "XLA_FLAGS": f"{HOST_DEVICES}=1"}
+    run = subprocess.run([sys.executable, "-c", _FAULTS_PER_CALL, str(columns), dispatch], env=env, check=True,
+                         capture_output=True, text=True, timeout=120)
+    return float(run.stdout.split()[-1])
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the tunables are glibc's")
 def test_the_tuned_malloc_reuses_large_scratch_memory_without_page_faults():
-    """A call whose scratch exceeds 32 MiB faults its memory in afresh each time with huge pages alone, and not
-    at all with the tuned settings (its freed block is reused)."""
-    def faults(tunables: str) -> float:
-        env = {**os.environ, "GLIBC_TUNABLES": tunables, "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
-        run = subprocess.run([sys.executable, "-c", _FAULTS_PER_CALL], env=env, check=True, capture_output=True,
-                             text=True, timeout=120)
-        return float(run.stdout.split()[-1])
+    """48 MiB of scratch is faulted in afresh at every call with huge pages alone (24 huge pages, or more where the
+    kernel gives 4 KiB ones), and not at all with the tuned settings: the freed block is reused."""
+    assert _faults_per_call(HUGE_PAGES, 3072, "async") >= 20
+    assert _faults_per_call(":".join(MALLOC_TUNABLES), 3072, "async") < 5
 
-    assert faults(HUGE_PAGES) >= 20  # 24 huge pages a call, or more where the kernel gives 4 KiB ones
-    assert faults(":".join(MALLOC_TUNABLES)) < 5
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the tunables are glibc's")
+def test_sweep_workers_run_their_programs_inline_so_scratch_above_64_mib_is_reused():
+    """96 MiB of scratch exceeds a thread arena's heaps: run on XLA's thread it is mapped afresh at every call even
+    with the tuned settings; run inline, as sweep workers run theirs (`run_inline_on_cpu`), it is reused."""
+    assert _faults_per_call(":".join(MALLOC_TUNABLES), 6144, "async") >= 20
+    assert _faults_per_call(":".join(MALLOC_TUNABLES), 6144, "inline") < 5
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the tunable is glibc's")

@@ -182,6 +182,9 @@ class WarmWorker:
 
 
 def main() -> None:
+    from jaxformer.runtime import run_inline_on_cpu
+
+    run_inline_on_cpu()  # a worker's runs are one-device programs (a device per thread): no page faults on scratch
     answers = os.fdopen(os.dup(1), "w")  # runs' output goes to their logs; answers keep their own descriptor
     os.dup2(2, 1)
     serve(sys.stdin, answers)
