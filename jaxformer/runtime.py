@@ -8,8 +8,8 @@ transparent huge pages on those mappings: 2 MiB pages, each fault covering 512 t
 the memory of a 4 KiB one. Those faults still zero every page of the scratch at every call;
 ``glibc.malloc.mmap_max=0`` makes ``malloc`` serve large blocks from its heaps instead, and a
 4 GiB ``glibc.malloc.trim_threshold`` keeps the freed block mapped for the next call, which
-then reuses it without faulting. That holds up to 64 MiB: the heaps of a thread's own arena
-are no larger, and XLA's threads get a larger block mapped afresh whatever ``mmap_max`` says.
+then reuses it without faulting; above 64 MiB only where the program runs on the main thread
+(:func:`run_inline_on_cpu` says why).
 
 XLA's YNNPACK fusions (matmuls fused with their neighbours) are switched off with
 ``--xla_cpu_experimental_ynn_fusion_type=``: they speed up a bare matmul but not the

@@ -3,8 +3,8 @@
 
 XLA:CPU rewrites a reduction over more than 32 elements into a reduce-window, and its maximum over the logits of a
 step (tokens × a 256-byte vocabulary) ran several times slower than the same maximum taken as a tree of elementwise
-maxima down to 32 lanes (docs/cpu-speed.md, session 26), which is what `row_max` does on a CPU. A maximum is exact in any order, so every loss and gradient
-is bitwise optax's (tests/test_cross_entropy.py).
+maxima down to 32 lanes (docs/cpu-speed.md, session 26), which is what `row_max` does on a CPU. A maximum is exact
+in any order, so every loss and gradient is bitwise optax's (tests/test_cross_entropy.py).
 """
 
 from __future__ import annotations
