@@ -145,12 +145,18 @@ def _faults_per_call(tunables: str, columns: int, dispatch: str) -> float:
     return float(run.stdout.split()[-1])
 
 
+def _fewest_faults_per_call(tunables: str, columns: int, dispatch: str, processes: int = 3) -> float:
+    """The fewest of ``processes`` processes' faults per call: another process's load on the machine can add
+    faults to one of them (38.9 a call, once, with both cores busy), not take them away."""
+    return min(_faults_per_call(tunables, columns, dispatch) for _ in range(processes))
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the tunables are glibc's")
 def test_the_tuned_malloc_reuses_large_scratch_memory_without_page_faults():
     """48 MiB of scratch is faulted in afresh at every call with huge pages alone (24 huge pages, or more where the
     kernel gives 4 KiB ones), and not at all with the tuned settings: the freed block is reused."""
     assert _faults_per_call(HUGE_PAGES, 3072, "async") >= 20
-    assert _faults_per_call(":".join(MALLOC_TUNABLES), 3072, "async") < 5
+    assert _fewest_faults_per_call(":".join(MALLOC_TUNABLES), 3072, "async") < 5
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the tunables are glibc's")
@@ -158,7 +164,7 @@ def test_sweep_workers_run_their_programs_inline_so_scratch_above_64_mib_is_reus
     """96 MiB of scratch exceeds a thread arena's heaps: run on XLA's thread it is mapped afresh at every call even
     with the tuned settings; run inline, as sweep workers run theirs (`run_inline_on_cpu`), it is reused."""
     assert _faults_per_call(":".join(MALLOC_TUNABLES), 6144, "async") >= 20
-    assert _faults_per_call(":".join(MALLOC_TUNABLES), 6144, "inline") < 5
+    assert _fewest_faults_per_call(":".join(MALLOC_TUNABLES), 6144, "inline") < 5
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the tunable is glibc's")
