@@ -8,8 +8,10 @@ transparent huge pages on those mappings: 2 MiB pages, each fault covering 512 t
 the memory of a 4 KiB one. Those faults still zero every page of the scratch at every call;
 ``glibc.malloc.mmap_max=0`` makes ``malloc`` serve large blocks from its heaps instead, and a
 4 GiB ``glibc.malloc.trim_threshold`` keeps the freed block mapped for the next call, which
-then reuses it without faulting; above 64 MiB only where the program runs on the main thread
-(:func:`run_inline_on_cpu` says why).
+then reuses it without faulting. XLA's own threads allocate from malloc arenas whose heaps hold at
+most 64 MiB each (:func:`run_inline_on_cpu`), so :func:`compile_program` splits a program's scratch
+into blocks of at most 48 MiB, and a 128 MiB ``glibc.malloc.top_pad`` stops glibc from unmapping a
+thread's heap the moment every block in it is free.
 
 XLA's YNNPACK fusions (matmuls fused with their neighbours) are switched off with
 ``--xla_cpu_experimental_ynn_fusion_type=``: they speed up a bare matmul but not the
@@ -33,6 +35,7 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import os
+import re
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -40,7 +43,11 @@ from pathlib import Path
 HUGE_PAGES = "glibc.malloc.hugetlb=1"
 # glibc settings added to the environment (each unless the user set that tunable): huge pages, and large blocks
 # from malloc's heaps, kept mapped when freed
-MALLOC_TUNABLES = (HUGE_PAGES, "glibc.malloc.mmap_max=0", "glibc.malloc.trim_threshold=4294967296")
+MALLOC_TUNABLES = (HUGE_PAGES, "glibc.malloc.mmap_max=0", "glibc.malloc.trim_threshold=4294967296",
+                   "glibc.malloc.top_pad=134217728")
+# the largest block of scratch a program compiled by `compile_program` asks malloc for: one fits a thread arena's heap
+SCRATCH_BLOCK_BYTES = 48 << 20
+_MULTIHEAP = "xla_multiheap_size_constraint_per_heap"
 NO_YNN_FUSION = "--xla_cpu_experimental_ynn_fusion_type="
 HOST_DEVICES = "--xla_force_host_platform_device_count"
 # the sweep layout (processes × threads) `jaxformer bench train --layout` measured fastest on this machine
@@ -111,6 +118,41 @@ def run_inline_on_cpu() -> None:
     import jax
 
     jax.config.update("jax_cpu_enable_async_dispatch", False)
+
+
+# an array type in StableHLO text: `tensor<16x256x64xf32>`, `tensor<i32>`
+_TENSOR_TYPE = re.compile(r"tensor<((?:\d+x)*)([a-z][a-z0-9]*)")
+_ELEMENT_BYTES = {"i1": 1, "i8": 1, "ui8": 1, "bf16": 2, "f16": 2, "i16": 2, "ui16": 2, "f32": 4, "i32": 4, "ui32": 4}
+
+
+def largest_array_bytes(stablehlo: str) -> int:
+    """Bytes of the largest array typed in a StableHLO module's text (global shapes: an upper bound on one
+    device's); element types not listed count 8 bytes."""
+    largest = 0
+    for dims, element in _TENSOR_TYPE.findall(stablehlo):
+        size = _ELEMENT_BYTES.get(element, 8)
+        for dim in dims.split("x")[:-1]:
+            size *= int(dim)
+        largest = max(largest, size)
+    return largest
+
+
+def scratch_compiler_options(lowered, backend: str) -> dict[str, int]:
+    """XLA options for compiling ``lowered`` on ``backend``: on the CPU, its scratch in blocks of at most
+    :data:`SCRATCH_BLOCK_BYTES` (``xla_multiheap_size_constraint_per_heap``), unless an array of the program is
+    larger than that (XLA would warn of each such array, many times a compilation, and map it afresh at every call
+    whatever the block size)."""
+    if backend != "cpu" or largest_array_bytes(lowered.as_text()) > SCRATCH_BLOCK_BYTES:
+        return {}
+    return {_MULTIHEAP: SCRATCH_BLOCK_BYTES}
+
+
+def compile_program(lowered):
+    """``lowered.compile()`` with :func:`scratch_compiler_options` for the default backend: a large scratch served
+    from malloc's heaps, without page faults, on whichever thread runs the program."""
+    import jax
+
+    return lowered.compile(scratch_compiler_options(lowered, jax.default_backend()) or None)
 
 
 _started_runs = 0

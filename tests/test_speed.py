@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 import jaxformer.functional as F
-from jaxformer.runtime import HOST_DEVICES, HUGE_PAGES, MALLOC_TUNABLES, NO_YNN_FUSION, tuned_environment, usable_cores
+from jaxformer.runtime import (HOST_DEVICES, HUGE_PAGES, MALLOC_TUNABLES, NO_YNN_FUSION, SCRATCH_BLOCK_BYTES,
+                               largest_array_bytes, scratch_compiler_options, tuned_environment, usable_cores)
 from jaxformer.sweep.executors import thread_environment
 from jaxformer.train.config import load_config
 from jaxformer.train.optimizer import make_optimizer
@@ -104,17 +105,19 @@ def test_second_identical_run_hits_the_compilation_cache(tmp_path):
 
 def test_tuned_environment_adds_its_settings_once_and_keeps_the_users():
     devices = f"{HOST_DEVICES}={usable_cores()}"
-    malloc = "glibc.malloc.hugetlb=1:glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=4294967296"
+    malloc = ("glibc.malloc.hugetlb=1:glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=4294967296"
+              ":glibc.malloc.top_pad=134217728")
     assert tuned_environment({}) == {"GLIBC_TUNABLES": malloc, "XLA_FLAGS": f"{NO_YNN_FUSION} {devices}"}
     tuned = tuned_environment({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2", "XLA_FLAGS": "--xla_foo=1"})
     assert tuned["GLIBC_TUNABLES"] == f"glibc.malloc.arena_max=2:{malloc}"
     assert tuned["XLA_FLAGS"] == f"--xla_foo=1 {NO_YNN_FUSION} {devices}"
     assert tuned_environment(tuned) == tuned
-    mine = {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=0:glibc.malloc.mmap_max=9:glibc.malloc.trim_threshold=1",
+    mine = {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=0:glibc.malloc.mmap_max=9:glibc.malloc.trim_threshold=1"
+                              ":glibc.malloc.top_pad=0",
             "XLA_FLAGS": f"--xla_cpu_experimental_ynn_fusion_type=dot {HOST_DEVICES}=1"}
     assert tuned_environment(mine) == mine
     assert tuned_environment({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=0"})["GLIBC_TUNABLES"] == \
-        "glibc.malloc.hugetlb=0:glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=4294967296"
+        "glibc.malloc.hugetlb=0:glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=4294967296:glibc.malloc.top_pad=134217728"
     assert tuned_environment({"JAXFORMER_TUNE": "0"}) == {"JAXFORMER_TUNE": "0"}
 
 
@@ -165,6 +168,54 @@ def test_sweep_workers_run_their_programs_inline_so_scratch_above_64_mib_is_reus
     with the tuned settings; run inline, as sweep workers run theirs (`run_inline_on_cpu`), it is reused."""
     assert _faults_per_call(":".join(MALLOC_TUNABLES), 6144, "async") >= 20
     assert _fewest_faults_per_call(":".join(MALLOC_TUNABLES), 6144, "inline") < 5
+
+
+_SPLIT_SCRATCH = """
+import resource, sys, jax, jax.numpy as jnp
+from jaxformer.runtime import compile_program
+# two [4096, 3072] fp32 products (48 MiB each) live with their [3072, 3072] product: 132 MiB of scratch
+f = jax.jit(lambda x, w: (jnp.tanh(x @ w).T @ jnp.sin(x @ (2 * w))).sum())
+x, w = jnp.ones((4096, 64)), jnp.full((64, 3072), 0.01)
+program = compile_program(f.lower(x, w)) if sys.argv[1] == "split" else f.lower(x, w).compile()
+for _ in range(10):
+    value = program(x, w).block_until_ready()
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(10):
+    program(x, w).block_until_ready()
+print(float(value), (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 10)
+"""
+
+
+def _split_scratch_run(mode: str) -> tuple[float, float]:
+    """(value, minor page faults per call) of a program with 132 MiB of scratch run on XLA's thread, in a process
+    with the tuned malloc, compiled by `compile_program` (``split``) or plainly."""
+    env = {**os.environ, "GLIBC_TUNABLES": ":".join(MALLOC_TUNABLES), "XLA_FLAGS": f"{HOST_DEVICES}=1"}
+    run = subprocess.run([sys.executable, "-c", _SPLIT_SCRATCH, mode], env=env, check=True, capture_output=True,
+                         text=True, timeout=120)
+    value, faults = run.stdout.split()[-2:]
+    return float(value), float(faults)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the tunables are glibc's")
+def test_scratch_split_into_blocks_a_thread_arena_holds_is_reused_without_page_faults():
+    """132 MiB of scratch in one block is mapped afresh at every call on XLA's thread (its malloc arena's heaps hold
+    64 MiB); `compile_program` splits it into blocks of at most 48 MiB, which the arena keeps. Same value."""
+    plain_value, plain_faults = _split_scratch_run("plain")
+    runs = [_split_scratch_run("split") for _ in range(3)]  # the fewest of three: another process adds faults
+    assert plain_faults >= 20 and min(faults for _, faults in runs) < 5
+    assert all(value == plain_value for value, _ in runs)
+
+
+def test_scratch_blocks_are_asked_for_only_on_the_cpu_and_when_no_array_is_larger():
+    assert largest_array_bytes("%0 = stablehlo.dot %a : (tensor<16x256xf32>, tensor<256x64xbf16>) -> tensor<i32>") \
+        == 256 * 64 * 2
+    assert largest_array_bytes("tensor<3x5xi1> tensor<2x2xf64> tensor<f32>") == 2 * 2 * 8
+    small = jax.jit(lambda x: x @ x).lower(jax.ShapeDtypeStruct((1024, 1024), jnp.float32))
+    assert scratch_compiler_options(small, "cpu") == {"xla_multiheap_size_constraint_per_heap": SCRATCH_BLOCK_BYTES}
+    assert scratch_compiler_options(small, "gpu") == {}
+    rows = SCRATCH_BLOCK_BYTES // (4 * 1024) + 1  # one array a row larger than a block
+    large = jax.jit(lambda x: x * 2).lower(jax.ShapeDtypeStruct((rows, 1024), jnp.float32))
+    assert scratch_compiler_options(large, "cpu") == {}
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the tunable is glibc's")

@@ -25,6 +25,7 @@ from jaxformer.architecture import ModelConfig
 from jaxformer.functional.kernel import KernelConfig
 from jaxformer.parallel import Layout
 from jaxformer.parallel.layout import jit_once
+from jaxformer.runtime import compile_program
 from jaxformer.train.optimizer import OptimizerConfig, transformation_settings
 from jaxformer.train.step import Stacked, build_state, make_eval_pass, make_train_step
 
@@ -82,10 +83,10 @@ def compiled_steps(graphdef, optimizer_config: OptimizerConfig, optimizer: optax
     else:
         state_sharding = layout.shardings(state)
     lr = np.zeros((batch.shape[0],) if stacked else (), np.float32)
-    train_step = make_train_step(graphdef, optimizer, compute_dtype, state_sharding=state_sharding,
-                                 batch_sharding=batch.sharding, stacked=stacked).lower(state, batch, lr).compile()
-    eval_pass = make_eval_pass(graphdef, compute_dtype, params_sharding=state_sharding["params"],
-                               batch_sharding=val_batches.sharding,
-                               stacked=stacked).lower(state["params"], val_batches).compile()
+    train_step = compile_program(make_train_step(graphdef, optimizer, compute_dtype, state_sharding=state_sharding,
+                                                 batch_sharding=batch.sharding, stacked=stacked).lower(state, batch, lr))
+    eval_pass = compile_program(make_eval_pass(graphdef, compute_dtype, params_sharding=state_sharding["params"],
+                                               batch_sharding=val_batches.sharding,
+                                               stacked=stacked).lower(state["params"], val_batches))
     _PROGRAMS[key] = train_step, eval_pass
     return train_step, eval_pass, False

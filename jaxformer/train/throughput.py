@@ -15,6 +15,7 @@ import numpy as np
 
 from jaxformer.accounting import training_flops_per_token
 from jaxformer.parallel import Layout
+from jaxformer.runtime import compile_program
 from jaxformer.train.config import TrainConfig
 from jaxformer.train.optimizer import make_optimizer
 from jaxformer.train.step import build_state, make_train_step
@@ -45,11 +46,12 @@ class TrainStepRunner:
         batch_sharding = layout.batch_sharding(windows.shape, batch_dim=1)
         self.windows = jax.device_put(windows, batch_sharding)
         self.lr = np.float32(config.optimizer.lr)  # the step takes its learning rate as an argument
-        self.step = make_train_step(graphdef, optimizer, config.train.compute_dtype,
-                                    state_sharding=layout.shardings(self.state), batch_sharding=batch_sharding)
         self.tokens_per_step = config.tokens_per_step
         self.flops_per_step = training_flops_per_token(config.model, config.train.seq_len, "exact") * self.tokens_per_step
         started = time.perf_counter()
+        self.step = compile_program(make_train_step(
+            graphdef, optimizer, config.train.compute_dtype, state_sharding=layout.shardings(self.state),
+            batch_sharding=batch_sharding).lower(self.state, self.windows, self.lr))
         self.state = jax.block_until_ready(self.step(self.state, self.windows, self.lr))
         self.compile_s = time.perf_counter() - started
 
