@@ -20,7 +20,7 @@ from jaxformer.train import compiled
 from jaxformer.train.config import load_config
 from jaxformer.train.loop import train
 from jaxformer.train.optimizer import make_optimizer
-from jaxformer.train.peak import machine_peak_flops
+from jaxformer.train.peak import machine_key, machine_peak_flops
 from jaxformer.train.step import build_state
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -100,6 +100,17 @@ def test_the_matmul_peak_is_probed_once_per_machine_and_layout(tmp_path, monkeyp
 
     monkeypatch.setattr("jaxformer.train.peak.probe_matmul_peak", no_probe)
     assert machine_peak_flops("float32", path) == first
+
+
+def test_a_peak_below_what_a_run_achieved_is_probed_again_once(tmp_path):
+    """A peak probed on a busy machine (here 1 kFLOP/s) would put MFU over 100% for ever: a run that beats it has it
+    probed again, once per process, and the larger kept."""
+    path = tmp_path / "peak.json"
+    path.write_text(json.dumps({machine_key("float32"): 1e3}))
+    assert machine_peak_flops("float32", path, at_least=1e2) == 1e3  # beaten by nothing: kept
+    probed = machine_peak_flops("float32", path, at_least=1e4)
+    assert probed > 1e8 and json.loads(path.read_text()) == {machine_key("float32"): probed}
+    assert machine_peak_flops("float32", path, at_least=probed * 1e3) == probed  # not again in this process
 
 
 def _spec(tmp_path: Path) -> Path:

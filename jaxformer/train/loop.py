@@ -43,7 +43,7 @@ from jaxformer.train.loader import Loader, eval_batches
 from jaxformer.train.compiled import compiled_steps, initial_state
 from jaxformer.train.kernel_choice import KernelChoice
 from jaxformer.train.matmul_choice import MatmulChoice, choose_kernels
-from jaxformer.train.metrics import MetricsLogger
+from jaxformer.train.metrics import MetricsLogger, last_logged
 from jaxformer.train.optimizer import learning_rates, make_optimizer
 from jaxformer.train.peak import machine_peak_flops
 from jaxformer.train.step import empty_sums
@@ -265,7 +265,7 @@ class _Run:
         if jax.process_index() == 0:
             self.logger = MetricsLogger(run_dir, start_step=start_step, total_steps=self.total_steps,
                                         progress=config.logging.progress, tensorboard=config.logging.tensorboard)
-        self.last_train_loss = _last_logged(run_dir / "metrics.jsonl", "train_loss")
+        self.last_train_loss = last_logged(run_dir / "metrics.jsonl", "train_loss")
         self.val_loss = None
         self.logged = (start_step, 0.0)  # (step, training seconds) at the last train-loss row
         return state
@@ -323,13 +323,22 @@ class _Run:
             tokens_per_s = steps_done * self.tokens_per_step / seconds if seconds > 0 else None
             row.update(train_loss=self.last_train_loss, grad_norm=float(sums["grad_norm"]) / count,
                        lr=float(self.learning_rates[step - 1]), tokens_per_s=tokens_per_s,
-                       mfu=tokens_per_s * self.flops_per_token / self.peak_flops if tokens_per_s else None)
+                       mfu=self.mfu(tokens_per_s))
             self.logged = (step, self.times["train_s"])
         if val_loss is not None:
             self.val_loss = val_loss
             row.update(val_loss=val_loss, val_bits_per_byte=self.dataset.bits_per_byte(val_loss))
         row["wall_s"] = self._wall_s()
         return row
+
+    def mfu(self, tokens_per_s: float | None) -> float | None:
+        """The share of the matmul peak reached at ``tokens_per_s`` (exact FLOPs); the machine's peak is probed again
+        where the rate beats it (`machine_peak_flops`), a peak the config gives is kept."""
+        achieved = (tokens_per_s or 0.0) * self.flops_per_token
+        if achieved > self.peak_flops and not self.config.train.peak_flops:
+            self.peak_flops = machine_peak_flops(self.config.train.compute_dtype, impl=self.config.kernel.matmul_impl,
+                                                 at_least=achieved)
+        return achieved / self.peak_flops if tokens_per_s else None
 
     def save(self, step: int, state) -> None:
         """Checkpoints this run's ``state`` at ``step`` with the loader's position and the wall time so far."""
@@ -385,18 +394,8 @@ class _Run:
             "kernel_choice": self.kernel_choice.to_record(),
             "matmul_choice": self.matmul_choice.to_record(),
             "tokens_per_s": tokens_per_s,
-            "mfu": tokens_per_s * self.flops_per_token / self.peak_flops if tokens_per_s else None,
+            "mfu": self.mfu(tokens_per_s),
             "peak_flops": self.peak_flops,
             "data": self.dataset.info,
             "config": config_to_dict(cfg),
         }
-
-
-def _last_logged(path: Path, key: str) -> float | None:
-    """The last value of ``key`` in ``metrics.jsonl`` (after resume truncation), for the final record."""
-    value = None
-    if path.exists():
-        for line in path.read_text().splitlines():
-            value = json.loads(line).get(key, value)
-    return value
-

@@ -33,6 +33,15 @@ class LoggingConfig(Section):
     tensorboard: bool = True
 
 
+def last_logged(path: Path, key: str) -> float | None:
+    """The last value of ``key`` in ``metrics.jsonl`` (after resume truncation), for the final record."""
+    value = None
+    if path.exists():
+        for line in path.read_text().splitlines():
+            value = json.loads(line).get(key, value)
+    return value
+
+
 def truncate_rows(path: Path, last_step: int) -> None:
     """Keeps the rows of ``metrics.jsonl`` with ``step <= last_step`` (atomic rewrite)."""
     if not path.exists():

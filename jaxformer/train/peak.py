@@ -3,7 +3,8 @@
 A probe is a few jitted ``[n, n] @ [n, n]`` products; run at the start of every run it gave
 numbers that moved with whatever else the machine was doing, so MFU figures could not be
 compared across runs. `machine_peak_flops` keeps the best probe per (CPU model, JAX version,
-backend, devices, XLA flags, dtype) in ``~/.cache/jaxformer/peak.json`` and reuses it.
+backend, devices, XLA flags, dtype) in ``~/.cache/jaxformer/peak.json`` and reuses it; a run that trains
+faster than the kept peak has it probed again.
 """
 
 from __future__ import annotations
@@ -66,12 +67,23 @@ def machine_key(dtype: str) -> str:
                        f"{len(devices)} devices", os.environ.get("XLA_FLAGS", ""), dtype])
 
 
-def machine_peak_flops(dtype: str = "float32", path: Path = PEAK_FILE, impl: str = "xla") -> float:
+# (cache file, key) pairs probed again in this process: at most once each
+_REPROBED: set[tuple[str, str]] = set()
+
+
+def machine_peak_flops(dtype: str = "float32", path: Path = PEAK_FILE, impl: str = "xla",
+                       at_least: float = 0.0) -> float:
     """The cached peak of this machine and layout for ``dtype`` multiplied by ``impl`` (`probe_matmul_peak`),
-    probing (and caching) it the first time."""
+    probing (and caching) it the first time.
+
+    ``at_least``: a rate (FLOP/s) a run has just achieved. A cached peak below it was probed while the machine was
+    busy and would put MFU above 100%, so it is probed again (once per process) and the larger of the two kept.
+    """
     key = machine_key(dtype) + ("" if impl == "xla" else f" | {impl}")
     cache = read_cache(path)
-    if key not in cache:
-        cache[key] = probe_matmul_peak(dtype, impl=impl)
+    if key not in cache or (cache[key] < at_least and (str(path), key) not in _REPROBED):
+        if key in cache:
+            _REPROBED.add((str(path), key))
+        cache[key] = max(cache.get(key, 0.0), probe_matmul_peak(dtype, impl=impl))
         write_cache(path, cache)
     return float(cache[key])
