@@ -103,7 +103,7 @@ def profile(config, *, steps: int) -> dict:
 
     runner = TrainStepRunner(config)
     runner.run(1)
-    hlo = runner.step.lower(runner.state, runner.windows, runner.lr).compile().as_text()
+    hlo = runner.step.as_text()  # the compiled program the runner runs
     module = re.search(r"HloModule\s+([\w.\-]+)", hlo).group(1)
     classes = op_classes(hlo)
     with tempfile.TemporaryDirectory() as directory:

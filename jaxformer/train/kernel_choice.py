@@ -44,6 +44,7 @@ from jaxformer.files import read_cache, write_cache
 from jaxformer.functional import attention, fused_attention
 from jaxformer.parallel import Layout
 from jaxformer.parallel.rules import spec_for
+from jaxformer.runtime import compile_program
 from jaxformer.train.config import TrainConfig
 from jaxformer.train.peak import machine_key
 
@@ -166,8 +167,9 @@ def measure(config: TrainConfig, impls: list[str], calls: int = CALLS, repeats: 
 
 
 def time_programs(programs: dict, inputs: tuple, calls: int = CALLS, repeats: int = REPEATS) -> dict[str, float]:
-    """Median seconds per call of each candidate program on ``inputs``, in alternating repeats after one call
-    each that compiles."""
+    """Median seconds per call of each candidate program on ``inputs``, compiled as the train step is
+    (`compile_program`), in alternating repeats after one untimed call each."""
+    programs = {impl: compile_program(program.lower(*inputs)) for impl, program in programs.items()}
     for program in programs.values():
         jax.block_until_ready(program(*inputs))
     times: dict[str, list[float]] = {impl: [] for impl in programs}
