@@ -22,7 +22,7 @@ device leaves a second core mostly idle on a small model. ``--xla_force_host_pla
 makes each usable core a JAX device, and the default mesh (``parallel.mesh.data=-1``) trains
 data-parallel over them, each device on its share of the batch.
 
-The measurements behind each setting are in docs/cpu-speed.md (changes 1, 2 and 5).
+The measurements behind each setting are in docs/cpu-speed.md (changes 1, 2 and 5; sessions 27 and 28).
 
 Tunables are read when a process starts and XLA flags when JAX starts, so the `jaxformer`
 command re-executes itself once with both set (:func:`reexec_tuned`), and the sweep's
@@ -41,8 +41,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 HUGE_PAGES = "glibc.malloc.hugetlb=1"
-# glibc settings added to the environment (each unless the user set that tunable): huge pages, and large blocks
-# from malloc's heaps, kept mapped when freed
+# glibc settings added to the environment (each unless the user set that tunable): huge pages, large blocks from
+# malloc's heaps, kept mapped when freed, and a thread arena's emptied heaps kept too
 MALLOC_TUNABLES = (HUGE_PAGES, "glibc.malloc.mmap_max=0", "glibc.malloc.trim_threshold=4294967296",
                    "glibc.malloc.top_pad=134217728")
 # the largest block of scratch a program compiled by `compile_program` asks malloc for: one fits a thread arena's heap
