@@ -332,8 +332,7 @@ class _Run:
         return row
 
     def mfu(self, tokens_per_s: float | None) -> float | None:
-        """The share of the matmul peak reached at ``tokens_per_s`` (exact FLOPs); the machine's peak is probed again
-        where the rate beats it (`machine_peak_flops`), a peak the config gives is kept."""
+        """MFU at ``tokens_per_s`` (exact FLOPs); a rate above the machine's cached peak has it probed again."""
         achieved = (tokens_per_s or 0.0) * self.flops_per_token
         if achieved > self.peak_flops and not self.config.train.peak_flops:
             self.peak_flops = machine_peak_flops(self.config.train.compute_dtype, impl=self.config.kernel.matmul_impl,
