@@ -113,7 +113,8 @@ def run_inline_on_cpu() -> None:
     XLA:CPU allocates a program's scratch on the thread that runs it. Its own threads allocate from malloc arenas
     whose heaps hold at most 64 MiB, so a larger scratch is mapped afresh, faulted in and zeroed at every step
     whatever the malloc tunables above say; the main thread's arena has no such limit and keeps the block. Programs
-    over several devices run on XLA's threads either way (the setting applies to one-device programs only).
+    over several devices run on XLA's threads either way (the setting applies to one-device programs only); there
+    :func:`compile_program`'s blocks do the same, except for a single array over 48 MiB, which only this covers.
     """
     import jax
 

@@ -139,13 +139,18 @@ print((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 10)
 """
 
 
+def _printed_numbers(program: str, args: list[str], tunables: str) -> list[float]:
+    """The numbers ``program`` prints last, run with ``args`` in a one-device process with these glibc tunables."""
+    env = {**os.environ, "GLIBC_TUNABLES": tunables, "XLA_FLAGS": f"{HOST_DEVICES}=1"}
+    run = subprocess.run([sys.executable, "-c", program, *args], env=env, check=True, capture_output=True, text=True,
+                         timeout=120)
+    return [float(word) for word in run.stdout.splitlines()[-1].split()]
+
+
 def _faults_per_call(tunables: str, columns: int, dispatch: str) -> float:
     """Minor page faults per call of a one-device program with ``4096 × columns`` floats of scratch, in a process
     with these glibc tunables, its programs dispatched ``async`` (JAX's default) or ``inline``."""
-    env = {**os.environ, "GLIBC_TUNABLES": tunables, "XLA_FLAGS": f"{HOST_DEVICES}=1"}
-    run = subprocess.run([sys.executable, "-c", _FAULTS_PER_CALL, str(columns), dispatch], env=env, check=True,
-                         capture_output=True, text=True, timeout=120)
-    return float(run.stdout.split()[-1])
+    return _printed_numbers(_FAULTS_PER_CALL, [str(columns), dispatch], tunables)[-1]
 
 
 def _fewest_faults_per_call(tunables: str, columns: int, dispatch: str, processes: int = 3) -> float:
@@ -189,11 +194,8 @@ print(float(value), (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
 def _split_scratch_run(mode: str) -> tuple[float, float]:
     """(value, minor page faults per call) of a program with 132 MiB of scratch run on XLA's thread, in a process
     with the tuned malloc, compiled by `compile_program` (``split``) or plainly."""
-    env = {**os.environ, "GLIBC_TUNABLES": ":".join(MALLOC_TUNABLES), "XLA_FLAGS": f"{HOST_DEVICES}=1"}
-    run = subprocess.run([sys.executable, "-c", _SPLIT_SCRATCH, mode], env=env, check=True, capture_output=True,
-                         text=True, timeout=120)
-    value, faults = run.stdout.split()[-2:]
-    return float(value), float(faults)
+    value, faults = _printed_numbers(_SPLIT_SCRATCH, [mode], ":".join(MALLOC_TUNABLES))
+    return value, faults
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the tunables are glibc's")
