@@ -1,19 +1,27 @@
 """`jaxformer bench sweep`: the PyTorch twin trains the planned steps on jaxformer's schedule, branches continue their
-trunk, and the bench replays a whole sweep (tuning stage, trunks, branches) on both sides."""
+trunk, bf16 runs train under autocast, a twin can start from jaxformer's initial parameters, and the bench replays a
+whole sweep (tuning stage, trunks, branches) on both sides."""
 
 import dataclasses
 import json
 from pathlib import Path
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
+import torch
 import yaml
+from flax import nnx
 
 from jaxformer.benchmarks.replay import ReplayedRun
+from jaxformer.benchmarks.torch_reference import TorchDecoder, load_jax_params
 from jaxformer.benchmarks.torch_sweep import train_twin, twin_runs
 from jaxformer.cli import main
+from jaxformer.models.pure import init_params
 from jaxformer.train.config import config_from_dict, config_to_dict
+from jaxformer.train.loader import Loader
 from jaxformer.train.optimizer import learning_rates
+from jaxformer.train.step import next_token_loss
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -65,9 +73,46 @@ def test_a_branch_continues_its_trunks_model_optimizer_and_data(tmp_path):
     np.testing.assert_allclose(record["val_loss"], expected["val_loss"], rtol=1e-5)
 
 
+def test_a_bfloat16_run_trains_under_autocast_with_fp32_masters(tmp_path):
+    """``train.compute_dtype: bfloat16`` is PyTorch's autocast: bf16 products move the losses off fp32's by bf16
+    rounding (not by more), the parameters and AdamW's moments stay fp32."""
+    tokens = np.random.default_rng(0).integers(0, 256, 4000, dtype=np.uint8)
+    records, states = {}, {}
+    for dtype in ("float32", "bfloat16"):
+        planned, _ = _planned({"train": {"compute_dtype": dtype}}, name=dtype)
+        (run,) = twin_runs([planned], checkpoint_dir=str(tmp_path))
+        assert run.autocast == (dtype == "bfloat16")
+        records[dtype] = train_twin(run, tokens[:3000], tokens[3000:])
+        states[dtype] = torch.load(tmp_path / dtype / "7.pt")
+    fp32, bf16 = (np.array([loss for _, loss in records[d]["losses"]]) for d in ("float32", "bfloat16"))
+    assert not np.array_equal(fp32, bf16)
+    np.testing.assert_allclose(bf16, fp32, rtol=2e-3)
+    tensors = [*states["bfloat16"]["model"].values(),
+               *(v for moments in states["bfloat16"]["optimizer"]["state"].values() for k, v in moments.items()
+                 if k != "step")]
+    assert tensors and {t.dtype for t in tensors} == {torch.float32}
+
+
+def test_a_twin_started_from_jaxformers_parameters_scores_jaxformers_first_loss(tmp_path):
+    """``initial_params``: the twin starts from jaxformer's initial model (its default is PyTorch's initialisation)."""
+    planned, config = _planned({"logging": {"interval": 1}})
+    graphdef, params = init_params(config.model, config.train.seed)
+    start = TorchDecoder(config.model)
+    load_jax_params(start, nnx.to_pure_dict(params))
+    torch.save(start.state_dict(), tmp_path / "initial.pt")
+    tokens = np.random.default_rng(0).integers(0, 256, 4000, dtype=np.uint8)
+    first_batch = Loader(tokens[:3000], config.train.seq_len, config.train.batch_size, config.train.seed).next_batch()
+    _, expected = next_token_loss(graphdef, params, jnp.asarray(first_batch), jnp.float32)
+    (run,) = twin_runs([planned])
+    ours = train_twin(dataclasses.replace(run, initial_params=str(tmp_path / "initial.pt")), tokens[:3000], tokens[3000:])
+    theirs = train_twin(run, tokens[:3000], tokens[3000:])
+    assert ours["losses"][0] == (1, pytest.approx(float(expected), rel=1e-5))
+    assert theirs["losses"][0][1] != pytest.approx(float(expected), rel=1e-2)
+
+
 @pytest.mark.parametrize("changes, field", [({"model": {"position": "alibi"}}, "model.position"),
                                             ({"model": {"norm_position": "post"}}, "model.norm_position"),
-                                            ({"train": {"compute_dtype": "bfloat16"}}, "train.compute_dtype")])
+                                            ({"model": {"sliding_window": 8}}, "model.sliding_window")])
 def test_torch_twin_refuses_what_it_does_not_cover_in_one_line(changes, field):
     planned, _ = _planned(changes, name="C1-N2")
     with pytest.raises(ValueError, match=f"run C1-N2: the PyTorch twin cannot train {field}=") as error:

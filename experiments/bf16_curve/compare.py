@@ -1,14 +1,15 @@
-"""Compares two runs' loss curves (fp32 and bf16 compute): per logged step, the relative difference of the
-training loss (mean over each logging interval) and of each evaluation; writes compare.json and curve.png.
+"""Compares two runs' loss curves (fp32 and bf16 compute, or any two): per logged step, the relative difference of
+the training loss (mean over each logging interval) and of each evaluation; writes compare.json and curve.png.
 
-    python experiments/bf16_curve/compare.py RUN_FP32 RUN_BF16 OUT_DIR
+    python experiments/bf16_curve/compare.py RUN_FP32 RUN_BF16 OUT_DIR [--names fp32 bf16]
 
 A run is a run directory (its metrics.jsonl and final.json), or this folder's copies:
 ``python experiments/bf16_curve/compare.py fp32 bf16 OUT`` reads ``fp32_metrics.jsonl`` and ``fp32_final.json``.
+``--names`` labels the two runs in the report's keys and the figure (default ``fp32 bf16``).
 """
 
+import argparse
 import json
-import sys
 from pathlib import Path
 
 import matplotlib
@@ -33,7 +34,8 @@ def series(run: Path, key: str) -> dict[int, float]:
     return {row["step"]: row[key] for row in rows(run) if key in row}
 
 
-def main(fp32: Path, bf16: Path, out: Path) -> None:
+def main(fp32: Path, bf16: Path, out: Path, names: tuple[str, str] = ("fp32", "bf16")) -> None:
+    first, second = names
     report = {}
     for key in ("train_loss", "val_loss"):
         a, b = series(fp32, key), series(bf16, key)
@@ -42,12 +44,14 @@ def main(fp32: Path, bf16: Path, out: Path) -> None:
         late = [r for s, r in zip(steps, rel) if s > steps[-1] // 2]
         report[key] = {"points": len(steps), "max_abs_rel_diff": max(map(abs, rel)),
                        "max_abs_rel_diff_second_half": max(map(abs, late)),
-                       "final_fp32": a[steps[-1]], "final_bf16": b[steps[-1]], "final_rel_diff": rel[-1]}
-    finals = {name: json.loads(_file(run, "final.json").read_text()) for name, run in (("fp32", fp32), ("bf16", bf16))}
+                       "median_abs_rel_diff": sorted(map(abs, rel))[len(rel) // 2],
+                       "beyond_1_percent": [[s, r] for s, r in zip(steps, rel) if abs(r) > 0.01],
+                       f"final_{first}": a[steps[-1]], f"final_{second}": b[steps[-1]], "final_rel_diff": rel[-1]}
+    finals = {name: json.loads(_file(run, "final.json").read_text()) for name, run in ((first, fp32), (second, bf16))}
     report["train_s"] = {name: final["time"]["train_s"] for name, final in finals.items()}
     (out / "compare.json").write_text(json.dumps(report, indent=2) + "\n")
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
-    for name, run in (("fp32", fp32), ("bf16 compute, fp32 masters", bf16)):
+    for name, run in ((first, fp32), (second, bf16)):
         curve = series(run, "train_loss")
         top.plot(list(curve), list(curve.values()), label=name)
     a, b = series(fp32, "train_loss"), series(bf16, "train_loss")
@@ -55,11 +59,17 @@ def main(fp32: Path, bf16: Path, out: Path) -> None:
     bottom.plot(steps, [100 * (b[s] - a[s]) / a[s] for s in steps])
     bottom.axhline(1, color="grey", ls=":"), bottom.axhline(-1, color="grey", ls=":")
     top.set_ylabel("train loss (nats/byte)"), top.legend()
-    bottom.set_ylabel("bf16 − fp32 (%)"), bottom.set_xlabel("step")
+    bottom.set_ylabel(f"{second} − {first} (%)"), bottom.set_xlabel("step")
     fig.tight_layout()
     fig.savefig(out / "curve.png", dpi=100)
     print(json.dumps(report, indent=2))
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]))
+    parser = argparse.ArgumentParser(description="Compares two runs' loss curves.")
+    parser.add_argument("fp32", type=Path)
+    parser.add_argument("bf16", type=Path)
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--names", nargs=2, default=("fp32", "bf16"))
+    args = parser.parse_args()
+    main(args.fp32, args.bf16, args.out, tuple(args.names))

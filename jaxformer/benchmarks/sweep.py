@@ -394,7 +394,7 @@ def _print(report: dict) -> None:
     print("jaxformer times from: " + "; ".join(jax["time_source"]))
     peak = jax["peak_flops_per_worker"]
     print(f"achieved FLOP/s = Σ flops_exact {jax['flops_exact']:.3g} / (wall × {report['workers']} workers); "
-          f"peak per worker {peak / 1e9:.1f} GFLOP/s (fp32 matmul, final.json peak_flops, median over runs)"
+          f"peak per worker {peak / 1e9:.1f} GFLOP/s (the runs' compute dtype's matmul, final.json peak_flops, median)"
           if peak else "no peak_flops recorded")
     if "torch" in report:
         twin = report["torch"]

@@ -13,7 +13,9 @@ trains adapt-added sizes in the middle stage, without the barrier jaxformer puts
 Per run it does the work jaxformer's run does:
 
 - the same model (`torch_reference.TorchDecoder`: dense pre-norm decoders; other
-  architectures are refused in one line naming the field), fp32;
+  architectures are refused in one line naming the field), fp32, or its forward under
+  ``torch.autocast`` (bf16) where the run computes in bfloat16 (``train.compute_dtype``), as
+  `torch_reference.make_torch_step` times it: fp32 parameters and optimizer, bf16 matmuls;
 - ``steps = train.tokens / (batch_size · seq_len)`` optimizer steps of ``grad_accum``
   micro-batches, on the windows jaxformer's `Loader` cuts from the same training split
   (`prepare_dataset`, run once per distinct data section in the parent, which hands the
@@ -79,6 +81,8 @@ class TwinRun:
     eval_tokens: int
     data_key: str
     flops_exact: float
+    autocast: bool = False  # the forward under torch.autocast(bf16): the run's compute_dtype is bfloat16
+    initial_params: str | None = None  # a .pt state dict to start from (jaxformer's own initial parameters, say)
     record_lrs: bool = False
     checkpoint_dir: str | None = None
     checkpoint_max_overhead: float | None = None  # as checkpoint.max_overhead: skip interval saves past it
@@ -105,8 +109,6 @@ def unsupported(config) -> str | None:
         return f"model.activation={model.activation!r} (the twin's gate is SiLU)"
     if model.attention_scale is not None or model.scale_head_inputs:
         return "model.attention_scale / scale_head_inputs (the twin scales as GPT-2 does)"
-    if config.train.compute_dtype != "float32":
-        return f"train.compute_dtype={config.train.compute_dtype!r} (the twin computes in float32)"
     return None
 
 
@@ -152,7 +154,8 @@ def twin_runs(planned: list, *, checkpoint_dir: str | None = None, fork_dir: str
             learning_rates=_schedule(schedules, run.name, config, run.steps),
             betas=(opt.beta1, opt.beta2), eps=opt.eps, weight_decay=opt.weight_decay, grad_clip=opt.grad_clip,
             log_interval=config.logging.interval, checkpoint_interval=config.checkpoint.interval,
-            eval_tokens=train.eval_tokens, data_key=json.dumps(run.config.get("data", {}), sort_keys=True),
+            eval_tokens=train.eval_tokens, autocast=train.compute_dtype == "bfloat16",
+            data_key=json.dumps(run.config.get("data", {}), sort_keys=True),
             # a branch computes only the steps after its fork
             flops_exact=training_flops(config.model, (run.steps - (run.fork_step or 0)) * config.tokens_per_step,
                                        train.seq_len)["exact"],
@@ -213,6 +216,8 @@ def train_twin(run: TwinRun, train_tokens: np.ndarray, val_tokens: np.ndarray) -
     started = time.perf_counter()
     torch.manual_seed(run.seed)
     model = TorchDecoder(run.model)
+    if run.initial_params is not None:
+        model.load_state_dict(torch.load(run.initial_params))
     parameters = list(model.parameters())
     groups = [{"params": [p for p in parameters if p.ndim >= 2], "weight_decay": run.weight_decay},
               {"params": [p for p in parameters if p.ndim < 2], "weight_decay": 0.0}]
@@ -225,8 +230,9 @@ def train_twin(run: TwinRun, train_tokens: np.ndarray, val_tokens: np.ndarray) -
     times["startup_s"] = time.perf_counter() - started
 
     def loss_of(windows_BW: torch.Tensor) -> torch.Tensor:
-        logits = model(windows_BW[:, :-1])
-        return TF.cross_entropy(logits.reshape(-1, vocab), windows_BW[:, 1:].reshape(-1))
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=run.autocast):
+            logits = model(windows_BW[:, :-1])
+        return TF.cross_entropy(logits.float().reshape(-1, vocab), windows_BW[:, 1:].reshape(-1))
 
     first = 1
     if run.trunk is not None:  # a branch continues its trunk's model, optimizer and data stream
