@@ -15,7 +15,7 @@ from flax import nnx
 
 from jaxformer.benchmarks.replay import ReplayedRun
 from jaxformer.benchmarks.torch_reference import TorchDecoder, load_jax_params
-from jaxformer.benchmarks.torch_sweep import train_twin, twin_runs
+from jaxformer.benchmarks.torch_twin import train_twin, twin_runs
 from jaxformer.cli import main
 from jaxformer.models.pure import init_params
 from jaxformer.train.config import config_from_dict, config_to_dict

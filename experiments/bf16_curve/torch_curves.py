@@ -1,5 +1,5 @@
 """The PyTorch peer of this folder's comparison: the same model, data, schedule and initial parameters trained by the
-PyTorch twin of `jaxformer bench sweep` (`jaxformer.benchmarks.torch_sweep.train_twin`, one thread), in fp32 or with
+PyTorch twin of `jaxformer bench sweep` (`jaxformer.benchmarks.torch_twin.train_twin`, one thread), in fp32 or with
 its forward under bf16 autocast; the run is written as compare.py reads one (metrics.jsonl, final.json).
 
     python experiments/bf16_curve/torch_curves.py experiments/bf16_curve/config.yaml OUT_DIR [KEY=VALUE ...]
@@ -19,7 +19,7 @@ from flax import nnx
 
 from jaxformer.benchmarks.replay import ReplayedRun
 from jaxformer.benchmarks.torch_reference import TorchDecoder, load_jax_params
-from jaxformer.benchmarks.torch_sweep import prepare_data, train_twin, twin_runs
+from jaxformer.benchmarks.torch_twin import prepare_data, train_twin, twin_runs
 from jaxformer.models.pure import init_params
 from jaxformer.train.config import config_to_dict, load_config
 

@@ -265,7 +265,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.skip_torch:
         if _version("torch") is None:
             raise ValueError("the PyTorch twin needs torch installed (or pass --skip-torch)")
-        from jaxformer.benchmarks.torch_sweep import check_supported
+        from jaxformer.benchmarks.torch_twin import check_supported
 
         check_supported(planned)  # refuses, in one line, a run the twin cannot train, before anything starts
     temporary = None if args.out else tempfile.TemporaryDirectory(prefix="jaxformer-bench-sweep-")
@@ -329,7 +329,7 @@ def _repeat(args, spec_path: Path, out: Path, repeat: int, workers: int, threads
             print(f"[{repeat}] jaxformer: {wall:.1f}s", flush=True)
         else:
             if not schedules.is_file():
-                from jaxformer.benchmarks.torch_sweep import save_schedules
+                from jaxformer.benchmarks.torch_twin import save_schedules
 
                 started = time.perf_counter()
                 save_schedules([run for stage in replay_plan(replayed) for run in stage], schedules)
