@@ -34,25 +34,20 @@ output says so.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import platform
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from importlib import metadata
 from pathlib import Path
 
 
+from jaxformer.benchmarks.environment import environment, package_version
 from jaxformer.benchmarks.replay import replay_plan
 from jaxformer.files import write_json_atomic
-from jaxformer.train.peak import cpu_model
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -67,34 +62,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--with-fit", action="store_true", help="keep the spec's fit (jaxformer's wall includes it)")
     parser.add_argument("--torch-checkpoints", action="store_true",
                         help="the twin saves model and optimizer at checkpoint.interval steps, as jaxformer does")
-
-
-# --- the environment of a measurement ---
-
-def _version(package: str) -> str | None:
-    try:
-        return metadata.version(package)
-    except metadata.PackageNotFoundError:
-        return None
-
-
-def _commit() -> str | None:
-    try:
-        result = subprocess.run(["git", "-C", str(ROOT), "log", "--oneline", "-1"], capture_output=True, text=True,
-                                timeout=10)
-        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=10).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return None
-    line = result.stdout.strip()[:100]
-    return (line + (" (with uncommitted changes)" if dirty else "")) if result.returncode == 0 and line else None
-
-
-def environment() -> dict:
-    return {"cpu_model": cpu_model(), "cores": os.cpu_count(), "date": datetime.datetime.now().astimezone().isoformat(
-        timespec="seconds"), "python": platform.python_version(), "jax_version": _version("jax"),
-        "jaxlib_version": _version("jaxlib"), "torch_version": _version("torch"), "commit": _commit(),
-        "variables": {name: os.environ.get(name, "") for name in ("GLIBC_TUNABLES", "XLA_FLAGS")}}
 
 
 # --- the two sides ---
@@ -263,7 +230,7 @@ def run(args: argparse.Namespace) -> int:
     spec = load_spec(spec_path)
     planned = plan_runs(spec) + (plan_tuning(spec) if spec.tune is not None else [])
     if not args.skip_torch:
-        if _version("torch") is None:
+        if package_version("torch") is None:
             raise ValueError("the PyTorch twin needs torch installed (or pass --skip-torch)")
         from jaxformer.benchmarks.torch_twin import check_supported
 

@@ -210,7 +210,7 @@ def matmul_peaks(dtypes: list[str], torch_too: bool, matmul_impl: str = "xla") -
 
 
 def run(args: argparse.Namespace) -> int:
-    from jaxformer.train.peak import cpu_model
+    from jaxformer.benchmarks.environment import environment
 
     from jaxformer.functional.dense import check_matmul_impl
     from jaxformer.functional.dispatch import check_impl
@@ -257,10 +257,11 @@ def run(args: argparse.Namespace) -> int:
         row["jax_mfu"] = row["jax_tokens_per_s"] * row["flops_per_token"] / peak
         if "torch_tokens_per_s" in row:
             row["torch_mfu"] = row["torch_tokens_per_s"] * row["flops_per_token"] / peak
-    report = {"cpu_model": cpu_model(), "attention_impl": args.attention_impl, "matmul_impl": args.matmul_impl,
+    machine = environment()  # with the software's versions and the commit
+    report = {"cpu_model": machine["cpu_model"], "attention_impl": args.attention_impl, "matmul_impl": args.matmul_impl,
               "matmul_peak_flops": peaks["float32" if "float32" in peaks else dtypes[0]]["jax"],
-              "matmul_peaks": peaks, "sizes": rows, "notes": notes,
-              "environment": {name: os.environ.get(name, "") for name in ("GLIBC_TUNABLES", "XLA_FLAGS")}}
+              "matmul_peaks": peaks, "sizes": rows, "notes": notes, "environment": machine["variables"],
+              "machine": machine}
     if args.layout:
         report["layout"] = _layout([s for s in sizes if s[0] <= 128], args.batch, args.steps)
         LAYOUT_FILE.parent.mkdir(parents=True, exist_ok=True)
