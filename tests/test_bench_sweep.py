@@ -153,4 +153,22 @@ def test_bench_sweep_replays_a_tuned_branched_sweep_on_both_sides(tmp_path, caps
     assert plan["lr_rule"]["source"] == "tune/tune.json"
     assert set(report["torch"]["val_loss"]) == set(report["jax"]["val_loss"])  # the same runs, by name
     assert report["cpu_model"] and report["jax_version"] and report["torch_version"] and report["date"]
+    assert report["torch"]["torch_matmul_peak_dtype"] == "float32" and not any(run["autocast"] for run in twin)
     assert "ratio torch wall / jaxformer wall" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_bench_sweep_times_a_bfloat16_plan_against_pytorchs_autocast(tmp_path, capsys):
+    spec = yaml.safe_load((ROOT / "sweeps" / "tiny.yaml").read_text())
+    spec["base"]["train"]["compute_dtype"] = "bfloat16"
+    path = tmp_path / "bf16.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    assert main(["bench", "sweep", str(path), "--workers", "2", "--out", str(tmp_path / "b"),
+                 "--json", str(tmp_path / "b.json")]) == 0
+    report = json.loads((tmp_path / "b.json").read_text())
+    twin = json.loads((tmp_path / "b" / "r0" / "torch.json").read_text())["runs"]
+    assert report["runs"] == len(twin) == 4 and all(run["autocast"] for run in twin)
+    finals = [json.loads(path.read_text()) for path in (tmp_path / "b" / "r0" / "jax").glob("runs/*/final.json")]
+    assert len(finals) == 4 and {final["config"]["train"]["compute_dtype"] for final in finals} == {"bfloat16"}
+    assert report["torch"]["torch_matmul_peak_dtype"] == "bfloat16"
+    assert "1-thread bfloat16 matmul peak" in capsys.readouterr().out

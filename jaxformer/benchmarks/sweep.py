@@ -192,6 +192,7 @@ def torch_side(report: dict, wall_s: float, workers: int, peak: float | None) ->
     result.update(internal_wall_s=report["wall_s"], prepare_s=report["prepare_s"],
                   prepare_past_first_ready_s=max(0.0, report["prepare_s"] - first_ready),
                   worker_ready_s=report["worker_ready_s"], torch_matmul_peak_flops=statistics.median(peaks),
+                  torch_matmul_peak_dtype=report["runs"][0]["worker_peak_dtype"],
                   steps=[record["steps"] for record in report["runs"]],
                   optimizer_steps=[record["optimizer_steps"] for record in report["runs"]],
                   val_loss={record["name"]: record["val_loss"] for record in report["runs"]})
@@ -368,5 +369,5 @@ def _print(report: dict) -> None:
         print(f"PyTorch twin: preparation (plan, data, schedules) {twin['prepare_s']:.1f}s, workers ready at "
               + ", ".join(f"{s:.1f}s" for s in twin["worker_ready_s"])
               + f" (runs waited {twin['prepare_past_first_ready_s']:.1f}s for the preparation); "
-              f"its 1-thread matmul peak {twin['torch_matmul_peak_flops'] / 1e9:.1f} GFLOP/s")
+              f"its 1-thread {twin['torch_matmul_peak_dtype']} matmul peak {twin['torch_matmul_peak_flops'] / 1e9:.1f} GFLOP/s")
         print(f"ratio torch wall / jaxformer wall = {report['ratio']:.2f} (jaxformer's speedup; > 1: jaxformer faster)")

@@ -14,7 +14,8 @@ Per run it does the work jaxformer's run does (`jaxformer.benchmarks.torch_twin`
 prepares each distinct data section once and hands the token arrays to the workers as .npy files
 (the workers import neither JAX nor Orbax). The report carries the whole wall time, the parent's
 preparation time (reading the plan, data, schedules: it imports JAX for them, while the workers
-start and import PyTorch), when each worker was ready and every run's record.
+start and import PyTorch), when each worker was ready and every run's record with its worker's
+matmul peak (bf16 where every run computes in bf16, else fp32).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ _DATA: dict[str, tuple[np.ndarray, np.ndarray]] = {}
 _WORKER: dict[str, Any] = {}
 
 
-def _init_worker(threads: int) -> None:
+def _init_worker(threads: int, dtype: str) -> None:
     import torch
 
     torch.set_num_threads(threads)
@@ -51,7 +52,7 @@ def _init_worker(threads: int) -> None:
     warm = torch.optim.AdamW([weight])
     weight.sum().backward()
     warm.step()
-    _WORKER.update(ready=time.time(), peak=matmul_peak(repeats=5))
+    _WORKER.update(ready=time.time(), peak=matmul_peak(dtype, repeats=5), peak_dtype=dtype)
 
 
 def _train_in_worker(task: tuple[TwinRun, str]) -> dict:
@@ -60,7 +61,8 @@ def _train_in_worker(task: tuple[TwinRun, str]) -> dict:
         index = json.loads((Path(data_dir) / "keys.json").read_text()).index(run.data_key)
         _DATA[run.data_key] = tuple(np.load(Path(data_dir) / f"{index}.{split}.npy") for split in ("train", "val"))
     record = train_twin(run, *_DATA[run.data_key])
-    record.update(worker_ready=_WORKER["ready"], worker_peak_flops=_WORKER["peak"])
+    record.update(worker_ready=_WORKER["ready"], worker_peak_flops=_WORKER["peak"],
+                  worker_peak_dtype=_WORKER["peak_dtype"])
     return record
 
 
@@ -77,11 +79,14 @@ def run_plan(sweep_dir: str | Path, *, workers: int, threads: int = 1, checkpoin
     import tempfile
 
     started, started_epoch = time.perf_counter(), time.time()
+    stages = replay_plan(sweep_dir)  # JSON and YAML only: the workers' start waits for no JAX import
+    planned = [run for stage in stages for run in stage]
+    # the workers' matmul peak in the runs' compute dtype (bf16 where every run computes in bf16: autocast)
+    dtypes = {run.config.get("train", {}).get("compute_dtype", "float32") for run in planned}
+    peak_dtype = "bfloat16" if dtypes == {"bfloat16"} else "float32"
     context = multiprocessing.get_context("spawn")
-    with context.Pool(workers, initializer=_init_worker, initargs=(threads,)) as pool, \
+    with context.Pool(workers, initializer=_init_worker, initargs=(threads, peak_dtype)) as pool, \
             tempfile.TemporaryDirectory(prefix="jaxformer-twin-") as data_dir:
-        stages = replay_plan(sweep_dir)
-        planned = [run for stage in stages for run in stage]
         given = None
         if schedules is not None:
             with np.load(schedules) as arrays:

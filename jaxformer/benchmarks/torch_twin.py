@@ -276,7 +276,7 @@ def train_twin(run: TwinRun, train_tokens: np.ndarray, val_tokens: np.ndarray) -
     optimizer_steps = {int(state["step"]) for state in optimizer.state.values()}
     record = {"name": run.name, "steps": run.steps, "optimizer_steps": max(optimizer_steps, default=0),
               "fork_step": run.fork_step, "tokens": (run.steps - first + 1) * run.batch_size * run.seq_len, "flops_exact": run.flops_exact,
-              "train_loss": train_loss, "val_loss": val_loss, "losses": losses, "time": times,
+              "train_loss": train_loss, "val_loss": val_loss, "losses": losses, "time": times, "autocast": run.autocast,
               "pid": os.getpid()}
     if run.record_lrs:
         record["learning_rates"] = applied
