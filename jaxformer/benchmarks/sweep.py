@@ -44,7 +44,6 @@ import tempfile
 import time
 from pathlib import Path
 
-
 from jaxformer.benchmarks.environment import environment, package_version
 from jaxformer.benchmarks.replay import replay_plan
 from jaxformer.files import write_json_atomic

@@ -79,9 +79,10 @@ def run_plan(sweep_dir: str | Path, *, workers: int, threads: int = 1, checkpoin
     import tempfile
 
     started, started_epoch = time.perf_counter(), time.time()
-    stages = replay_plan(sweep_dir)  # JSON and YAML only: the workers' start waits for no JAX import
+    # the plan first (JSON and YAML, no JAX import: milliseconds), so that the workers probe their matmul peak in
+    # the runs' compute dtype: bf16 where every run computes in bf16 (under autocast), else fp32
+    stages = replay_plan(sweep_dir)
     planned = [run for stage in stages for run in stage]
-    # the workers' matmul peak in the runs' compute dtype (bf16 where every run computes in bf16: autocast)
     dtypes = {run.config.get("train", {}).get("compute_dtype", "float32") for run in planned}
     peak_dtype = "bfloat16" if dtypes == {"bfloat16"} else "float32"
     context = multiprocessing.get_context("spawn")

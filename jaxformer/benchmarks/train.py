@@ -211,7 +211,6 @@ def matmul_peaks(dtypes: list[str], torch_too: bool, matmul_impl: str = "xla") -
 
 def run(args: argparse.Namespace) -> int:
     from jaxformer.benchmarks.environment import environment
-
     from jaxformer.functional.dense import check_matmul_impl
     from jaxformer.functional.dispatch import check_impl
 
