@@ -229,7 +229,7 @@ def test_the_command_line_runs_in_the_tuned_environment(tmp_path):
                     "--steps", "1", "--repeats", "1", "--no-torch", "--json", str(out)],
                    env=env, check=True, capture_output=True, timeout=300)
     report = json.loads(out.read_text())
-    environment = report["environment"]
+    environment = report["variables"]
     assert environment["GLIBC_TUNABLES"] == ":".join(MALLOC_TUNABLES) and NO_YNN_FUSION in environment["XLA_FLAGS"]
     assert f"{HOST_DEVICES}={usable_cores()}" in environment["XLA_FLAGS"]
     assert report["sizes"][0]["devices"] == min(2, usable_cores())  # data-parallel over the batch of 2

@@ -256,11 +256,9 @@ def run(args: argparse.Namespace) -> int:
         row["jax_mfu"] = row["jax_tokens_per_s"] * row["flops_per_token"] / peak
         if "torch_tokens_per_s" in row:
             row["torch_mfu"] = row["torch_tokens_per_s"] * row["flops_per_token"] / peak
-    machine = environment()  # with the software's versions and the commit
-    report = {"cpu_model": machine["cpu_model"], "attention_impl": args.attention_impl, "matmul_impl": args.matmul_impl,
+    report = {**environment(), "attention_impl": args.attention_impl, "matmul_impl": args.matmul_impl,
               "matmul_peak_flops": peaks["float32" if "float32" in peaks else dtypes[0]]["jax"],
-              "matmul_peaks": peaks, "sizes": rows, "notes": notes, "environment": machine["variables"],
-              "machine": machine}
+              "matmul_peaks": peaks, "sizes": rows, "notes": notes}  # the environment as `bench sweep` records it
     if args.layout:
         report["layout"] = _layout([s for s in sizes if s[0] <= 128], args.batch, args.steps)
         LAYOUT_FILE.parent.mkdir(parents=True, exist_ok=True)
@@ -274,7 +272,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _print(report: dict, args: argparse.Namespace) -> None:
-    print(f"CPU: {report['cpu_model']}; attention {report['attention_impl']}; matmul {report['matmul_impl']}; " + ", ".join(f"{name}={value!r}" for name, value in report["environment"].items()))
+    print(f"CPU: {report['cpu_model']}; attention {report['attention_impl']}; matmul {report['matmul_impl']}; " + ", ".join(f"{name}={value!r}" for name, value in report["variables"].items()))
     for dtype, peak in report["matmul_peaks"].items():
         print(f"matmul peak {dtype} (this run): jax {peak['jax'] / 1e9:.1f} GFLOP/s"
               + (f", torch {peak['torch'] / 1e9:.1f} GFLOP/s, ratio {peak['jax'] / peak['torch']:.2f}" if "torch" in peak else "")
