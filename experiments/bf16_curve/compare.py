@@ -36,6 +36,7 @@ def series(run: Path, key: str) -> dict[int, float]:
 
 def main(fp32: Path, bf16: Path, out: Path, names: tuple[str, str] = ("fp32", "bf16")) -> None:
     first, second = names
+    out.mkdir(parents=True, exist_ok=True)
     report = {}
     for key in ("train_loss", "val_loss"):
         a, b = series(fp32, key), series(bf16, key)
