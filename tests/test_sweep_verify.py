@@ -12,6 +12,25 @@ from jaxformer.sweep.spec import load_spec
 from sweep_helpers import jaxformer, variant
 
 
+def test_pooled_seed_noise_estimates_one_runs_standard_deviation():
+    """The seed noise the prediction interval uses: from 400 shapes of two seeds and 100 of five, with one run's
+    relative standard deviation 1%, the pooled estimate is 1% (its standard error about 0.03%), where the median
+    of the shapes' spreads would be 0.674% for the pairs; finished rows only."""
+    from jaxformer.sweep.fit import pooled_seed_noise, seed_noise
+
+    rng = np.random.default_rng(0)
+    rows = [{"N": n, "D": 1.0, "status": "done", "loss": loss}
+            for n, seeds in enumerate([2] * 400 + [5] * 100) for loss in 3.0 * (1 + 0.01 * rng.standard_normal(seeds))]
+    pairs = [np.std([a["loss"], b["loss"]], ddof=1) / 3.0 for a, b in zip(rows[:800:2], rows[1:800:2])]
+    assert np.median(pairs) == pytest.approx(0.00674, rel=0.1)
+    assert pooled_seed_noise(rows) == pytest.approx(0.01, rel=0.06)
+    stray = rows + [{"N": 0, "D": 1.0, "status": "failed", "loss": 30.0}]
+    assert pooled_seed_noise(stray) == pooled_seed_noise(rows)
+    assert pooled_seed_noise([{"N": 1, "D": 1.0, "status": "done", "loss": 3.0}]) is None
+    assert seed_noise(rows).startswith("seed noise: 500 shapes trained with several seeds; the final loss's "
+                                       f"standard deviation across seeds is {100 * pooled_seed_noise(rows):.2f}%")
+
+
 def test_one_runs_prediction_interval_adds_the_seed_noise_to_the_laws():
     """The held-out check's interval for one run: each bootstrap law's loss times 1 + noise·z. Its half-width is
     the law's and the seed's combined in quadrature (normal percentiles), and without noise there is none."""
@@ -136,7 +155,8 @@ def test_held_out_run_and_seed_repeats_after_the_fit(tmp_path):
     repeats = {}  # the seed noise the sweep measured: two seeds of 4 shapes at 2e9, 0.3% apart
     for row in json.loads(jaxformer("results", out, "--format", "json").stdout):
         repeats.setdefault((row["N"], row["D"]), []).append(row["loss"])
-    noise = np.median([np.std(v, ddof=1) / np.mean(v) for v in repeats.values() if len(v) > 1])
+    spreads = [np.std(v, ddof=1) / np.mean(v) for v in repeats.values() if len(v) > 1]
+    noise = np.sqrt(np.mean(np.square(spreads)))  # pooled over the 4 pairs (one degree of freedom each)
     assert verify["predicted"]["seed_noise"] == pytest.approx(noise) and noise == pytest.approx(0.003 / 2 ** 0.5, rel=0.01)
     one_low, one_high = verify["predicted"]["prediction_interval"]
     assert one_low < low and high < one_high  # one run's interval holds the law's and the seed's noise

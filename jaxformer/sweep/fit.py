@@ -76,21 +76,42 @@ def fit_and_write(table: RunTable, done: list[dict], spec: FitSpec, directory: P
     return "\n".join(lines), report
 
 
-def seed_spreads(rows: list[dict]) -> list[float]:
-    """The final loss's standard deviation across seeds over its mean, for each shape and budget trained with
-    several seeds (the sweep's ``isoflop.repeat``) among the finished ``rows``."""
+def _seed_groups(rows: list[dict]) -> list[np.ndarray]:
+    """The final losses of each shape and budget trained with several seeds among the finished ``rows``."""
     groups: dict[tuple, list[float]] = {}
     for row in rows:
         if row["status"] == "done":
             groups.setdefault((row["N"], row["D"]), []).append(float(row["loss"]))
-    return [float(np.std(losses, ddof=1) / np.mean(losses)) for losses in groups.values() if len(losses) > 1]
+    return [np.asarray(losses) for losses in groups.values() if len(losses) > 1]
+
+
+def seed_spreads(rows: list[dict]) -> list[float]:
+    """The final loss's standard deviation across seeds over its mean, for each shape and budget trained with
+    several seeds (the sweep's ``seeds`` or ``isoflop.repeat``) among the finished ``rows``."""
+    return [float(np.std(losses, ddof=1) / np.mean(losses)) for losses in _seed_groups(rows)]
+
+
+def pooled_seed_noise(rows: list[dict]) -> float | None:
+    """One run's relative standard deviation from its seed alone, pooled over every shape with seed repeats:
+    sqrt(Σ (n_i − 1)·s_i² / Σ (n_i − 1)), s_i a shape's relative standard deviation over its n_i seeds. None
+    without repeats.
+
+    The pooled variance is unbiased for σ²; the median of the shapes' s_i underestimates σ (with two seeds each
+    s_i is σ·|z|, z standard normal, whose median is 0.674σ)."""
+    groups = _seed_groups(rows)
+    if not groups:
+        return None
+    degrees = np.array([len(losses) - 1 for losses in groups])
+    variances = np.array([np.var(losses, ddof=1) / np.mean(losses) ** 2 for losses in groups])
+    return float(np.sqrt(np.sum(degrees * variances) / np.sum(degrees)))
 
 
 def seed_noise(rows: list[dict]) -> str | None:
-    """A line on how much the final loss moves with the seed alone (`seed_spreads`), or None when no shape
-    was trained with several seeds."""
+    """A line on how much the final loss moves with the seed alone (`pooled_seed_noise`, `seed_spreads`), or None
+    when no shape was trained with several seeds."""
     spreads = seed_spreads(rows)
     if not spreads:
         return None
     return (f"seed noise: {len(spreads)} shapes trained with several seeds; the final loss's standard deviation "
-            f"across seeds is {100 * np.median(spreads):.2f}% of its mean (median; largest {100 * max(spreads):.2f}%)")
+            f"across seeds is {100 * pooled_seed_noise(rows):.2f}% of its mean (pooled over the shapes; median "
+            f"{100 * np.median(spreads):.2f}%, largest {100 * max(spreads):.2f}%)")

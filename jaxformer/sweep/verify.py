@@ -11,9 +11,9 @@ so the mean is what is measured. Approach 3's law predicts each size's final val
 shaped N and the D it trains on, and each bootstrap resample's law gives the interval: how well the
 law's mean loss there is known. The mean of k runs also carries their seeds' noise, so where the
 sweep trained seed repeats (``seeds:`` or ``isoflop.repeat``) a prediction interval adds that noise
-(the median relative spread across seeds, over √k) to each resample's loss. The runs live with the
-others (``runs/verify-…``) but are not in ``plan.json``, so no table or fit of the sweep reads them;
-``fit/verify.json`` records the comparison.
+(one run's relative standard deviation from its seed, pooled over the sweep's repeated shapes, over
+√k) to each resample's loss. The runs live with the others (``runs/verify-…``) but are not in
+``plan.json``, so no table or fit of the sweep reads them; ``fit/verify.json`` records the comparison.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import numpy as np
 from jaxformer.files import write_bytes_atomic
 from jaxformer.scaling.bootstrap import percentiles, sample_laws
 from jaxformer.scaling.report import FitReport, jsonable
-from jaxformer.sweep.fit import seed_spreads
+from jaxformer.sweep.fit import pooled_seed_noise
 from jaxformer.sweep.plan import PlannedRun, plan_run
 from jaxformer.sweep.runs import RunPaths, read_json
 from jaxformer.sweep.spec import SweepSpec
@@ -119,8 +119,7 @@ def verify_runs(out: Path, held_out: list[PlannedRun], report: FitReport, spec: 
     The top level describes the compute-optimal size; ``neighbours`` the other sizes; ``measured_n_opt``
     the optimum their losses locate (None unless three sizes bracket it) against ``predicted_n_opt``.
     """
-    spreads = seed_spreads(rows)
-    noise = float(np.median(spreads)) if spreads else None
+    noise = pooled_seed_noise(rows)
     sizes: dict[tuple[int, int], list[PlannedRun]] = {}
     for run in held_out:
         sizes.setdefault((run.N, run.D), []).append(run)
