@@ -15,6 +15,7 @@ import matplotlib.pyplot as plt
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "bf16_curve"))  # a folder of scripts, not a package
 from compare import series  # noqa: E402
+
 RUNS = {"jaxformer bf16": "jax_bf16_onednn_fused_seed3", "PyTorch fp32": "torch_fp32_seed3",
         "PyTorch bf16 autocast": "torch_bf16_autocast_seed3"}
 
