@@ -10,6 +10,7 @@ A run is a run directory (its metrics.jsonl and final.json), or this folder's co
 
 import argparse
 import json
+import statistics
 from pathlib import Path
 
 import matplotlib
@@ -45,7 +46,7 @@ def main(fp32: Path, bf16: Path, out: Path, names: tuple[str, str] = ("fp32", "b
         late = [r for s, r in zip(steps, rel) if s > steps[-1] // 2]
         report[key] = {"points": len(steps), "max_abs_rel_diff": max(map(abs, rel)),
                        "max_abs_rel_diff_second_half": max(map(abs, late)),
-                       "median_abs_rel_diff": sorted(map(abs, rel))[len(rel) // 2],
+                       "median_abs_rel_diff": statistics.median(map(abs, rel)),
                        "beyond_1_percent": [[s, r] for s, r in zip(steps, rel) if abs(r) > 0.01],
                        f"final_{first}": a[steps[-1]], f"final_{second}": b[steps[-1]], "final_rel_diff": rel[-1]}
     finals = {name: json.loads(_file(run, "final.json").read_text()) for name, run in ((first, fp32), (second, bf16))}
