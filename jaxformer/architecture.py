@@ -72,7 +72,7 @@ class ModelConfig(Section):
       from; its architecture fills the other model fields (`jaxformer.train.config`).
 
     How attention is computed (its implementation and tiles) is not architecture: it is the
-    `jaxformer.functional.KernelConfig` a model is built with.
+    `jaxformer.kernel.KernelConfig` a model is built with.
     """
 
     SECTION = "model"

@@ -69,7 +69,17 @@ def setting(default: Any = dataclasses.MISSING, allowed: Range | None = None, *,
 
 @functools.lru_cache(maxsize=None)
 def _hints(cls: type) -> dict[str, Any]:
+    """``cls``'s resolved annotations, once per class: the sweep planner builds thousands of configs."""
     return get_type_hints(cls)
+
+
+@functools.lru_cache(maxsize=None)
+def _field_checks(cls: type) -> tuple[tuple[str, tuple | None, Range | None], ...]:
+    """Per field of ``cls``: its name, the choices of a ``Literal`` annotation (else None) and its `Range`
+    (else None)."""
+    hints = _hints(cls)
+    return tuple((field.name, get_args(hints[field.name]) if get_origin(hints[field.name]) is Literal else None,
+                  field.metadata.get("range")) for field in dataclasses.fields(cls))
 
 
 class Section:
@@ -78,15 +88,13 @@ class Section:
     SECTION: typing.ClassVar[str] = ""
 
     def __post_init__(self) -> None:
-        hints = _hints(type(self))
-        for field in dataclasses.fields(self):
-            value, name = getattr(self, field.name), self.name_of(field.name)
-            if get_origin(hints[field.name]) is Literal and value not in get_args(hints[field.name]):
-                raise ValueError(f"{name} must be one of {', '.join(map(str, get_args(hints[field.name])))}, "
+        for field, choices, allowed in _field_checks(type(self)):
+            value = getattr(self, field)
+            if choices is not None and value not in choices:
+                raise ValueError(f"{self.name_of(field)} must be one of {', '.join(map(str, choices))}, "
                                  f"got {value!r}")
-            allowed = field.metadata.get("range")
             if allowed is not None:
-                allowed.check(name, value)
+                allowed.check(self.name_of(field), value)
         self.check()
 
     def check(self) -> None:
@@ -171,7 +179,7 @@ def _coerce(value: Any, annotation: Any, field: str) -> Any:
 def from_dict(cls: type[T], data: dict[str, Any] | None, *, prefix: str = "") -> T:
     """Builds dataclass ``cls`` from ``data``; unknown keys and wrong types raise ``ValueError``."""
     data = dict(data or {})
-    hints = get_type_hints(cls)
+    hints = _hints(cls)
     names = {f.name for f in dataclasses.fields(cls) if f.init}
     unknown = sorted(set(data) - names)
     if unknown:

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from jaxformer.train.config import load_config
-from jaxformer.train.optimizer import OptimizerConfig, cooldown_steps, learning_rates, warmup_steps
+from jaxformer.train.optimizer import learning_rates
+from jaxformer.train.optimizer_config import OptimizerConfig, cooldown_steps, warmup_steps
 
 
 def wsd_formula(k: int, total: int, warmup: int, cooldown: int, lr: float, end: float, shape: str) -> float:

@@ -16,7 +16,7 @@ from jaxformer.models.presets import get_preset
 from jaxformer.sweep.plan import plan_runs
 from jaxformer.sweep.sizing import ShapeRule, shape_for_params
 from jaxformer.sweep.spec import load_spec
-from sweep_helpers import TINY, jaxformer, variant
+from sweep_helpers import ROOT, TINY, jaxformer, variant
 
 
 def test_plan_has_exact_counts_whole_steps_and_isoflop_compute():
@@ -29,6 +29,18 @@ def test_plan_has_exact_counts_whole_steps_and_isoflop_compute():
         assert abs(run.C / run.budget - 1) < 0.03  # whole steps: within a step of the budget
         assert run.config["train"]["tokens"] == run.D
     assert len({run.N for run in runs}) == 2
+
+
+def test_the_launcher_plans_the_main_job_without_importing_jax():
+    """The process that plans and supervises never trains: reading specs and configs, sizing the models and
+    planning every run (the tuning stage, trunks and branches of the README's main job) import no JAX, Flax,
+    Optax or Orbax, so its workers start without waiting for them."""
+    code = ("import sys; from jaxformer.sweep.launch import launch; from jaxformer.sweep.plan import plan_runs; "
+            "from jaxformer.sweep.spec import load_spec; from jaxformer.sweep.tune import plan_tuning; "
+            f"spec = load_spec({str(ROOT / 'sweeps' / 'quick.yaml')!r}); runs = plan_runs(spec); plan_tuning(spec); "
+            "print(len(runs), sorted({'jax', 'flax', 'optax', 'orbax'} & {m.split('.')[0] for m in sys.modules}))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert result.stdout.split(maxsplit=1) == ["70", "[]\n"]
 
 
 def test_budgets_are_exact_training_flops_by_default(tmp_path):

@@ -15,7 +15,8 @@ from jaxformer.train.config import (
     load_config,
     resume_conflict,
 )
-from jaxformer.train.optimizer import OptimizerConfig, learning_rate_schedule, learning_rates, make_optimizer, warmup_steps
+from jaxformer.train.optimizer import learning_rate_schedule, learning_rates, make_optimizer
+from jaxformer.train.optimizer_config import OptimizerConfig, warmup_steps
 
 
 def test_yaml_plus_dotted_overrides_resolve_to_a_reloadable_config(tmp_path):

@@ -29,7 +29,7 @@ import numpy as np
 from jaxformer.benchmarks.attention_memory import MODES, attention_call, largest_n
 from jaxformer.benchmarks.figures import save_figure
 from jaxformer.files import write_atomically
-from jaxformer.functional.dispatch import IMPLEMENTATIONS
+from jaxformer.kernel import IMPLEMENTATIONS
 
 
 def _names(text: str, allowed: tuple[str, ...], field: str) -> list[str]:

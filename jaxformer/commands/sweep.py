@@ -8,6 +8,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+# on success every file is written and every worker has exited (a Ray instance this command started is stopped
+# in `run`): `jaxformer.cli` skips Python's teardown of this process's JAX
+EXIT_AT_ONCE = True
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("spec", help="sweep YAML (see sweeps/)")
@@ -59,13 +63,19 @@ def run(args: argparse.Namespace) -> int:
     options = LaunchOptions(executor=args.executor, workers=args.workers, threads=args.threads,
                             retry_failed=args.retry_failed, ray_address=args.ray_address,
                             gpus_per_run=args.gpus_per_run)
-    with worker_pool(options, out) as pool:  # one set of warm workers for the tuning stage and every later stage
-        if spec.tune is not None:  # the tuning stage first: its rule sets the runs' learning rates
-            from jaxformer.sweep.tune import tune_stage
+    try:
+        with worker_pool(options, out) as pool:  # one set of warm workers for the tuning stage and every later one
+            if spec.tune is not None:  # the tuning stage first: its rule sets the runs' learning rates
+                from jaxformer.sweep.tune import tune_stage
 
-            spec = tune_stage(spec, out, options, report=say, pool=pool)
-            if spec is None:
-                return 0
-            runs = plan_runs(spec)
-        result = launch(spec, runs, out, options, report=say, pool=pool)
+                spec = tune_stage(spec, out, options, report=say, pool=pool)
+                if spec is None:
+                    return 0
+                runs = plan_runs(spec)
+            result = launch(spec, runs, out, options, report=say, pool=pool)
+    finally:
+        if options.executor == "ray":  # what Ray's own exit handler would do (`EXIT_AT_ONCE` skips it)
+            import ray
+
+            ray.shutdown()
     return 1 if result.failed else 0

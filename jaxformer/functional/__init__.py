@@ -45,7 +45,7 @@ from jaxformer.functional.dot_product import dot_product_attention
 from jaxformer.functional.blockwise import blockwise_attention
 from jaxformer.functional.dispatch import attention
 from jaxformer.functional.feedforward import feed_forward
-from jaxformer.functional.kernel import KernelConfig
+from jaxformer.kernel import KernelConfig
 from jaxformer.functional.masks import attention_mask, causal_mask, padding_mask, sliding_window_mask
 from jaxformer.functional.moe import load_balancing_loss, moe_feed_forward, route
 from jaxformer.functional.norms import layer_norm, rms_norm

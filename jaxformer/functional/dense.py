@@ -17,8 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxformer.functional import onednn_matmul
-
-MATMUL_IMPLS = ("xla", "onednn")
+from jaxformer.kernel import MATMUL_IMPLS
 
 
 def check_matmul_impl(impl: str) -> None:

@@ -32,8 +32,7 @@ from jaxformer.functional.blockwise import blockwise_attention, check_structured
 from jaxformer.functional import fused_attention as fused
 from jaxformer.functional.masks import attention_mask
 from jaxformer.functional.positions import alibi_bias_from_slopes, relative_position_bias
-
-IMPLEMENTATIONS = ("naive", "blockwise", "xla", "fused")
+from jaxformer.kernel import IMPLEMENTATIONS
 
 
 def check_impl(impl: str) -> None:

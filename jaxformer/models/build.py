@@ -5,7 +5,7 @@ from __future__ import annotations
 from flax import nnx
 
 from jaxformer.architecture import Family, ModelConfig
-from jaxformer.functional.kernel import KernelConfig
+from jaxformer.kernel import KernelConfig
 from jaxformer.models.decoder import DecoderLM
 from jaxformer.models.encoder import EncoderMLM
 from jaxformer.models.encoder_decoder import EncoderDecoder

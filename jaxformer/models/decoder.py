@@ -8,7 +8,7 @@ from flax import nnx
 
 import jaxformer.functional as F
 from jaxformer.architecture import ModelConfig
-from jaxformer.functional.kernel import KernelConfig
+from jaxformer.kernel import KernelConfig
 from jaxformer.models.kv_cache import KVCache
 from jaxformer.nn import params
 from jaxformer.nn.block import Stack

@@ -16,7 +16,7 @@ from flax import nnx
 import jaxformer.functional as F
 from jaxformer.architecture import ModelConfig
 from jaxformer.functional.feedforward import ACTIVATIONS
-from jaxformer.functional.kernel import KernelConfig
+from jaxformer.kernel import KernelConfig
 from jaxformer.models.decoder import OutputHead
 from jaxformer.nn import params
 from jaxformer.nn.block import Stack

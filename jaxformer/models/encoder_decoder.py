@@ -6,7 +6,7 @@ import jax
 from flax import nnx
 
 from jaxformer.architecture import ModelConfig
-from jaxformer.functional.kernel import KernelConfig
+from jaxformer.kernel import KernelConfig
 from jaxformer.models.decoder import OutputHead
 from jaxformer.models.kv_cache import KVCache
 from jaxformer.nn.block import Stack

@@ -20,7 +20,7 @@ from flax import nnx
 
 from jaxformer.models.build import build_model
 from jaxformer.architecture import ModelConfig
-from jaxformer.functional.kernel import KernelConfig
+from jaxformer.kernel import KernelConfig
 
 
 def init_params(cfg: ModelConfig, seed: int | jax.Array, kernel: KernelConfig = KernelConfig()) -> tuple[nnx.GraphDef, nnx.State]:

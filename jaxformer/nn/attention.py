@@ -17,7 +17,7 @@ import numpy as np
 from flax import nnx
 
 import jaxformer.functional as F
-from jaxformer.functional.kernel import KernelConfig
+from jaxformer.kernel import KernelConfig
 from jaxformer.architecture import ModelConfig
 from jaxformer.nn import kv, params
 from jaxformer.nn.kv import KV

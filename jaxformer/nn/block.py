@@ -20,7 +20,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxformer.architecture import ModelConfig
-from jaxformer.functional.kernel import KernelConfig
+from jaxformer.kernel import KernelConfig
 from jaxformer.nn import params
 from jaxformer.nn.attention import Attention
 from jaxformer.nn.feedforward import FeedForward

@@ -7,7 +7,7 @@ from flax import nnx
 
 import jaxformer.functional as F
 from jaxformer.architecture import ModelConfig
-from jaxformer.functional.kernel import KernelConfig
+from jaxformer.kernel import KernelConfig
 from jaxformer.nn import params
 
 

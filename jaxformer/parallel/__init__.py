@@ -8,10 +8,17 @@ partitioner inserts the collectives. Changing ``parallel.mesh`` changes where th
 runs, never the result (to float rounding: ``tests/test_parallel.py``).
 """
 
-from jaxformer.parallel.distributed import initialize
-from jaxformer.parallel.layout import Layout
-from jaxformer.parallel.mesh import MESH_AXES, make_mesh, mesh_shape
-from jaxformer.parallel.rules import DEFAULT_RULES, param_shardings, resolve_rules
+import importlib
 
-__all__ = ["DEFAULT_RULES", "MESH_AXES", "Layout", "initialize", "make_mesh", "mesh_shape", "param_shardings",
-           "resolve_rules"]
+# name -> the module that defines it. They are imported on first use, so that the ``parallel`` section of a
+# config (`jaxformer.parallel.config`) is read without importing JAX and Flax: the sweep's planner does.
+_EXPORTS = {"initialize": "distributed", "Layout": "layout", "MESH_AXES": "mesh", "make_mesh": "mesh",
+            "mesh_shape": "mesh", "DEFAULT_RULES": "rules", "param_shardings": "rules", "resolve_rules": "rules"}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)

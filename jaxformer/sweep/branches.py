@@ -43,7 +43,7 @@ from jaxformer.configs import to_dict
 from jaxformer.files import write_json_atomic, write_text_atomic
 from jaxformer.sweep.plan import PlannedRun
 from jaxformer.sweep.runs import Outcome, RunPaths, read_json
-from jaxformer.train.checkpoint import has_checkpoints
+from jaxformer.train.checkpoint_config import has_checkpoints
 from jaxformer.train.config import TrainConfig, config_from_dict, resume_conflict
 
 def trunks_of(runs: list[PlannedRun]) -> list[PlannedRun]:

@@ -78,6 +78,8 @@ class LocalPool:
         return outcomes
 
     def close(self) -> None:
+        for worker in self.workers:  # all told first, so that they end side by side
+            worker.stop()
         for worker in self.workers:
             worker.close()
 

@@ -13,7 +13,7 @@ from jaxformer.architecture import ModelConfig
 from jaxformer.sweep.sizing import ShapeRule, shape_for_params
 from jaxformer.sweep.spec import SweepSpec, evaluate_formula
 from jaxformer.train.config import TrainConfig, config_from_dict
-from jaxformer.train.optimizer import cooldown_steps, warmup_steps
+from jaxformer.train.optimizer_config import cooldown_steps, warmup_steps
 
 SHAPE_FIELDS = ("num_layers", "d_model", "num_heads", "num_kv_heads", "head_dim", "d_ff", "expert_d_ff")
 

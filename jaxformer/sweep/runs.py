@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Iterator
 
 from jaxformer.files import write_json_atomic
-from jaxformer.train.checkpoint import has_checkpoints
+from jaxformer.train.checkpoint_config import has_checkpoints
 
 
 @dataclasses.dataclass(frozen=True)

@@ -14,6 +14,7 @@ model config, so N is always the exact count of the model that trains.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Literal
 
@@ -60,6 +61,7 @@ def _counted(cfg: ModelConfig, rule: ShapeRule) -> int:
     return params.total if rule.count == "total" else params.non_embedding
 
 
+@functools.lru_cache(maxsize=4096)  # a sweep plans each size at every seed, budget and stage
 def shape_for_params(target: float, base: ModelConfig, rule: ShapeRule) -> ModelConfig:
     """The model of ``base``'s architecture whose exact N is nearest ``target`` under ``rule``.
 

@@ -30,9 +30,6 @@ import numpy as np
 
 from jaxformer.configs import set_dotted, to_dict
 from jaxformer.files import write_bytes_atomic
-from jaxformer.scaling.plots import plot_tuning, save
-from jaxformer.scaling.tuning import edge_notes, fit_tuning
-from jaxformer.scaling.tuning import to_dict as fit_to_dict
 from jaxformer.sweep.executors import LocalPool
 from jaxformer.sweep.launch import LaunchOptions, launch, plan_table
 from jaxformer.sweep.plan import PlannedRun, plan_run
@@ -117,6 +114,12 @@ def _curves(runs: list[PlannedRun], rows: list[dict]) -> tuple[list[dict], list[
 
 def write_record(spec: SweepSpec, runs: list[PlannedRun], rows: list[dict], directory: Path) -> tuple[dict, list[str]]:
     """Fits the finished tuning runs' ``rows``; writes tune.json and the figure; returns the record and its lines."""
+    # here, not at the top: the fit needs JAX and the figure matplotlib, which the launcher would otherwise
+    # import before its workers start
+    from jaxformer.scaling.plots import plot_tuning, save
+    from jaxformer.scaling.tuning import edge_notes, fit_tuning
+    from jaxformer.scaling.tuning import to_dict as fit_to_dict
+
     records, chosen = _curves(runs, rows)
     fit = fit_tuning(*(np.array([r[key] for r in chosen], dtype=float) for key in ("N", "lr", "loss")))  # None: NaN
     fitted = fit_to_dict(fit)

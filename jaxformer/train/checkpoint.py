@@ -21,7 +21,6 @@ computed on the devices and does not depend on the sharding, so it checks such r
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import hashlib
 import logging
 import shutil
@@ -34,36 +33,6 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
-from jaxformer.configs import POSITIVE, Section, setting
-
-
-@dataclasses.dataclass(frozen=True)
-class CheckpointConfig(Section):
-    """Orbax checkpoints every ``interval`` steps (and at the end), the last ``keep`` kept.
-
-    resume: continue from the run directory's latest readable checkpoint when there is one.
-    max_overhead: if set, an interval's save is skipped while saving has already taken more than
-      this fraction of the run's training time (the last step is always saved): short runs then
-      spend a bounded share on checkpoints, at the cost of more steps to redo after a kill.
-    steps: steps always saved, whatever ``interval`` and ``max_overhead`` say, and never rotated
-      away by ``keep`` (a WSD trunk's fork points, `jaxformer.sweep.branches`).
-    asynchronous: Orbax writes each save in a background thread (as MaxText's and Levanter's runs do),
-      holding the arrays it was handed while training goes on. The next save, and the end of the run,
-      wait for the write; a step counts as saved only once Orbax has renamed its finished directory.
-    """
-
-    SECTION = "checkpoint"
-
-    interval: int = setting(100, POSITIVE)
-    keep: int = setting(3, POSITIVE)
-    resume: bool = True
-    max_overhead: float | None = setting(None, POSITIVE)
-    steps: list[int] = setting(factory=list)
-    asynchronous: bool = True
-
-    def check(self) -> None:
-        if any(step < 1 for step in self.steps):
-            raise ValueError(f"checkpoint.steps must be positive step numbers, got {self.steps}")
 
 
 class CheckpointError(RuntimeError):
@@ -107,18 +76,6 @@ def state_digest(state: Any) -> str:
     for leaf, fingerprint in zip(leaves, jax.device_get([_fingerprint(leaf) for leaf in leaves])):
         digest.update(f"{leaf.dtype}{tuple(leaf.shape)}".encode() + np.asarray(fingerprint).tobytes())
     return digest.hexdigest()
-
-
-def has_checkpoints(run_dir: Path) -> bool:
-    """Whether ``RUN_DIR/checkpoints`` holds at least one saved step."""
-    return latest_saved_step(run_dir) is not None
-
-
-def latest_saved_step(run_dir: Path) -> int | None:
-    """The newest step saved in ``RUN_DIR/checkpoints`` (readable or not); None when there is none."""
-    directory = Path(run_dir) / "checkpoints"
-    steps = [int(child.name) for child in directory.iterdir() if child.name.isdigit()] if directory.is_dir() else []
-    return max(steps, default=None)
 
 
 class Checkpointer:

@@ -22,11 +22,11 @@ import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
 from jaxformer.architecture import ModelConfig
-from jaxformer.functional.kernel import KernelConfig
+from jaxformer.kernel import KernelConfig
 from jaxformer.parallel import Layout
 from jaxformer.parallel.layout import jit_once
 from jaxformer.runtime import compile_program
-from jaxformer.train.optimizer import OptimizerConfig, transformation_settings
+from jaxformer.train.optimizer_config import OptimizerConfig, transformation_settings
 from jaxformer.train.step import Stacked, build_state, make_eval_pass, make_train_step
 
 _PROGRAMS: dict[tuple, tuple[Callable, Callable]] = {}

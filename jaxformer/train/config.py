@@ -20,13 +20,13 @@ from typing import Any, Literal
 
 from jaxformer.configs import NON_NEGATIVE, POSITIVE, Section, apply_overrides, from_dict, load_yaml, setting, to_dict
 from jaxformer.architecture import DERIVED_FIELDS, ModelConfig, check_context
-from jaxformer.functional.kernel import KernelConfig
+from jaxformer.kernel import KernelConfig
 from jaxformer.parallel.config import ParallelConfig
 from jaxformer.models.presets import model_config_from_dict
-from jaxformer.train.checkpoint import CheckpointConfig
+from jaxformer.train.checkpoint_config import CheckpointConfig
 from jaxformer.train.corpora import DataConfig
 from jaxformer.train.metrics import LoggingConfig
-from jaxformer.train.optimizer import OptimizerConfig
+from jaxformer.train.optimizer_config import OptimizerConfig
 
 DEFAULT_PRESET = "tiny"
 MAX_STEPS = 2**31 - 1  # the step counter is int32

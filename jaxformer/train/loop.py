@@ -36,7 +36,8 @@ from jaxformer.parallel import Layout
 from jaxformer.parallel import initialize as initialize_distributed
 from jaxformer.runtime import enable_compilation_cache, process_startup_s
 from jaxformer.files import write_json_atomic, write_text_atomic
-from jaxformer.train.checkpoint import Checkpointer, has_checkpoints
+from jaxformer.train.checkpoint import Checkpointer
+from jaxformer.train.checkpoint_config import has_checkpoints
 from jaxformer.train.config import TrainConfig, config_to_dict, resume_conflict
 from jaxformer.train.dataset import Dataset, prepare_dataset
 from jaxformer.train.loader import Loader, eval_batches

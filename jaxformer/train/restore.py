@@ -12,7 +12,8 @@ from pathlib import Path
 import jax
 from flax import nnx
 
-from jaxformer.train.checkpoint import Checkpointer, has_checkpoints
+from jaxformer.train.checkpoint import Checkpointer
+from jaxformer.train.checkpoint_config import has_checkpoints
 from jaxformer.train.config import TrainConfig, load_config
 from jaxformer.train.optimizer import make_optimizer
 from jaxformer.train.step import build_state

@@ -28,7 +28,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from jaxformer.accounting import count_params
 from jaxformer.architecture import ModelConfig
 from jaxformer.functional.cross_entropy import cross_entropy
-from jaxformer.functional.kernel import KernelConfig
+from jaxformer.kernel import KernelConfig
 from jaxformer.models.pure import init_params
 
 State = dict[str, Any]

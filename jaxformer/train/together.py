@@ -47,7 +47,8 @@ import numpy as np
 from jaxformer.architecture import DERIVED_FIELDS
 from jaxformer.files import write_json_atomic
 from jaxformer.runtime import enable_compilation_cache, process_startup_s
-from jaxformer.train.checkpoint import CheckpointError, latest_saved_step
+from jaxformer.train.checkpoint import CheckpointError
+from jaxformer.train.checkpoint_config import latest_saved_step
 from jaxformer.train.compiled import compiled_steps, initial_state, stacked_shardings
 from jaxformer.train.config import TrainConfig, flatten_dotted, config_to_dict
 from jaxformer.train.matmul_choice import choose_kernels

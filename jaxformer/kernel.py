@@ -4,7 +4,8 @@ The implementation and its tiles change only the order of floating-point sums, n
 parameters or the function: so they are not part of `jaxformer.architecture.ModelConfig`
 (parameter counts, presets and resume checks never see them), and a run may change them on
 resume. A model is built with one (`jaxformer.models.build_model(cfg, kernel=…)`); a
-training run reads it from its ``kernel`` section.
+training run reads it from its ``kernel`` section. It sits beside `jaxformer.architecture`, below
+`jaxformer.functional`, so that a config is read and checked without importing JAX.
 """
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ import dataclasses
 from typing import Literal
 
 from jaxformer.configs import SIZE, Section, setting
-from jaxformer.functional.dense import MATMUL_IMPLS
-from jaxformer.functional.dispatch import IMPLEMENTATIONS
+
+IMPLEMENTATIONS = ("naive", "blockwise", "xla", "fused")  # of attention (`jaxformer.functional.dispatch`)
+MATMUL_IMPLS = ("xla", "onednn")  # of the projections (`jaxformer.functional.dense`)
 
 
 @dataclasses.dataclass(frozen=True)
