@@ -123,9 +123,10 @@ def test_resampled_allocations_equal_the_law_through_each_resamples_optima():
 
 
 def test_a_degenerate_resample_is_an_open_interval_not_a_warning():
-    """The Ice Lake beta2 study's nine budgets (experiments/cpu_chinchilla_ladder_beta2_icx): one of the 1,000
-    residual resamples of seed 0 fits its minima with an intercept beyond float64 (the sweep printed an overflow
-    warning); k_N's interval is then open above, silently."""
+    """The Ice Lake beta2 study's nine budgets (experiments/cpu_chinchilla_ladder_beta2_icx), every minimum kept
+    (``keep_edges``): one of the 1,000 residual resamples of seed 0 puts a budget's minimum so far beyond its sizes
+    that the power law's intercept leaves float64 (the sweep once printed an overflow warning); k_N's interval is
+    then open above, silently. With the edge rule (the default) no resample keeps such a minimum."""
     from pathlib import Path
 
     from jaxformer.scaling.table import load_table
@@ -133,9 +134,30 @@ def test_a_degenerate_resample_is_an_open_interval_not_a_warning():
     study = Path(__file__).resolve().parents[1] / "experiments" / "cpu_chinchilla_ladder_beta2_icx" / "results.csv"
     with warnings.catch_warnings():
         warnings.simplefilter("error")
+        kept = fit_isoflop(load_table(study).canonical(), resamples=1000, seed=0, resample="residuals", keep_edges=True)
         fit = fit_isoflop(load_table(study).canonical(), resamples=1000, seed=0, resample="residuals")
-    assert np.isinf(fit.samples["k_N"]).sum() >= 1
-    assert fit.stats["a"].low == pytest.approx(0.2986, abs=1e-4) and fit.stats["a"].high == pytest.approx(0.6674, abs=1e-4)
+    assert np.isinf(kept.samples["k_N"]).sum() >= 1
+    assert kept.stats["a"].low == pytest.approx(0.3262, abs=1e-4) and kept.stats["a"].high == pytest.approx(0.6679, abs=1e-4)
+    assert np.isinf(fit.samples["k_N"]).sum() == 0
+    assert fit.stats["a"].low == pytest.approx(0.5262, abs=1e-4) and fit.stats["a"].high == pytest.approx(0.6704, abs=1e-4)
+
+
+def test_each_resample_takes_a_minimum_only_where_its_sizes_bracket_it():
+    """The point fit leaves out a budget whose minimum its sizes do not bracket; each bootstrap resample does the
+    same with the sizes it drew. Five sizes within 3.2x of the optimum at seven budgets, 0.5% noise: the resamples
+    that count keep every budget's N_opt inside its sizes, and drawing runs gives a about 0.4 wide, where keeping
+    the resamples' extrapolated minima gave [-0.03, 0.61] (with 821 of 2,000 resamples left)."""
+    table = isoflop_sweep(LAW, BUDGETS, sizes=5, span=0.5, noise=0.005, seed=0)
+    fit = fit_isoflop(table, resamples=2000, seed=0, resample="runs")
+    for p in fit.profiles:
+        if p.bracketed:
+            n_opt = fit.samples[f"N_opt@{p.budget:.3g}"]
+            n_opt = n_opt[np.isfinite(n_opt)]
+            assert n_opt.size > 1000 and np.all((p.N.min() < n_opt) & (n_opt < p.N.max()))
+    low, high = fit.stats["a"].low, fit.stats["a"].high
+    assert low < LAW.a < high and 0.1 < high - low < 0.3
+    kept = len(fit.samples["a"])  # the resamples with two or more bracketed minima, said in a warning when not all
+    assert (kept < 2000) == any(w.startswith(f"bootstrap: {kept} of 2000 resamples kept") for w in fit.warnings)
 
 
 def test_residual_bootstrap_matches_the_spread_over_repeated_studies():

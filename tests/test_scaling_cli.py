@@ -142,8 +142,8 @@ def test_a_second_fit_in_a_fresh_process_loads_the_compiled_solver_and_a_damaged
 
 def test_fit_approach2_wild_bootstrap_on_the_long_study(capsys):
     """`--approach2-resample wild` on the long study at beta2 0.99 (experiments/cpu_chinchilla_ladder_beta2_wide_icx):
-    the command's interval is the library's on the same table and seed, and about half as wide as the pooled
-    residuals' [0.451, 0.659] (experiments/approach2_intervals/)."""
+    the command's interval is the library's on the same table and seed, and narrower than the pooled residuals'
+    [0.545, 0.662] (experiments/approach2_intervals/, session 31)."""
     from jaxformer.scaling.isoflop import fit_isoflop
     from jaxformer.scaling.table import load_table
 
@@ -154,5 +154,4 @@ def test_fit_approach2_wild_bootstrap_on_the_long_study(capsys):
     a = json.loads(out)["approach2"]["bootstrap"]["a"]
     library = fit_isoflop(load_table(results).canonical(), resamples=1000, seed=0, resample="wild").stats["a"]
     assert a["ci"] == pytest.approx([library.low, library.high], rel=1e-12)
-    assert a["value"] == pytest.approx(0.6129, abs=1e-4) and a["ci"][0] == pytest.approx(0.577, abs=0.005)
-    assert 0.10 < a["ci"][1] - a["ci"][0] < 0.15
+    assert a["value"] == pytest.approx(0.6129, abs=1e-4) and a["ci"] == pytest.approx([0.577, 0.665], abs=0.005)

@@ -70,6 +70,24 @@ def test_sweep_directory_with_budgets_and_curves(tmp_path):
     np.testing.assert_allclose(t.loss[order], source.loss[np.argsort(source.N)])
 
 
+def test_a_sweeps_budgets_are_counted_by_the_rule_it_planned_them_with(tmp_path):
+    """A sweep planned in 6ND FLOPs is read with C = 6ND by default; exact FLOPs are refused, since under them the
+    runs of one budget no longer share a compute (the two counts' ratio depends on N)."""
+    directory = write_sweep(isoflop_sweep(PRESETS["chinchilla"], [1e18, 1e19], sizes=5), tmp_path / "sweep")
+    plan = json.loads((directory / "plan.json").read_text())
+    for run in plan["runs"]:
+        run["flops_rule"] = "6ND"
+        final = directory / "runs" / run["name"] / "final.json"
+        record = json.loads(final.read_text())
+        record["flops_exact"] = record["flops_6nd"] * (1 + 1e4 / record["params"])  # attention and head: more per N
+        final.write_text(json.dumps(record))
+    (directory / "plan.json").write_text(json.dumps(plan))
+    table = sweep_table(directory)
+    assert "C: flops_6nd" in table.source and sorted(set(table.budget)) == [1e18, 1e19]
+    with pytest.raises(ValueError, match=r"--flops exact: .* planned its IsoFLOP budgets in 6ND FLOPs"):
+        sweep_table(directory, flops="exact")
+
+
 def test_long_form_table_is_curves(tmp_path):
     path = tmp_path / "curves.csv"
     rows = ["run,N,tokens,loss"] + [f"r{i},{n},{d},{4 - 0.1 * i - 0.01 * j}" for i, n in enumerate([1e7, 2e7])

@@ -157,6 +157,8 @@ def test_ray_executor_on_a_local_instance(tmp_path):
     ({"fit": {"approaches": [2, 3]}, "verify": {"seeds": [1, 1]}},
      "verify.seeds must list one or more distinct seeds, got [1, 1]"),
     ({"fit": {"approaches": [2, 3]}, "verify": {"seed": 1}}, "unknown config key 'verify.seed'"),
+    ({"fit": {"approaches": [2, 3], "flops": "exact"}},
+     "fit.flops must be isoflop.flops ('6ND') or unset, got 'exact': the runs of one IsoFLOP budget share its compute"),
 ])
 def test_bad_specs_exit_2_with_one_line_before_any_run(tmp_path, changes, message):
     spec = variant(tmp_path, "bad", **changes)

@@ -30,8 +30,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("results", help="table of runs (.csv, .parquet, .jsonl) or a sweep directory")
     parser.add_argument("--params", default="total", choices=("total", "non_embedding"),
                         help="a sweep directory's N: total parameters (default) or without embeddings")
-    parser.add_argument("--flops", default="exact", choices=("exact", "6ND"),
-                        help="a sweep directory's C: exact training FLOPs (default) or 6ND")
+    parser.add_argument("--flops", choices=("exact", "6ND"),
+                        help="a sweep directory's C: exact training FLOPs or 6ND (default: as the sweep planned)")
     parser.add_argument("--approach", default="all", choices=APPROACHES,
                         help="1 loss envelope, 2 IsoFLOP parabolas, 3 parametric law, all (default)")
     parser.add_argument("--bootstrap", type=int, default=4000, metavar="N", help="resamples for intervals (0: none)")

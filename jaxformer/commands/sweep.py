@@ -6,10 +6,11 @@ A spec with ``tune:`` runs its tuning stage first (`jaxformer.sweep.tune`, also 
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 # on success every file is written and every worker has exited (a Ray instance this command started is stopped
-# in `run`): `jaxformer.cli` skips Python's teardown of this process's JAX
+# in `run`): `jaxformer.cli` skips Python's teardown (of JAX, where the fit imported it)
 EXIT_AT_ONCE = True
 
 
@@ -74,8 +75,6 @@ def run(args: argparse.Namespace) -> int:
                 runs = plan_runs(spec)
             result = launch(spec, runs, out, options, report=say, pool=pool)
     finally:
-        if options.executor == "ray":  # what Ray's own exit handler would do (`EXIT_AT_ONCE` skips it)
-            import ray
-
-            ray.shutdown()
+        if "ray" in sys.modules:  # what Ray's own exit handler would do (`EXIT_AT_ONCE` skips it)
+            sys.modules["ray"].shutdown()
     return 1 if result.failed else 0

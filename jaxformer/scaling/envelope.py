@@ -89,7 +89,10 @@ def _bootstrap(table, grid, L_RF, allocation, per_token, resamples, seed, level,
         L_bRF = np.where(drawn[:, :, None], L_RF[None], np.inf)
         best = np.argmin(L_bRF, axis=1)  # [b, F]
         N_b = table.N[best]
-        interior = (N_b > table.N.min()) & (N_b < table.N.max())
+        # as the point fit, against the sizes this resample drew: where its smallest or largest is best, no optimum
+        smallest = np.where(drawn, table.N, np.inf).min(axis=1, keepdims=True)
+        largest = np.where(drawn, table.N, -np.inf).max(axis=1, keepdims=True)
+        interior = (N_b > smallest) & (N_b < largest)
         n_opt_bF[s:s + chunk] = np.where(np.isfinite(np.min(L_bRF, axis=1)) & interior, N_b, np.nan)
     samples = power_law_samples(grid, n_opt_bF, per_token)
     return summarize({"a": allocation.a, "b": allocation.b, "k_N": allocation.k_N}, samples, level)

@@ -10,7 +10,9 @@ size) does not locate the optimum: it is drawn, warned about, and left out of th
 
 Uncertainty: every parabola and the power laws are refitted on resampled data (all resamples
 at once, in numpy), giving standard errors and percentile intervals of a, b and the optimum at
-each budget. ``resample="runs"`` draws each budget's runs with replacement; ``"residuals"``
+each budget. Each resample repeats the point fit, the edge rule included: a budget's resampled
+minimum enters that resample's power laws only where the sizes it holds bracket it (a vertex
+extrapolated beyond them would be left out of the point fit too). ``resample="runs"`` draws each budget's runs with replacement; ``"residuals"``
 holds the sizes fixed and adds to each fitted parabola normal noise of the residuals' pooled
 standard deviation (a fixed-design bootstrap: with five or so sizes per budget, a draw of runs
 often keeps only three distinct sizes, whose parabola can put its vertex anywhere); ``"wild"``
@@ -113,7 +115,8 @@ def _vertex(coeffs: np.ndarray, center: float) -> tuple[np.ndarray, np.ndarray]:
     p0, p1, p2 = coeffs[..., 0], coeffs[..., 1], coeffs[..., 2]
     up = p2 > 0
     u = np.where(up, -p1 / (2 * np.where(up, p2, 1)), np.nan)
-    return np.exp(center + u), p0 + p1 * u + p2 * u * u
+    with np.errstate(over="ignore"):  # a nearly flat resampled parabola's vertex: N_opt inf, outside any sizes
+        return np.exp(center + u), p0 + p1 * u + p2 * u * u
 
 
 def parabola_minimum(N: np.ndarray, loss: np.ndarray) -> tuple[np.ndarray, float, float, float]:
@@ -127,17 +130,27 @@ def parabola_minimum(N: np.ndarray, loss: np.ndarray) -> tuple[np.ndarray, float
     return coeffs, center, float(n_opt), float(loss_opt)
 
 
-def minimum_edge(N: np.ndarray, loss: np.ndarray, n_opt: float) -> Literal["lower", "upper"] | None:
-    """The edge of the sampled sizes N at which a budget's minimum lies, None when the sizes bracket it.
+def bracketed(N: np.ndarray, loss: np.ndarray, n_opt: np.ndarray, drawn: np.ndarray | None = None) -> np.ndarray:
+    """Whether the sizes bracket a budget's minimum: the parabola's vertex ``n_opt`` strictly inside the sizes
+    and the lowest loss at neither the smallest nor the largest size. N ``[n]``; loss ``[..., n]``; n_opt
+    ``[...]``; drawn ``[..., n]``: the runs a resample holds (default all). Returns ``[...]`` bool."""
+    N = np.asarray(N, np.float64)
+    loss, drawn = np.broadcast_arrays(np.asarray(loss, np.float64), True if drawn is None else drawn)
+    smallest = np.where(drawn, N, np.inf).min(-1)
+    largest = np.where(drawn, N, -np.inf).max(-1)
+    lowest = N[np.argmin(np.where(drawn, loss, np.inf), axis=-1)]
+    return (smallest < n_opt) & (n_opt < largest) & (smallest < lowest) & (lowest < largest)
 
-    Bracketed: the parabola's vertex ``n_opt`` strictly inside the sizes and the lowest loss at
-    neither the smallest nor the largest size. Otherwise the edge of the lowest loss, else the side
-    the vertex lies beyond, else (a parabola opening downward) the end with the lower loss.
+
+def minimum_edge(N: np.ndarray, loss: np.ndarray, n_opt: float) -> Literal["lower", "upper"] | None:
+    """The edge of the sampled sizes N at which a budget's minimum lies, None when the sizes bracket it
+    (`bracketed`): the edge of the lowest loss, else the side the vertex lies beyond, else (a parabola
+    opening downward) the end with the lower loss.
     """
     N, loss = np.asarray(N, np.float64), np.asarray(loss, np.float64)
     sizes = np.unique(N)
     lowest = N[np.argmin(loss)]
-    if sizes[0] < n_opt < sizes[-1] and sizes[0] < lowest < sizes[-1]:
+    if bracketed(N, loss, n_opt):
         return None
     if lowest == sizes[0] or (lowest != sizes[-1] and n_opt <= sizes[0]):
         return "lower"
@@ -183,8 +196,11 @@ def fit_isoflop(table: RunTable, *, budget_tol: float = 0.1, resamples: int = 0,
                                         flops)
     stats = samples = None
     if resamples:
-        stats, samples = _bootstrap(table, fitted, [groups[k] for k in used], allocation, resamples, seed, level,
-                                    resample, flops)
+        stats, samples, kept = _bootstrap(table, profiles, groups, allocation, resamples, seed, level, resample,
+                                          flops, keep_edges)
+        if kept < resamples:
+            warnings.append(f"bootstrap: {kept} of {resamples} resamples kept; the others had fewer than 2 budgets "
+                            f"whose resampled parabola {'has a minimum' if keep_edges else 'brackets its minimum'}")
     return IsoFLOPFit(profiles, allocation, stats, warnings, samples, flops)
 
 
@@ -194,8 +210,14 @@ def _leverage(u: np.ndarray) -> np.ndarray:
     return np.einsum("ni,ij,nj->n", X, np.linalg.pinv(X.T @ X), X)
 
 
-def _bootstrap(table, profiles, groups, allocation, resamples, seed, level, resample, flops):
-    """``(intervals, samples)`` of a, b, k_N and each budget's N_opt over resampled profiles."""
+def _bootstrap(table, profiles, groups, allocation, resamples, seed, level, resample, flops, keep_edges):
+    """``(intervals, samples, kept)`` of a, b, k_N and each budget's N_opt over resampled profiles, and how many
+    resamples gave power laws.
+
+    Each resample repeats the point fit: every budget's parabola is refitted, and its minimum enters that
+    resample's power laws only where the point fit would take it (bracketed by the sizes the resample holds,
+    unless ``keep_edges``); a resample needs two such budgets. Budgets the point fit left out at an edge are
+    resampled too, and count where a resample brackets their minimum."""
     rng = np.random.default_rng(seed)
     n_opt = np.empty((resamples, len(profiles)))
     residuals = np.concatenate([table.loss[idx] - p.curve(table.N[idx]) for p, idx in zip(profiles, groups)])
@@ -216,12 +238,15 @@ def _bootstrap(table, profiles, groups, allocation, resamples, seed, level, resa
             own = (table.loss[idx] - fitted) / np.sqrt(np.maximum(1.0 - _leverage(u), 1e-12))
             y = fitted + own * signs[:, clusters[idx]]
         coeffs = _parabolas(u, y, w)
-        n_opt[:, k] = _vertex(coeffs, p.center)[0]
-    valid = np.all(np.isfinite(n_opt), axis=1)
+        vertex = _vertex(coeffs, p.center)[0]
+        taken = np.isfinite(vertex) & (keep_edges | bracketed(table.N[idx], y, vertex, w > 0))
+        n_opt[:, k] = np.where(taken, vertex, np.nan)
+    valid = np.sum(np.isfinite(n_opt), axis=1) >= 2
     C = np.array([p.budget for p in profiles])
     samples = power_law_samples(C, n_opt[valid], flops)
     point = {"a": allocation.a, "b": allocation.b, "k_N": allocation.k_N}
     for k, p in enumerate(profiles):
-        samples[f"N_opt@{p.budget:.3g}"] = n_opt[valid, k]
-        point[f"N_opt@{p.budget:.3g}"] = p.n_opt
-    return summarize(point, samples, level), samples
+        if p.bracketed or keep_edges:  # the budgets of the point fit's power laws
+            samples[f"N_opt@{p.budget:.3g}"] = n_opt[valid, k]
+            point[f"N_opt@{p.budget:.3g}"] = p.n_opt
+    return summarize(point, samples, level), samples, int(valid.sum())

@@ -91,10 +91,10 @@ def seed_spreads(rows: list[dict]) -> list[float]:
     return [float(np.std(losses, ddof=1) / np.mean(losses)) for losses in _seed_groups(rows)]
 
 
-def pooled_seed_noise(rows: list[dict]) -> float | None:
-    """One run's relative standard deviation from its seed alone, pooled over every shape with seed repeats:
-    sqrt(Σ (n_i − 1)·s_i² / Σ (n_i − 1)), s_i a shape's relative standard deviation over its n_i seeds. None
-    without repeats.
+def pooled_seed_noise(rows: list[dict]) -> tuple[float, int] | None:
+    """One run's relative standard deviation from its seed alone, pooled over every shape with seed repeats,
+    and the degrees of freedom of that estimate: ``(sqrt(Σ (n_i − 1)·s_i² / Σ (n_i − 1)), Σ (n_i − 1))``, s_i a
+    shape's relative standard deviation over its n_i seeds. None without repeats.
 
     The pooled variance is unbiased for σ²; the median of the shapes' s_i underestimates σ (with two seeds each
     s_i is σ·|z|, z standard normal, whose median is 0.674σ)."""
@@ -103,7 +103,7 @@ def pooled_seed_noise(rows: list[dict]) -> float | None:
         return None
     degrees = np.array([len(losses) - 1 for losses in groups])
     variances = np.array([np.var(losses, ddof=1) / np.mean(losses) ** 2 for losses in groups])
-    return float(np.sqrt(np.sum(degrees * variances) / np.sum(degrees)))
+    return float(np.sqrt(np.sum(degrees * variances) / np.sum(degrees))), int(np.sum(degrees))
 
 
 def seed_noise(rows: list[dict]) -> str | None:
@@ -112,6 +112,7 @@ def seed_noise(rows: list[dict]) -> str | None:
     spreads = seed_spreads(rows)
     if not spreads:
         return None
+    pooled, degrees = pooled_seed_noise(rows)
     return (f"seed noise: {len(spreads)} shapes trained with several seeds; the final loss's standard deviation "
-            f"across seeds is {100 * pooled_seed_noise(rows):.2f}% of its mean (pooled over the shapes; median "
-            f"{100 * np.median(spreads):.2f}%, largest {100 * max(spreads):.2f}%)")
+            f"across seeds is {100 * pooled:.2f}% of its mean (pooled over the shapes, {degrees} degrees of "
+            f"freedom; median {100 * np.median(spreads):.2f}%, largest {100 * max(spreads):.2f}%)")

@@ -248,6 +248,10 @@ class SweepSpec:
         for approach in self.fit.approaches if self.fit else []:
             if approach not in (1, 2, 3):
                 raise ValueError(f"fit.approaches must be 1, 2 or 3, got {approach}")
+        if self.isoflop and self.fit and self.fit.flops not in (None, self.isoflop.flops):
+            raise ValueError(f"fit.flops must be isoflop.flops ({self.isoflop.flops!r}) or unset, got "
+                             f"{self.fit.flops!r}: the runs of one IsoFLOP budget share its compute only as the "
+                             "sweep counted it")
         repeat = self.isoflop.repeat if self.isoflop else None
         if repeat is not None and not any(math.isclose(repeat.budget, b) for b in self.isoflop.budgets):
             raise ValueError(f"isoflop.repeat.budget must be one of isoflop.budgets, got {repeat.budget:g}")

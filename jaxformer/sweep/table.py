@@ -26,16 +26,19 @@ PARAMS = {"total": "params", "non_embedding": "params_non_embedding"}
 FLOPS = {"exact": "flops_exact", "6ND": "flops_6nd"}
 
 
-def sweep_table(path: str | Path, *, params: str = "total", flops: str = "exact",
+def sweep_table(path: str | Path, *, params: str = "total", flops: str | None = None,
                 loss_col: str | None = None, group_by: Sequence[str] = ()) -> RunTable:
     """The finished runs of the sweep at ``path``, with budgets and curves where recorded.
 
     params: ``total`` or ``non_embedding`` parameter counts as N; flops: ``exact`` (attention and
-    the head included) or ``6ND`` training FLOPs as C. The table's source names the columns used.
+    the head included) or ``6ND`` training FLOPs as C, by default the rule the sweep planned with
+    (``exact`` without a plan). An IsoFLOP sweep's budgets hold under its own rule only (under the
+    other, the runs of one budget differ in C by the ratio of the two counts, which depends on N),
+    so another rule is refused there. The table's source names the columns used.
     group_by: fields of the runs' ``plan.json`` entries (``N``, ``seed``…) that label their bootstrap
     groups (`RunTable.with_groups`).
     """
-    if params not in PARAMS or flops not in FLOPS:
+    if params not in PARAMS or flops not in (None, *FLOPS):
         raise ValueError(f"params must be one of {', '.join(PARAMS)} and flops one of {', '.join(FLOPS)}, "
                          f"got {params!r} and {flops!r}")
     path = Path(path)
@@ -47,8 +50,16 @@ def sweep_table(path: str | Path, *, params: str = "total", flops: str = "exact"
     if planned is not None:  # the plan's runs only: a held-out run (`jaxformer.sweep.verify`) is not the sweep's
         budgets = {r["name"]: r.get("budget") for r in planned}
         run_dirs = [d for d in run_dirs if d.name in budgets]
+        planned_rule = next((r["flops_rule"] for r in planned if r.get("flops_rule")), None)
+        if flops is None:
+            flops = planned_rule or "exact"
+        elif planned_rule not in (None, flops) and any(r.get("budget") is not None for r in planned):
+            raise ValueError(f"--flops {flops}: {path} planned its IsoFLOP budgets in {planned_rule} FLOPs, and "
+                             f"the runs of one budget share its compute only when counted that way; fit with "
+                             f"--flops {planned_rule}")
     elif group_by:
         raise ValueError(f"{path}: bootstrap groups are read from plan.json, and there is none")
+    flops = flops or "exact"
     if not run_dirs:
         raise ValueError(f"{path}: no run sub-directories with final.json")
     records = [load_json(d / "final.json") for d in run_dirs]

@@ -12,7 +12,9 @@ shaped N and the D it trains on, and each bootstrap resample's law gives the int
 law's mean loss there is known. The mean of k runs also carries their seeds' noise, so where the
 sweep trained seed repeats (``seeds:`` or ``isoflop.repeat``) a prediction interval adds that noise
 (one run's relative standard deviation from its seed, pooled over the sweep's repeated shapes, over
-√k) to each resample's loss. The runs live with the others (``runs/verify-…``) but are not in
+√k) to each resample's loss; since that standard deviation is itself estimated, from ν degrees of
+freedom, each draw scales it by √(ν/χ²_ν), which makes the noise Student's t with ν degrees of
+freedom (a few repeated shapes give a much wider interval than many). The runs live with the others (``runs/verify-…``) but are not in
 ``plan.json``, so no table or fit of the sweep reads them; ``fit/verify.json`` records the comparison.
 """
 
@@ -59,11 +61,13 @@ def plan_verify(spec: SweepSpec, runs: list[PlannedRun], report: FitReport) -> l
     return list(planned.values())
 
 
-def predict(report: FitReport, N: float, D: float, noise: float | None = None, runs: int = 1) -> dict:
+def predict(report: FitReport, N: float, D: float, noise: float | None = None, runs: int = 1,
+            noise_degrees: int | None = None) -> dict:
     """Approach 3's loss at (N, D) with its bootstrap percentile interval, and with ``noise`` (one run's
     relative standard deviation) the prediction interval for the mean of ``runs`` runs (seeds): each
-    resample's loss times 1 + noise·z/√runs, z standard normal. Intervals are None without a bootstrap
-    (or without ``noise``)."""
+    resample's loss times 1 + noise·t/√runs, t standard normal where ``noise`` is known (``noise_degrees``
+    None) and Student's t with ``noise_degrees`` degrees of freedom where it was estimated from them.
+    Intervals are None without a bootstrap (or without ``noise``)."""
     point = float(report.approach3.law.loss(N, D))
     interval = prediction = None
     if report.bootstrap3 is not None:
@@ -71,11 +75,14 @@ def predict(report: FitReport, N: float, D: float, noise: float | None = None, r
         losses = losses[np.isfinite(losses)]
         interval = [float(v) for v in np.percentile(losses, percentiles(report.level))]
         if noise is not None:
-            z = np.random.default_rng(0).standard_normal((losses.size, NOISE_DRAWS))
-            means = losses[:, None] * (1 + noise / np.sqrt(runs) * z)
+            rng = np.random.default_rng(0)
+            t = rng.standard_normal((losses.size, NOISE_DRAWS))
+            if noise_degrees is not None:  # z / sqrt(χ²_ν / ν) is Student's t with ν degrees of freedom
+                t *= np.sqrt(noise_degrees / rng.chisquare(noise_degrees, t.shape))
+            means = losses[:, None] * (1 + noise / np.sqrt(runs) * t)
             prediction = [float(v) for v in np.percentile(means, percentiles(report.level))]
     return {"loss": point, "interval": interval, "level": report.level, "seed_noise": noise,
-            "prediction_runs": runs, "prediction_interval": prediction}
+            "seed_noise_degrees": noise_degrees, "prediction_runs": runs, "prediction_interval": prediction}
 
 
 def inside(measured: float, low_high: list[float] | None) -> bool | None:
@@ -83,12 +90,15 @@ def inside(measured: float, low_high: list[float] | None) -> bool | None:
     return None if low_high is None else bool(low_high[0] <= measured <= low_high[1])
 
 
-def _compare(out: Path, repeats: list[PlannedRun], report: FitReport, spec: SweepSpec, noise: float | None) -> dict:
+def _compare(out: Path, repeats: list[PlannedRun], report: FitReport, spec: SweepSpec,
+             noise: tuple[float, int] | None) -> dict:
     """One held-out size's measured final loss, the mean over its ``repeats`` (its runs, one per seed), against
-    Approach 3's prediction for its N and D. ``run`` names the first seed's run, ``runs`` all of them."""
+    Approach 3's prediction for its N and D; ``noise``: the seed noise and its degrees of freedom
+    (`pooled_seed_noise`). ``run`` names the first seed's run, ``runs`` all of them."""
     run = repeats[0]
     N = run.N if spec.fit.params == "total" else run.N_non_embedding
-    prediction = predict(report, N, run.D, noise, len(repeats))
+    sigma, degrees = noise or (None, None)
+    prediction = predict(report, N, run.D, sigma, len(repeats), degrees)
     losses = [float(read_json(RunPaths(out, each.name).final)["val_loss"]) for each in repeats]
     measured = float(np.mean(losses))
     error = measured / prediction["loss"] - 1
@@ -150,7 +160,8 @@ def _line(compared: dict, level: float) -> str:
     if with_noise is not None:
         where += (f"; {'inside' if compared['inside_prediction_interval'] else 'outside'} the {100 * level:.0f}% "
                   f"prediction interval for {'one run' if k == 1 else f'the mean of {k} runs'} "
-                  f"[{with_noise[0]:.4f}, {with_noise[1]:.4f}] (seed noise {100 * predicted['seed_noise']:.2f}%)")
+                  f"[{with_noise[0]:.4f}, {with_noise[1]:.4f}] (seed noise {100 * predicted['seed_noise']:.2f}%, "
+                  f"{predicted['seed_noise_degrees']} degrees of freedom)")
     runs = (f"run {compared['run']}" if k == 1 else
             f"runs {', '.join(compared['runs'])} (each {', '.join(f'{e:+.2%}' for e in compared['relative_errors'])})")
     return (f"held-out {runs} (N = {compared['N']:,}, D = {compared['D']:.3g}): {'mean ' * (k > 1)}loss "

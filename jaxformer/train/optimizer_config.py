@@ -12,7 +12,7 @@ from jaxformer.configs import FRACTION, NON_NEGATIVE, POSITIVE, Range, Section, 
 
 @dataclasses.dataclass(frozen=True)
 class OptimizerConfig(Section):
-    """AdamW with global-norm clipping on a schedule (see the module docstring).
+    """AdamW with global-norm clipping on a schedule (see `jaxformer.train.optimizer`).
 
     lr: peak learning rate. schedule: cosine | wsd | constant. warmup_fraction: share of the
     run's steps spent warming up from 0, unless warmup_tokens (tokens, rounded to whole steps)
