@@ -9,7 +9,7 @@ import pytest
 from jaxformer.train.config import load_config
 from jaxformer.train.corpora import DataConfig
 from jaxformer.train.markov import MarkovConfig
-from jaxformer.train.corpora import load_corpus, split_text, stdlib_files
+from jaxformer.train.corpora import load_corpus, source_of, split_text, stdlib_files
 from jaxformer.train.dataset import prepare_dataset, validation_mask
 from jaxformer.train.loader import Loader, eval_batches
 from jaxformer.train.markov import make_markov_source
@@ -97,6 +97,29 @@ def test_split_is_by_document_stable_and_holds_some_out():
     assert validation_mask(["a", "b"], 0.001, seed=0).sum() == 1  # at least one held out
 
 
+def test_a_file_cut_into_pieces_goes_whole_to_one_split():
+    """The pieces of one long file share its names, imports and style, so a held-out piece of a file whose other
+    pieces are trained on is easier than unseen text: files go to a split whole. On the stdlib corpus (whose
+    pieces were split one by one until session 31: 30% of its validation bytes came from files with pieces in
+    training) no file has pieces on both sides. A corpus of a single file is still split, by its pieces."""
+    def sides(names, mask):
+        held = {}
+        for name, is_val in zip(names, mask):
+            held.setdefault(source_of(name), set()).add(bool(is_val))
+        return held
+
+    names = [f"big{i}.py#{j}" for i in range(300) for j in range(5)] + [f"small{i}.py" for i in range(300)]
+    held = sides(names, validation_mask(names, 0.1, seed=0))
+    assert all(len(s) == 1 for s in held.values()) and 30 < sum(s == {True} for s in held.values()) < 90
+    config = DataConfig(corpus="stdlib")
+    names = [name for name, _ in load_corpus(config).documents]
+    held = sides(names, validation_mask(names, config.val_fraction, config.split_seed))
+    cut = {source_of(name) for name in names if name != source_of(name)}
+    assert all(len(s) == 1 for s in held.values()) and any(held[file] == {True} for file in cut)
+    one_file = [f"input.txt#{j}" for j in range(100)]
+    assert 0 < validation_mask(one_file, 0.1, seed=0).sum() < 100
+
+
 def test_files_corpus_with_bpe_keeps_splits_apart_and_reuses_the_saved_tokenizer(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     for i in range(12):
@@ -112,6 +135,26 @@ def test_files_corpus_with_bpe_keeps_splits_apart_and_reuses_the_saved_tokenizer
     dataset.tokenizer.save(tmp_path / "tokenizer.json")
     again = prepare_dataset(config, tmp_path / "tokenizer.json")
     assert np.array_equal(again.train, dataset.train) and np.array_equal(again.val, dataset.val)
+
+
+def test_bpe_bits_per_byte_count_the_bytes_of_the_tokens_scored(tmp_path, monkeypatch):
+    """A loss is a mean over the validation windows scored, whose text need not compress as the whole split does:
+    bits per byte divide by the bytes those tokens stand for. Each id's bytes (`token_bytes`) add up to the text's
+    UTF-8 length, and two texts the BPE compresses differently get their own ratios."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "easy.txt").write_text("the quick brown fox jumps over the lazy dog\n" * 200)
+    (tmp_path / "hard.txt").write_text("".join(f"{i * 7919 % 10007:05d}ß\n" for i in range(1500)))
+    config = load_config(None, ["data.corpus=files:*.txt", "data.tokenizer=bpe", "data.bpe_vocab_size=400",
+                                "model.vocab_size=400", "train.batch_size=2", "train.seq_len=16"])
+    dataset = prepare_dataset(config)
+    token_bytes = dataset.tokenizer.token_bytes()
+    for text in ("the quick brown fox\n", "12345ß\n09876ß\n", "über straße"):
+        assert token_bytes[dataset.tokenizer.encode(text)].sum() == len(text.encode())
+    easy, hard = dataset.tokenizer.encode("the lazy dog\n" * 20), dataset.tokenizer.encode("31337ß\n" * 20)
+    for targets, text_bytes in ((easy, 13 * 20), (hard, 8 * 20)):
+        assert dataset.bits_per_byte(math.log(2), targets) == pytest.approx(len(targets) / text_bytes)
+    assert dataset.bits_per_byte(math.log(2), easy) != dataset.bits_per_byte(math.log(2), hard)
+    assert ByteTokenizer().token_bytes().tolist() == [1] * 256
 
 
 def test_tokens_corpus_reads_nanogpt_bins(tmp_path):
@@ -145,11 +188,19 @@ def test_loader_resumes_the_same_stream_across_epochs():
         other.load_state_dict(loader.state_dict())
 
 
-def test_eval_batches_are_the_leading_windows_in_whole_batches():
+def test_eval_batches_are_the_leading_windows_whatever_the_batch_size():
+    """The windows scored are the first that fit ``max_tokens``, whatever the batch size: batches are the largest
+    divisor of the window count up to it (until session 31 the count was cut to a multiple of the batch size,
+    so runs of different batch sizes were scored on different tokens)."""
     tokens = np.arange(1000, dtype=np.uint16)
     batches = eval_batches(tokens, seq_len=10, batch_size=4, max_tokens=95)
-    assert batches.shape == (2, 4, 11)  # 9 windows fit the budget, 8 in whole batches
-    assert np.array_equal(batches.reshape(-1, 11)[:, 0], np.arange(8) * 10)
+    assert batches.shape == (3, 3, 11)  # 9 windows fit the budget
+    assert np.array_equal(batches.reshape(-1, 11)[:, 0], np.arange(9) * 10)
+    tokens = np.arange(131_073, dtype=np.int32)
+    for batch_size, shape in ((32, (32, 32)), (48, (32, 32)), (100, (16, 64)), (384, (4, 256)), (16, (64, 16))):
+        batches = eval_batches(tokens, seq_len=128, batch_size=batch_size, max_tokens=131_072)
+        assert batches.shape == (*shape, 129), batch_size
+        assert np.array_equal(batches.reshape(-1, 129)[:, 0], np.arange(1024) * 128)
 
 
 def test_markov_corpus_reports_its_entropies():

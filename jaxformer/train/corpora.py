@@ -10,7 +10,7 @@
   64K-token blocks is the validation split.
 
 Text corpora are lists of documents (name, bytes); files longer than ``data.doc_bytes`` are cut
-at a newline into several documents. ``info["sha256"]`` is a hash of every name and byte read.
+at a newline into several documents, ``FILE#0``, ``FILE#1``… (`source_of` gives a piece's file). ``info["sha256"]`` is a hash of every name and byte read.
 """
 
 from __future__ import annotations
@@ -44,7 +44,8 @@ class DataConfig(Section):
       ``val.bin``) or ``synthetic-markov`` (parameters in ``data.markov``).
     tokenizer: ``byte`` (vocabulary 256) or ``bpe`` (trained on the training split, saved with the run).
     doc_bytes: text documents longer than this are cut (at a newline) into documents of at most this size.
-    val_fraction: share of documents held out for validation, chosen by a hash of their names.
+    val_fraction: share of files held out for validation, chosen by a hash of their names (a file cut into
+      several documents is held out whole).
     """
 
     SECTION = "data"
@@ -147,6 +148,11 @@ def _text_corpus(kind: str, root: Path, files: list[Path], doc_bytes: int) -> Te
         documents += [(name if len(pieces) == 1 else f"{name}#{i}", piece) for i, piece in enumerate(pieces)]
     info = {"kind": kind, "root": str(root), "files": len(files), **_describe(documents)}
     return TextCorpus(documents, info)
+
+
+def source_of(name: str) -> str:
+    """The file a document was cut from: ``FILE`` for ``FILE#i``, the name itself for a whole file."""
+    return name.rsplit("#", 1)[0]
 
 
 def split_text(text: bytes, max_bytes: int) -> list[bytes]:

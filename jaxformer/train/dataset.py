@@ -1,10 +1,14 @@
 """From a corpus to the two token streams a run reads: the split by document, tokenization, checks.
 
-A document goes to validation when a hash of ``(data.split_seed, its name)`` falls below
+A file goes to validation when a hash of ``(data.split_seed, its name)`` falls below
 ``data.val_fraction`` — deterministic, independent of the order and number of other
-documents, so adding files never moves an existing one between splits. At least one
-document is held out. Each split's documents are concatenated in corpus order without a
-separator (byte vocabularies have no spare id for one).
+files, so adding files never moves an existing one between splits. A long file cut into
+several documents goes whole to one split: its pieces share names, imports and style, so a
+piece trained on would make another held out easier than unseen text (until session 31 the
+pieces were split one by one, and 30% of the stdlib's validation bytes came from files with
+pieces in training); a corpus of one file is split by its pieces. At least one file is held
+out. Each split's documents are concatenated
+in corpus order without a separator (byte vocabularies have no spare id for one).
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from jaxformer.train.config import TrainConfig
-from jaxformer.train.corpora import DataConfig, TextCorpus, load_corpus
+from jaxformer.train.corpora import DataConfig, TextCorpus, load_corpus, source_of
 from jaxformer.train.tokenizer import BPETokenizer, ByteTokenizer
 
 
@@ -27,8 +31,9 @@ from jaxformer.train.tokenizer import BPETokenizer, ByteTokenizer
 class Dataset:
     """Token streams of the two splits and what is known about them.
 
-    val_bytes: bytes of validation text (None for a pre-tokenised corpus), so that
-    bits/byte = nats/token / ln 2 × ``len(val) / val_bytes``.
+    val_bytes: bytes of validation text (None for a pre-tokenised corpus), so that over the whole split
+    bits/byte = nats/token / ln 2 × ``len(val) / val_bytes``; `bits_per_byte` counts the bytes of the
+    tokens a loss was taken over.
     """
 
     train: np.ndarray
@@ -41,19 +46,30 @@ class Dataset:
     def tokens_per_byte(self) -> float | None:
         return len(self.val) / self.val_bytes if self.val_bytes else None
 
-    def bits_per_byte(self, nats_per_token: float) -> float | None:
-        per_byte = self.tokens_per_byte
-        return None if per_byte is None else nats_per_token / math.log(2) * per_byte
+    def bits_per_byte(self, nats_per_token: float, targets: np.ndarray | None = None) -> float | None:
+        """``nats_per_token`` (a mean over the token ids ``targets``, default the whole validation split) in bits
+        per byte of the text those tokens stand for; None for a pre-tokenised corpus. With BPE the scored
+        tokens' bytes matter: the leading validation windows need not compress as the split does on average."""
+        if self.tokens_per_byte is None:
+            return None
+        if targets is None:
+            return nats_per_token / math.log(2) * self.tokens_per_byte
+        per_byte = targets.size / self.tokenizer.token_bytes()[targets].sum()
+        return nats_per_token / math.log(2) * per_byte
 
 
 def validation_mask(names: list[str], val_fraction: float, seed: int) -> np.ndarray:
-    """``[len(names)]`` bool: True for held-out documents (at least one, never all when possible)."""
-    keys = np.array([_unit_hash(f"{seed}:{name}") for name in names])
+    """``[len(names)]`` bool: True for held-out documents, whole files at a time (`source_of`): at least one
+    file, never all when there are several. A corpus of one file (nanoGPT's Shakespeare) is split by its pieces."""
+    files = [source_of(name) for name in names]
+    if len(set(files)) == 1:
+        files = names
+    keys = np.array([_unit_hash(f"{seed}:{file}") for file in files])
     is_val = keys < val_fraction
     if not is_val.any() and len(names):
-        is_val[np.argmin(keys)] = True
-    if is_val.all() and len(names) > 1:
-        is_val[np.argmax(keys)] = False
+        is_val = keys == keys.min()
+    if is_val.all() and len(set(files)) > 1:
+        is_val = keys != keys.max()
     return is_val
 
 

@@ -76,11 +76,12 @@ def gather_windows(tokens: np.ndarray, starts: np.ndarray, seq_len: int) -> np.n
 def eval_batches(tokens: np.ndarray, seq_len: int, batch_size: int, max_tokens: int) -> np.ndarray:
     """``[num_batches, b, seq_len + 1]``: the first non-overlapping windows of the validation stream.
 
-    Up to ``max_tokens`` target tokens (at least one window), in whole batches of
-    ``b = min(batch_size, windows)`` so a single compiled shape serves the whole pass.
+    Up to ``max_tokens`` target tokens (at least one window), in batches of ``b``, the largest divisor of
+    the window count up to ``batch_size``, so that one compiled shape serves the whole pass and the windows
+    scored depend on the stream and ``max_tokens`` alone: runs of different batch sizes (a tuning stage's)
+    are compared on the same tokens.
     """
     windows = min((len(tokens) - 1) // seq_len, max(1, max_tokens // seq_len))
-    b = min(batch_size, windows)
-    windows -= windows % b
+    b = max(d for d in range(1, min(batch_size, windows) + 1) if windows % d == 0)
     batch = gather_windows(tokens, np.arange(windows) * seq_len, seq_len)
     return batch.reshape(windows // b, b, seq_len + 1)

@@ -35,6 +35,10 @@ class ByteTokenizer:
     def decode(self, ids: Iterable[int]) -> str:
         return bytes(np.asarray(list(ids), dtype=np.uint8)).decode("utf-8", errors="replace")
 
+    def token_bytes(self) -> np.ndarray:
+        """``[vocab_size]`` the bytes of text each id stands for: one."""
+        return np.ones(self.vocab_size, np.int64)
+
 
 class BPETokenizer:
     """Byte-level BPE from the ``tokenizers`` library; ids fit uint16 (vocabulary ≤ 65,536)."""
@@ -86,6 +90,14 @@ class BPETokenizer:
 
     def decode(self, ids: Iterable[int]) -> str:
         return self._tokenizer.decode([int(i) for i in ids], skip_special_tokens=False)
+
+    def token_bytes(self) -> np.ndarray:
+        """``[vocab_size]`` the bytes of text each id stands for: byte-level BPE writes each byte of a token as
+        one character of its alphabet, so a token's length in characters is its length in bytes."""
+        lengths = np.zeros(self.vocab_size, np.int64)
+        for token, index in self._tokenizer.get_vocab().items():
+            lengths[index] = len(token)
+        return lengths
 
 
 def _text(data: bytes | str) -> str:
