@@ -10,7 +10,8 @@
   64K-token blocks is the validation split.
 
 Text corpora are lists of documents (name, bytes); files longer than ``data.doc_bytes`` are cut
-at a newline into several documents, ``FILE#0``, ``FILE#1``… (`source_of` gives a piece's file). ``info["sha256"]`` is a hash of every name and byte read.
+at a newline into several documents, ``FILE#0``, ``FILE#1``… (`source_of` gives a piece's file).
+``info["sha256"]`` is a hash of every name and byte read.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""From a corpus to the two token streams a run reads: the split by document, tokenization, checks.
+"""From a corpus to the two token streams a run reads: the split by file, tokenization, checks.
 
 A file goes to validation when a hash of ``(data.split_seed, its name)`` falls below
 ``data.val_fraction`` — deterministic, independent of the order and number of other
@@ -7,8 +7,8 @@ several documents goes whole to one split: its pieces share names, imports and s
 piece trained on would make another held out easier than unseen text (until session 31 the
 pieces were split one by one, and 30% of the stdlib's validation bytes came from files with
 pieces in training); a corpus of one file is split by its pieces. At least one file is held
-out. Each split's documents are concatenated
-in corpus order without a separator (byte vocabularies have no spare id for one).
+out. Each split's documents are concatenated in corpus order without a separator (byte
+vocabularies have no spare id for one).
 """
 
 from __future__ import annotations
