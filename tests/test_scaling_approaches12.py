@@ -145,8 +145,8 @@ def test_a_degenerate_resample_is_an_open_interval_not_a_warning():
 def test_each_resample_takes_a_minimum_only_where_its_sizes_bracket_it():
     """The point fit leaves out a budget whose minimum its sizes do not bracket; each bootstrap resample does the
     same with the sizes it drew. Five sizes within 3.2x of the optimum at seven budgets, 0.5% noise: the resamples
-    that count keep every budget's N_opt inside its sizes, and drawing runs gives a about 0.4 wide, where keeping
-    the resamples' extrapolated minima gave [-0.03, 0.61] (with 821 of 2,000 resamples left)."""
+    that count keep every budget's N_opt inside its sizes, and drawing runs gives a's interval [0.387, 0.505] (1,996
+    resamples kept), where keeping the resamples' extrapolated minima gave [-0.03, 0.61] (821 of 2,000 left)."""
     table = isoflop_sweep(LAW, BUDGETS, sizes=5, span=0.5, noise=0.005, seed=0)
     fit = fit_isoflop(table, resamples=2000, seed=0, resample="runs")
     for p in fit.profiles:
