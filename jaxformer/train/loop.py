@@ -32,8 +32,7 @@ import numpy as np
 import yaml
 
 from jaxformer.accounting import count_params, training_flops, training_flops_per_token
-from jaxformer.parallel import Layout
-from jaxformer.parallel import initialize as initialize_distributed
+from jaxformer.parallel import Layout, initialize as initialize_distributed
 from jaxformer.runtime import enable_compilation_cache, process_startup_s
 from jaxformer.files import write_json_atomic, write_text_atomic
 from jaxformer.train.checkpoint import Checkpointer
