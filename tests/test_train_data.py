@@ -152,8 +152,9 @@ def test_bpe_bits_per_byte_count_the_bytes_of_the_tokens_scored(tmp_path, monkey
         assert token_bytes[dataset.tokenizer.encode(text)].sum() == len(text.encode())
     easy, hard = dataset.tokenizer.encode("the lazy dog\n" * 20), dataset.tokenizer.encode("31337ß\n" * 20)
     for targets, text_bytes in ((easy, 13 * 20), (hard, 8 * 20)):
-        assert dataset.bits_per_byte(math.log(2), targets) == pytest.approx(len(targets) / text_bytes)
-    assert dataset.bits_per_byte(math.log(2), easy) != dataset.bits_per_byte(math.log(2), hard)
+        assert dataset.bits_per_byte(math.log(2), dataset.scored_tokens_per_byte(targets)) == pytest.approx(
+            len(targets) / text_bytes)
+    assert dataset.scored_tokens_per_byte(easy) != dataset.scored_tokens_per_byte(hard)
     assert ByteTokenizer().token_bytes().tolist() == [1] * 256
 
 

@@ -102,7 +102,7 @@ def pooled_seed_noise(rows: list[dict]) -> tuple[float, int] | None:
     if not groups:
         return None
     degrees = np.array([len(losses) - 1 for losses in groups])
-    variances = np.array([np.var(losses, ddof=1) / np.mean(losses) ** 2 for losses in groups])
+    variances = np.square(seed_spreads(rows))
     return float(np.sqrt(np.sum(degrees * variances) / np.sum(degrees))), int(np.sum(degrees))
 
 

@@ -32,8 +32,8 @@ class Dataset:
     """Token streams of the two splits and what is known about them.
 
     val_bytes: bytes of validation text (None for a pre-tokenised corpus), so that over the whole split
-    bits/byte = nats/token / ln 2 × ``len(val) / val_bytes``; `bits_per_byte` counts the bytes of the
-    tokens a loss was taken over.
+    bits/byte = nats/token / ln 2 × ``len(val) / val_bytes``; `scored_tokens_per_byte` counts the bytes of
+    the tokens a loss was taken over.
     """
 
     train: np.ndarray
@@ -46,16 +46,16 @@ class Dataset:
     def tokens_per_byte(self) -> float | None:
         return len(self.val) / self.val_bytes if self.val_bytes else None
 
-    def bits_per_byte(self, nats_per_token: float, targets: np.ndarray | None = None) -> float | None:
-        """``nats_per_token`` (a mean over the token ids ``targets``, default the whole validation split) in bits
-        per byte of the text those tokens stand for; None for a pre-tokenised corpus. With BPE the scored
-        tokens' bytes matter: the leading validation windows need not compress as the split does on average."""
-        if self.tokens_per_byte is None:
-            return None
-        if targets is None:
-            return nats_per_token / math.log(2) * self.tokens_per_byte
-        per_byte = targets.size / self.tokenizer.token_bytes()[targets].sum()
-        return nats_per_token / math.log(2) * per_byte
+    def scored_tokens_per_byte(self, targets: np.ndarray) -> float | None:
+        """Tokens per byte of the text the token ids ``targets`` stand for (None for a pre-tokenised corpus). With
+        BPE the scored tokens' bytes matter: the leading validation windows need not compress as the split does."""
+        return targets.size / self.tokenizer.token_bytes()[targets].sum() if self.val_bytes else None
+
+    def bits_per_byte(self, nats_per_token: float, tokens_per_byte: float | None = None) -> float | None:
+        """``nats_per_token`` in bits per byte of text, at ``tokens_per_byte`` (default the whole validation
+        split's; `scored_tokens_per_byte` for the windows a loss was taken over); None for a pre-tokenised corpus."""
+        per_byte = self.tokens_per_byte if tokens_per_byte is None else tokens_per_byte
+        return None if per_byte is None else nats_per_token / math.log(2) * per_byte
 
 
 def validation_mask(names: list[str], val_fraction: float, seed: int) -> np.ndarray:

@@ -202,7 +202,7 @@ class _Run:
         rows = layout.process_rows(self.batch_sharding, self.batch_shape, batch_dim=1)
         self.loader_rows = (np.arange(train.grad_accum)[:, None] * self.micro_batch + np.asarray(rows)).reshape(-1)
         val = eval_batches(dataset.val, train.seq_len, self.micro_batch, train.eval_tokens)
-        self.val_targets = val[..., 1:]  # the tokens a validation loss is a mean over, for its bits per byte
+        self.val_tokens_per_byte = dataset.scored_tokens_per_byte(val[..., 1:])  # of the tokens scored
         self.val_sharding = layout.batch_sharding(val.shape, batch_dim=1)
         rows = layout.process_rows(self.val_sharding, val.shape, batch_dim=1)
         self.val_batches = layout.global_array(val[:, rows.start:rows.stop], self.val_sharding, val.shape)
@@ -328,7 +328,7 @@ class _Run:
             self.logged = (step, self.times["train_s"])
         if val_loss is not None:
             self.val_loss = val_loss
-            row.update(val_loss=val_loss, val_bits_per_byte=self.dataset.bits_per_byte(val_loss, self.val_targets))
+            row.update(val_loss=val_loss, val_bits_per_byte=self.dataset.bits_per_byte(val_loss, self.val_tokens_per_byte))
         row["wall_s"] = self._wall_s()
         return row
 
@@ -383,7 +383,7 @@ class _Run:
             "epochs": tokens / len(self.dataset.train),  # passes over the training split
             "train_loss": self.last_train_loss,
             "val_loss": self.val_loss,
-            "val_bits_per_byte": self.dataset.bits_per_byte(self.val_loss, self.val_targets),
+            "val_bits_per_byte": self.dataset.bits_per_byte(self.val_loss, self.val_tokens_per_byte),
             "wall_s": self._wall_s(),
             "compile_s": self.times["compile_s"],
             "time": {**times, "other_s": times["total_s"] - sum(v for k, v in times.items()
