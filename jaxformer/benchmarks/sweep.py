@@ -7,8 +7,8 @@ alternates between ``--repeats``):
   subprocess, timed from outside (interpreter start-up, planning, the tuning stage, every run,
   the adapt rounds, the results table). The spec is run from a copy without its ``fit`` section
   (the twin fits nothing; ``--with-fit`` keeps it); ``--cold`` also points
-  ``base.train.compilation_cache`` at a fresh directory, so every train step is compiled from
-  scratch.
+  ``base.train.compilation_cache`` and ``base.data.token_cache`` at fresh directories, so every
+  train step is compiled, and a BPE corpus tokenised, from scratch.
 - the PyTorch twin of the same runs (`jaxformer.benchmarks.torch_sweep`): it replays what the
   first jaxformer sweep trained (its tuning runs, the main runs at their tuned learning rates, the
   adapt-added sizes, trunks and cooldown branches), with identical shapes, steps, batches, AdamW
@@ -56,7 +56,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workers", type=int,
                         help="parallel runs on both sides (default: the layout `jaxformer sweep` chooses)")
     parser.add_argument("--skip-torch", action="store_true", help="time jaxformer only")
-    parser.add_argument("--cold", action="store_true", help="jaxformer with an empty compilation cache")
+    parser.add_argument("--cold", action="store_true", help="jaxformer with empty compilation and token caches")
     parser.add_argument("--repeats", type=int, default=1, help="repeat both, alternating which goes first")
     parser.add_argument("--with-fit", action="store_true", help="keep the spec's fit (jaxformer's wall includes it)")
     parser.add_argument("--torch-checkpoints", action="store_true",
@@ -77,7 +77,8 @@ def _layout(workers: int | None) -> tuple[int, int]:
 
 
 def write_spec_copy(spec: Path, path: Path, *, keep_fit: bool, cache: Path | None) -> None:
-    """``spec`` as ``path``: its name kept, ``fit`` dropped unless ``keep_fit``, the compilation cache at ``cache``."""
+    """``spec`` as ``path``: its name kept, ``fit`` dropped unless ``keep_fit``; the compilation cache at ``cache``
+    and the token cache beside it."""
     import yaml
 
     from jaxformer.configs import load_yaml
@@ -90,6 +91,7 @@ def write_spec_copy(spec: Path, path: Path, *, keep_fit: bool, cache: Path | Non
         base = data.setdefault("base", {}) or {}
         data["base"] = base
         base["train"] = {**(base.get("train") or {}), "compilation_cache": str(cache)}
+        base["data"] = {**(base.get("data") or {}), "token_cache": str(cache.with_name("token-cache"))}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(data, sort_keys=False))
 

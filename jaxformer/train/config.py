@@ -174,8 +174,8 @@ def config_to_dict(config: TrainConfig) -> dict[str, Any]:
 
 # sections and fields a resumed run may change: they do not alter the parameters or the data stream (the
 # kernel and the mesh change only the order of fp32 sums)
-RESUMABLE_CHANGES = ("logging.", "checkpoint.", "train.run_dir", "train.compilation_cache", "train.peak_flops",
-                     "train.eval_interval", "parallel.", "kernel.")
+RESUMABLE_CHANGES = ("logging.", "checkpoint.", "train.run_dir", "train.compilation_cache", "data.token_cache",
+                     "train.peak_flops", "train.eval_interval", "parallel.", "kernel.")
 
 
 def resume_conflict(saved: dict[str, Any], current: TrainConfig) -> str | None:

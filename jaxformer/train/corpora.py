@@ -47,6 +47,8 @@ class DataConfig(Section):
     doc_bytes: text documents longer than this are cut (at a newline) into documents of at most this size.
     val_fraction: share of files held out for validation, chosen by a hash of their names (a file cut into
       several documents is held out whole).
+    token_cache: where a BPE-tokenised corpus is kept for later processes on this machine (`token_cache`);
+      empty: off.
     """
 
     SECTION = "data"
@@ -59,6 +61,7 @@ class DataConfig(Section):
     val_fraction: float = setting(0.05, Range(0.0, 1.0, low_open=True, high_open=True))
     split_seed: int = 0
     doc_bytes: int = setting(65_536, POSITIVE)
+    token_cache: str = "~/.cache/jaxformer/tokens"
     markov: MarkovConfig = dataclasses.field(default_factory=MarkovConfig)
 
     def check(self) -> None:
@@ -94,15 +97,37 @@ class TokenCorpus:
 def load_corpus(data: DataConfig) -> TextCorpus | TokenCorpus:
     """Reads the corpus ``data.corpus`` names; missing files raise ``FileNotFoundError`` naming it."""
     kind, _, rest = data.corpus.partition(":")
-    if data.corpus in ("stdlib", "stdlib+tests"):
-        root = Path(sysconfig.get_paths()["stdlib"])
-        files = stdlib_files(root, tests=data.corpus == "stdlib+tests")
-        return _text_corpus(data.corpus, root, files, data.doc_bytes)
-    if kind == "files":
-        return _text_corpus("files", Path.cwd(), _glob_files(data.corpus, rest), data.doc_bytes)
     if data.corpus == "synthetic-markov":
         return markov_corpus(data)
-    return _token_corpus(data, Path(rest).expanduser())
+    if kind == "tokens":
+        return _token_corpus(data, Path(rest).expanduser())
+    root = Path(sysconfig.get_paths()["stdlib"]) if kind != "files" else Path.cwd()
+    return _text_corpus(kind, root, source_files(data), data.doc_bytes)
+
+
+def source_files(data: DataConfig) -> list[Path]:
+    """The files ``data.corpus`` reads, in corpus order, without reading them ([] for a generated corpus)."""
+    kind, _, rest = data.corpus.partition(":")
+    if data.corpus in ("stdlib", "stdlib+tests"):
+        return stdlib_files(Path(sysconfig.get_paths()["stdlib"]), tests=data.corpus == "stdlib+tests")
+    if kind == "files":
+        return _glob_files(data.corpus, rest)
+    if kind == "tokens":
+        path = Path(rest).expanduser()
+        return [path / "train.bin", path / "val.bin"] if path.is_dir() else [path]
+    return []
+
+
+def files_signature(files: list[Path]) -> tuple:
+    """Each file's path, size and modification time: what changes when a file is edited, at the cost of a stat."""
+    stats = []
+    for path in files:
+        try:
+            stat = path.stat()
+            stats.append((str(path), stat.st_size, stat.st_mtime_ns))
+        except OSError:
+            stats.append((str(path), None, None))
+    return tuple(stats)
 
 
 def stdlib_files(root: Path, *, tests: bool = False) -> list[Path]:

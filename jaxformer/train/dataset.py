@@ -23,7 +23,8 @@ from pathlib import Path
 import numpy as np
 
 from jaxformer.train.config import TrainConfig
-from jaxformer.train.corpora import DataConfig, TextCorpus, load_corpus, source_of
+from jaxformer.train.corpora import DataConfig, TextCorpus, files_signature, load_corpus, source_files, source_of
+from jaxformer.train.token_cache import entry_key, load_entry, store_entry
 from jaxformer.train.tokenizer import BPETokenizer, ByteTokenizer
 
 
@@ -80,7 +81,8 @@ def prepare_dataset(config: TrainConfig, saved_tokenizer: Path | None = None) ->
     Raises ``ValueError``/``FileNotFoundError`` naming ``data.corpus`` on unusable data.
     """
     saved = saved_tokenizer if saved_tokenizer is not None and saved_tokenizer.is_file() else None
-    dataset = _tokenized(config.data, os.getcwd(), saved, saved.stat().st_mtime_ns if saved else None)
+    inputs = files_signature(source_files(config.data) + ([saved] if saved else []))
+    dataset = _tokenized(config.data, os.getcwd(), saved, inputs)
     if dataset.tokenizer is None:  # a pre-tokenised corpus: its ids must fit the model
         top = max(_max_token(dataset.train), _max_token(dataset.val))
         if top >= config.model.vocab_size:
@@ -91,11 +93,12 @@ def prepare_dataset(config: TrainConfig, saved_tokenizer: Path | None = None) ->
 
 
 @functools.lru_cache(maxsize=4)
-def _tokenized(data: DataConfig, cwd: str, saved_tokenizer: Path | None, saved_mtime: int | None) -> Dataset:
+def _tokenized(data: DataConfig, cwd: str, saved_tokenizer: Path | None, inputs: tuple) -> Dataset:
     """The split, tokenised corpus of ``data``; a warm sweep worker builds it once for all its runs.
 
-    The key holds what the result depends on besides the files' contents: the working directory
-    (relative globs) and the saved tokenizer. Arrays are read-only, shared by the runs.
+    The key holds what the result depends on: the settings, the working directory (relative globs), the
+    saved tokenizer, and the ``inputs``' `files_signature` (a file edited between two runs is read again).
+    Arrays are read-only, shared by the runs.
     """
     corpus = load_corpus(data)
     if isinstance(corpus, TextCorpus):
@@ -124,6 +127,21 @@ def check_sizes(config: TrainConfig, dataset: Dataset) -> None:
 
 
 def _tokenize(data: DataConfig, corpus: TextCorpus, saved_tokenizer: Path | None) -> Dataset:
+    """A BPE corpus comes from the machine's `token_cache` when it holds this corpus, split and vocabulary."""
+    if data.tokenizer == "byte" or not data.token_cache:
+        return _split_and_encode(data, corpus, saved_tokenizer)
+    directory = Path(data.token_cache).expanduser()
+    key = entry_key(data, corpus.info["sha256"], saved_tokenizer)
+    cached = load_entry(directory, key)
+    if cached is not None:
+        train, val, tokenizer, info = cached
+        return Dataset(train, val, info["val_bytes"], tokenizer, {**info, **corpus.info})
+    dataset = _split_and_encode(data, corpus, saved_tokenizer)
+    store_entry(directory, key, dataset.train, dataset.val, dataset.tokenizer, dataset.info)
+    return dataset
+
+
+def _split_and_encode(data: DataConfig, corpus: TextCorpus, saved_tokenizer: Path | None) -> Dataset:
     names = [name for name, _ in corpus.documents]
     is_val = validation_mask(names, data.val_fraction, data.split_seed)
     if is_val.all():
