@@ -88,3 +88,34 @@ def test_a_spec_names_its_bootstrap_groups_among_the_planned_fields(tmp_path):
     path.write_text(yaml.safe_dump({**spec, "fit": {"bootstrap_groups": ["trunk"]}}))
     with pytest.raises(ValueError, match="fit.bootstrap_groups: 'trunk' is not one of N, N_non_embedding, seed"):
         load_spec(path)
+
+
+def _listed_twice(table: RunTable) -> RunTable:
+    """``table`` with every run (and its training curve) listed a second time."""
+    n = len(table)
+    twice = RunTable.from_arrays(np.tile(table.N, 2), np.tile(table.loss, 2), D=np.tile(table.D, 2),
+                                 C=np.tile(table.C, 2), budget=np.tile(table.budget, 2))
+    return twice.with_curves(np.concatenate([table.curve_run, table.curve_run + n]), np.tile(table.curve_tokens, 2),
+                             np.tile(table.curve_loss, 2))
+
+
+def test_approaches_1_and_2_draw_whole_groups_as_approach_3_does():
+    """A run's two copies as one group carry one run's evidence: Approach 1's and Approach 2's bootstraps drawing
+    groups give the table listed twice exactly the intervals of the table once (each run its own group). Drawn
+    run by run, Approach 2 takes the copies as two runs' evidence and narrows a's interval."""
+    from jaxformer.scaling.allocation import PRESETS
+    from jaxformer.scaling.envelope import fit_envelope
+    from jaxformer.scaling.isoflop import fit_isoflop
+    from jaxformer.scaling.synthetic import isoflop_sweep
+
+    once = isoflop_sweep(PRESETS["chinchilla"], np.logspace(18, 21, 5), sizes=5, span=0.5, noise=0.005, seed=0)
+    twice = _listed_twice(once)
+    once_grouped, twice_grouped = once.with_groups(range(len(once))), twice.with_groups(2 * list(range(len(once))))
+    approach2 = {name: fit_isoflop(table, resamples=400, seed=0, resample="runs")
+                 for name, table in (("once", once_grouped), ("twice", twice_grouped), ("runs", twice))}
+    np.testing.assert_allclose(approach2["twice"].samples["a"], approach2["once"].samples["a"], rtol=1e-9)
+    assert approach2["runs"].stats["a"].se < 0.85 * approach2["twice"].stats["a"].se
+    approach1 = [fit_envelope(table, resamples=200, seed=0).stats["a"] for table in (once_grouped, twice_grouped)]
+    assert approach1[0] == approach1[1] and approach1[0].low < approach1[0].high
+    residuals = fit_isoflop(twice_grouped, resamples=50, seed=0, resample="residuals")
+    assert any("residuals are drawn run by run" in warning for warning in residuals.warnings)

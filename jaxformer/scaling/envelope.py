@@ -9,7 +9,8 @@ left out (the optimum is not bracketed there). Power laws through these give N_o
 evaluation) or ``metrics.jsonl`` files in the run directories.
 
 Uncertainty: runs resampled with replacement (a run drawn at least once is in the
-resample), the envelope and power laws recomputed per resample, in chunks.
+resample), or the table's bootstrap groups (`RunTable.group`: whole groups drawn, as Approach
+3 does), the envelope and power laws recomputed per resample, in chunks.
 """
 
 from __future__ import annotations
@@ -82,7 +83,7 @@ def fit_envelope(table: RunTable, *, points: int = 250, resamples: int = 0, seed
 
 
 def _bootstrap(table, grid, L_RF, allocation, per_token, resamples, seed, level, chunk: int = 100) -> dict[str, Interval]:
-    counts = resample_counts(len(table), resamples, seed)
+    counts = resample_counts(len(table), resamples, seed, table.group)
     n_opt_bF = np.empty((resamples, len(grid)))
     for s in range(0, resamples, chunk):
         drawn = counts[s:s + chunk] > 0  # [b, R]

@@ -8,20 +8,20 @@ sizes (the parabola's vertex outside them, or the lowest loss at the smallest or
 size) does not locate the optimum: it is drawn, warned about, and left out of the power laws
 (as Porian et al. 2024 and Open-Athena's analysis do), unless ``keep_edges``.
 
-Uncertainty: every parabola and the power laws are refitted on resampled data (all resamples
-at once, in numpy), giving standard errors and percentile intervals of a, b and the optimum at
-each budget. Each resample repeats the point fit, the edge rule included: a budget's resampled
-minimum enters that resample's power laws only where the sizes it holds bracket it (a vertex
-extrapolated beyond them would be left out of the point fit too). ``resample="runs"`` draws each budget's runs with replacement; ``"residuals"``
-holds the sizes fixed and adds to each fitted parabola normal noise of the residuals' pooled
-standard deviation (a fixed-design bootstrap: with five or so sizes per budget, a draw of runs
-often keeps only three distinct sizes, whose parabola can put its vertex anywhere); ``"wild"``
-holds the sizes fixed too but adds each run's own residual, leverage-adjusted, times a random
-sign (Wu 1986; Rademacher weights as Davidson & Flachaire 2008), so a budget whose runs lie
-close to their parabola is resampled with its own small scatter rather than the pooled one.
-With bootstrap groups on the table (one WSD trunk's branches), the sign is drawn per group,
-so an offset a trunk gives to every budget it serves moves them together (the cluster wild
-bootstrap of Cameron, Gelbach & Miller 2008). How often each covers the true exponent, on the
+Uncertainty: every parabola and the power laws are refitted on resampled data (all resamples at once, in numpy),
+giving standard errors and percentile intervals of a, b and the optimum at each budget. Each resample repeats the
+point fit, the edge rule included: a budget's resampled minimum enters that resample's power laws only where the
+sizes it holds bracket it (a vertex extrapolated beyond them would be left out of the point fit too).
+``resample="runs"`` draws each budget's runs with replacement, or with bootstrap groups on the table the groups
+themselves (whole groups, the same draw for every budget, as Approach 3); ``"residuals"`` holds the sizes fixed and
+adds to each fitted parabola normal noise of the residuals' pooled standard deviation (a fixed-design bootstrap:
+with five or so sizes per budget, a draw of runs often keeps only three distinct sizes, whose parabola can put its
+vertex anywhere); ``"wild"`` holds the sizes fixed too but adds each run's own residual, leverage-adjusted, times a
+random sign (Wu 1986; Rademacher weights as Davidson & Flachaire 2008), so a budget whose runs lie close to their
+parabola is resampled with its own small scatter rather than the pooled one. With bootstrap groups on the table
+(one WSD trunk's branches), the wild sign is drawn per group, so an offset a trunk gives to every budget it serves
+moves them together (the cluster wild bootstrap of Cameron, Gelbach & Miller 2008); the residuals' noise is drawn
+run by run, without groups (the fit warns when a table has them). How often each covers the true exponent, on the
 designs of this project's studies: experiments/approach2_intervals/.
 """
 
@@ -33,7 +33,7 @@ from typing import Literal
 import numpy as np
 
 from jaxformer.scaling.allocation import SIX_ND, FlopsPerToken, PowerLawAllocation
-from jaxformer.scaling.bootstrap import Interval, summarize
+from jaxformer.scaling.bootstrap import Interval, resample_counts, summarize
 from jaxformer.scaling.powerlaw import allocation_from_optima, power_law_samples
 from jaxformer.scaling.table import RunTable
 
@@ -198,6 +198,9 @@ def fit_isoflop(table: RunTable, *, budget_tol: float = 0.1, resamples: int = 0,
     if resamples:
         stats, samples, kept = _bootstrap(table, profiles, groups, allocation, resamples, seed, level, resample,
                                           flops, keep_edges)
+        if resample == "residuals" and table.group is not None:
+            warnings.append("bootstrap: Approach 2's residuals are drawn run by run, not by the table's groups "
+                            "(the runs and wild resamples draw by group)")
         if kept < resamples:
             warnings.append(f"bootstrap: {kept} of {resamples} resamples kept; the others had fewer than 2 budgets "
                             f"whose resampled parabola {'has a minimum' if keep_edges else 'brackets its minimum'}")
@@ -225,10 +228,13 @@ def _bootstrap(table, profiles, groups, allocation, resamples, seed, level, resa
     if resample == "wild":  # one sign per run, or per group of runs
         clusters = table.group if table.group is not None else np.arange(len(table))
         signs = rng.choice([-1.0, 1.0], size=(resamples, int(clusters.max()) + 1))
+    if resample == "runs" and table.group is not None:  # whole groups, one draw for every budget
+        counts = resample_counts(len(table), resamples, seed, table.group)
     for k, (p, idx) in enumerate(zip(profiles, groups)):
         u, fitted = np.log(table.N[idx]) - p.center, p.curve(table.N[idx])
         if resample == "runs":
-            w = rng.multinomial(len(idx), np.full(len(idx), 1.0 / len(idx)), size=resamples).astype(np.float64)
+            w = (counts[:, idx] if table.group is not None else
+                 rng.multinomial(len(idx), np.full(len(idx), 1.0 / len(idx)), size=resamples).astype(np.float64))
             y = table.loss[idx]
         elif resample == "residuals":
             w = np.ones((resamples, len(idx)))
