@@ -27,13 +27,14 @@ def test_committed_fit_is_regenerated_from_its_results(study):
     """The same fit, up to the machine: on one CPU a refit is bit-identical (runs in any order), but the 4,500-start
     L-BFGS of Approach 3 runs on a flat valley, and another CPU's floating point can end it at another point of it.
     Between an AVX2 and an AVX-512 AMD EPYC the committed studies' objectives agreed to 1.1e-3 (relative) and their
-    exponents a and b to 0.007; Approach 2's least squares to 1e-13."""
+    exponents a and b to 0.007; Approach 2's least squares to 1e-13. On a Zen 1 EPYC (family 23, AVX2) the Ice Lake's
+    quick_min2_icx refit 2.6e-3 from its objective, a and b 0.007 from its exponents (session 32)."""
     result = subprocess.run([sys.executable, "-m", "jaxformer.cli", "fit", str(study / "results.csv"), "--bootstrap", "0",
                              "--json"], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     refit, committed = json.loads(result.stdout), json.loads((study / "fit.json").read_text())
     assert refit["runs"] == committed["runs"]
-    assert refit["approach3"]["objective"] == pytest.approx(committed["approach3"]["objective"], rel=2e-3)
+    assert refit["approach3"]["objective"] == pytest.approx(committed["approach3"]["objective"], rel=4e-3)
     for exponent in ("a", "b"):
         assert refit["approach3"][exponent] == pytest.approx(committed["approach3"][exponent], abs=0.01)
     if "approach2" in committed:

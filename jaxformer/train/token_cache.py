@@ -9,9 +9,9 @@ memory-map it (read-only, its pages shared between workers). A byte-level corpus
 its tokens are its bytes, which the content hash reads anyway.
 
 An entry is written into a temporary directory and renamed into place, so a reader sees a
-whole entry or none; when two workers build the same entry, the second rename loses and its
-copy is dropped. An unwritable cache is skipped; an entry that does not read back whole
-(sizes, files) is rebuilt.
+whole entry or none; when two workers build the same entry, the second replaces the first
+(the same tokens; a process that mapped the first keeps its files). An unwritable cache is
+skipped; an entry that does not read back whole (sizes, files) is rebuilt.
 """
 
 from __future__ import annotations
