@@ -118,6 +118,12 @@ def source_files(data: DataConfig) -> list[Path]:
     return []
 
 
+def user_files(data: DataConfig) -> list[Path]:
+    """The `source_files` a user may edit between two runs of one process: those of ``files:`` and ``tokens:``
+    corpora. The standard library belongs to the running interpreter; walking it would stat every file at every run."""
+    return source_files(data) if data.corpus.partition(":")[0] in ("files", "tokens") else []
+
+
 def files_signature(files: list[Path]) -> tuple:
     """Each file's path, size and modification time: what changes when a file is edited, at the cost of a stat."""
     stats = []

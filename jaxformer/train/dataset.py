@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from jaxformer.train.config import TrainConfig
-from jaxformer.train.corpora import DataConfig, TextCorpus, files_signature, load_corpus, source_files, source_of
+from jaxformer.train.corpora import DataConfig, TextCorpus, files_signature, load_corpus, source_of, user_files
 from jaxformer.train.token_cache import entry_key, load_entry, store_entry
 from jaxformer.train.tokenizer import BPETokenizer, ByteTokenizer
 
@@ -81,7 +81,7 @@ def prepare_dataset(config: TrainConfig, saved_tokenizer: Path | None = None) ->
     Raises ``ValueError``/``FileNotFoundError`` naming ``data.corpus`` on unusable data.
     """
     saved = saved_tokenizer if saved_tokenizer is not None and saved_tokenizer.is_file() else None
-    inputs = files_signature(source_files(config.data) + ([saved] if saved else []))
+    inputs = files_signature(user_files(config.data) + ([saved] if saved else []))
     dataset = _tokenized(config.data, os.getcwd(), saved, inputs)
     if dataset.tokenizer is None:  # a pre-tokenised corpus: its ids must fit the model
         top = max(_max_token(dataset.train), _max_token(dataset.val))
@@ -97,7 +97,7 @@ def _tokenized(data: DataConfig, cwd: str, saved_tokenizer: Path | None, inputs:
     """The split, tokenised corpus of ``data``; a warm sweep worker builds it once for all its runs.
 
     The key holds what the result depends on: the settings, the working directory (relative globs), the
-    saved tokenizer, and the ``inputs``' `files_signature` (a file edited between two runs is read again).
+    saved tokenizer, and the ``inputs``' `files_signature` (a user's file edited between two runs is read again).
     Arrays are read-only, shared by the runs.
     """
     corpus = load_corpus(data)
