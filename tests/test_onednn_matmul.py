@@ -23,14 +23,31 @@ def _targets(fn, *args) -> bool:
     return onednn_matmul.TARGET in str(jax.make_jaxpr(fn)(*args))
 
 
+def _takes(dtype) -> bool:
+    """Whether oneDNN multiplies ``dtype`` operands on this CPU (fp32 always; bf16 not on an AVX2-only CPU)."""
+    return onednn_matmul.unsupported_reason(dtype) is None
+
+
 @pytest.fixture(scope="module")
 def kernel():
     assert onednn_matmul.onednn_available(), onednn_matmul.unavailable_reason()
+    assert _takes(jnp.float32), onednn_matmul.unsupported_reason(jnp.float32)
+
+
+@pytest.fixture(scope="module")
+def dtype(kernel) -> str:
+    """The operands of the dtype-agnostic tests (sharding, the peak): bf16 where oneDNN multiplies it, else fp32."""
+    return "bfloat16" if _takes(jnp.bfloat16) else "float32"
 
 
 def test_matmul_equals_jnp_matmul(kernel):
-    """fp32 results equal XLA's fp32 sums of the same bf16 products; bf16 results are those rounded."""
+    """fp32 results equal XLA's fp32 sums of the same bf16 products; bf16 results are those rounded. A CPU without
+    oneDNN's bf16 matmul says so."""
     x, w = _bf16((37, 19), 0), _bf16((19, 23), 1)
+    if not _takes(jnp.bfloat16):
+        with pytest.raises(ValueError, match="no bfloat16 matmul for this CPU"):
+            onednn_matmul.matmul(x, w, jnp.float32)
+        return
     reference = jnp.matmul(x, w, preferred_element_type=jnp.float32)
     fp32 = onednn_matmul.matmul(x, w, jnp.float32)
     assert fp32.dtype == jnp.float32 and fp32.shape == (37, 23)
@@ -68,7 +85,8 @@ def test_gradients_equal_the_plain_path(kernel, out_dtype):
         return jax.jit(jax.grad(lambda x, w: jnp.sum(F.dense(x, w, impl=impl, preferred_element_type=out_dtype)
                                                      .astype(jnp.float32) * g), argnums=(0, 1)))
 
-    assert _targets(jax.grad(lambda x, w: jnp.sum(F.dense(x, w, impl="onednn")), argnums=(0, 1)), x, w)
+    assert _targets(jax.grad(lambda x, w: jnp.sum(F.dense(x, w, impl="onednn")), argnums=(0, 1)), x, w) == \
+        _takes(jnp.bfloat16)
     for grad, grad_ref in zip(loss("onednn")(x, w), loss("xla")(x, w)):
         assert grad.dtype == jnp.bfloat16
         scale = float(jnp.max(jnp.abs(grad_ref.astype(jnp.float32))))
@@ -77,13 +95,14 @@ def test_gradients_equal_the_plain_path(kernel, out_dtype):
 
 def test_dense_routes_bf16_and_fp32_products(kernel):
     """bf16 and fp32 products go to oneDNN; mixed operands, a bf16 result of fp32 operands and preferred types
-    other than bf16/fp32 stay with XLA; a wrong impl names the field."""
+    other than bf16/fp32 stay with XLA, and so do bf16 products on a CPU without oneDNN's bf16 matmul; a wrong
+    impl names the field."""
     x32, w32 = jax.random.normal(jax.random.key(0), (2, 5, 4, 8)), jax.random.normal(jax.random.key(1), (4, 8, 6))
     onednn = lambda x, w: F.dense(x, w, in_axes=2, impl="onednn")  # noqa: E731
     assert _targets(onednn, x32, w32)
     np.testing.assert_allclose(onednn(x32, w32), F.dense(x32, w32, in_axes=2), rtol=1e-5, atol=1e-5)
     x, w = x32.astype(jnp.bfloat16), w32.astype(jnp.bfloat16)
-    assert _targets(onednn, x, w)
+    assert _targets(onednn, x, w) == _takes(jnp.bfloat16)
     assert onednn(x, w).shape == (2, 5, 6)
     assert not _targets(onednn, x32, w)
     assert not _targets(lambda x, w: F.dense(x, w, in_axes=2, impl="onednn", preferred_element_type=jnp.bfloat16),
@@ -101,13 +120,13 @@ def test_train_steps_equal_the_xla_path(kernel, dtype, rtol):
     for impl in ("xla", "onednn"):
         losses[impl], state, calls = train_losses([f"train.compute_dtype={dtype}", f"kernel.matmul_impl={impl}"],
                                                   target=onednn_matmul.TARGET)
-        assert calls == (impl == "onednn")
+        assert calls == (impl == "onednn" and _takes(dtype))
         assert all(leaf.dtype == jnp.float32 for leaf in jax.tree.leaves(state["params"]))
     np.testing.assert_allclose(losses["onednn"], losses["xla"], rtol=rtol)
     assert losses["onednn"][-1] < losses["onednn"][0]
 
 
-def test_data_parallel_mesh_runs_each_share_and_sums_the_weight_gradient(kernel):
+def test_data_parallel_mesh_runs_each_share_and_sums_the_weight_gradient(dtype):
     """Two CPU devices, rows sharded: the products run on each half (no all-gather), the weight gradient is
     summed across devices, and everything equals the single-device result."""
     done = run_python("""
@@ -116,8 +135,8 @@ def test_data_parallel_mesh_runs_each_share_and_sums_the_weight_gradient(kernel)
         import jaxformer.functional as F
         mesh = jax.make_mesh((2,), ("data",))
         rows, replicated = NamedSharding(mesh, PartitionSpec("data")), NamedSharding(mesh, PartitionSpec())
-        x = jax.random.normal(jax.random.key(0), (4, 16, 32)).astype(jnp.bfloat16)
-        w = jax.random.normal(jax.random.key(1), (32, 24)).astype(jnp.bfloat16)
+        x = jax.random.normal(jax.random.key(0), (4, 16, 32)).astype(DTYPE)
+        w = jax.random.normal(jax.random.key(1), (32, 24)).astype(DTYPE)
         def loss(impl):
             return jax.jit(jax.value_and_grad(lambda x, w: jnp.sum(jnp.sin(
                 F.dense(x, w, impl=impl).astype(jnp.float32))), argnums=(0, 1)))
@@ -133,12 +152,12 @@ def test_data_parallel_mesh_runs_each_share_and_sums_the_weight_gradient(kernel)
             np.testing.assert_allclose(grad.astype(np.float32), grad_xla.astype(np.float32), atol=scale * 2 ** -7)
         assert grads[0].sharding.is_equivalent_to(rows, 3)
         print("sharded ok")
-    """, {"XLA_FLAGS": os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2",
+    """.replace("DTYPE", repr(dtype)), {"XLA_FLAGS": os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2",
           "JAX_PLATFORMS": "cpu"})
     assert "sharded ok" in done.stdout
 
 
-def test_tensor_parallel_shardings_split_columns_and_sum_rows(kernel):
+def test_tensor_parallel_shardings_split_columns_and_sum_rows(dtype):
     """A (data, model) mesh of four devices: a column-parallel weight keeps its output columns sharded, a
     row-parallel one sums its partial products over the model axis; both equal the unsharded product."""
     done = run_python("""
@@ -146,8 +165,8 @@ def test_tensor_parallel_shardings_split_columns_and_sum_rows(kernel):
         from jax.sharding import NamedSharding, PartitionSpec as P
         import jaxformer.functional as F
         mesh = jax.make_mesh((2, 2), ("data", "model"))
-        x = jax.random.normal(jax.random.key(0), (8, 16)).astype(jnp.bfloat16)
-        w = jax.random.normal(jax.random.key(1), (16, 12)).astype(jnp.bfloat16)
+        x = jax.random.normal(jax.random.key(0), (8, 16)).astype(DTYPE)
+        w = jax.random.normal(jax.random.key(1), (16, 12)).astype(DTYPE)
         reference = jnp.matmul(x, w, preferred_element_type=jnp.float32)
         product = jax.jit(lambda x, w: F.dense(x, w, impl="onednn", preferred_element_type=jnp.float32))
         for x_spec, w_spec, out_spec, collective in ((P("data", None), P(None, "model"), P("data", "model"), None),
@@ -161,7 +180,7 @@ def test_tensor_parallel_shardings_split_columns_and_sum_rows(kernel):
             assert out.sharding.is_equivalent_to(NamedSharding(mesh, out_spec), 2), (out.sharding, out_spec)
             np.testing.assert_allclose(out, reference, rtol=1e-5, atol=1e-4)
         print("tensor parallel ok")
-    """, {"XLA_FLAGS": os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4",
+    """.replace("DTYPE", repr(dtype)), {"XLA_FLAGS": os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4",
           "JAX_PLATFORMS": "cpu"})
     assert "tensor parallel ok" in done.stdout
 
@@ -187,6 +206,42 @@ def test_missing_library_falls_back_to_xla_with_one_warning(tmp_path):
     assert "fallback ok" in done.stdout
 
 
+def test_a_cpu_without_bf16_matmul_falls_back_for_bf16_only(tmp_path):
+    """oneDNN held to AVX2 (``ONEDNN_MAX_CPU_ISA``, as on an AVX2-only CPU): bf16 products compute with XLA (the
+    values equal, no kernel call), a direct bf16 call and ``auto``'s candidates say why, fp32 still goes to
+    oneDNN, and `bench train` notes which rows time XLA."""
+    done = run_python("""
+        import jax, jax.numpy as jnp, numpy as np
+        import jaxformer.functional as F
+        from jaxformer.functional import onednn_matmul
+        from jaxformer.train import matmul_choice
+        from jaxformer.train.config import load_config
+        reason = onednn_matmul.unsupported_reason(jnp.bfloat16)
+        assert reason == "oneDNN has no bfloat16 matmul for this CPU's instruction set", reason
+        assert onednn_matmul.unsupported_reason(jnp.float32) is None
+        x = jax.random.normal(jax.random.key(0), (6, 8))
+        onednn = lambda x: F.dense(x, x.T, impl="onednn")
+        for operands, routed in ((x, True), (x.astype(jnp.bfloat16), False)):
+            assert (onednn_matmul.TARGET in str(jax.make_jaxpr(onednn)(operands))) == routed
+            np.testing.assert_allclose(onednn(operands), F.dense(operands, operands.T), rtol=1e-6)
+        try:
+            onednn_matmul.matmul(x.astype(jnp.bfloat16), x.T.astype(jnp.bfloat16))
+            raise AssertionError("a bf16 call without the kernel did not say so")
+        except ValueError as error:
+            assert str(error) == "onednn matmul: " + reason, error
+        assert matmul_choice.candidates(load_config(None, ["train.compute_dtype=bfloat16"])) == (["xla"], reason)
+        assert matmul_choice.candidates(load_config(None, ["train.compute_dtype=float32"]))[0] == ["xla", "onednn"]
+        print("bf16 fallback ok")
+    """, {"ONEDNN_MAX_CPU_ISA": "AVX2"})
+    assert "bf16 fallback ok" in done.stdout
+    done = subprocess.run([sys.executable, "-m", "jaxformer.cli", "bench", "train", "--sizes", "16:1:16", "--batch", "2",
+                           "--dtypes", "bfloat16", "--matmul-impl", "onednn", "--no-torch", "--steps", "1",
+                           "--repeats", "1"], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2"})
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "bfloat16 rows time XLA's matmul: oneDNN has no bfloat16 matmul" in done.stdout
+
+
 def test_bench_says_when_the_kernel_is_unavailable(tmp_path):
     done = subprocess.run([sys.executable, "-m", "jaxformer.cli", "bench", "train", "--sizes", "16:1:16", "--batch", "2",
                            "--dtypes", "bfloat16", "--matmul-impl", "onednn", "--no-torch", "--steps", "1",
@@ -196,17 +251,17 @@ def test_bench_says_when_the_kernel_is_unavailable(tmp_path):
     assert "oneDNN matmul unavailable, so jaxformer's rows time XLA's matmul" in done.stdout
 
 
-def test_machine_peak_is_probed_and_kept_per_matmul(kernel, tmp_path):
-    """MFU of a oneDNN run is measured against oneDNN's own bf16 peak, cached apart from XLA's."""
+def test_machine_peak_is_probed_and_kept_per_matmul(dtype, tmp_path):
+    """MFU of a oneDNN run is measured against oneDNN's own peak, cached apart from XLA's."""
     import json
 
     from jaxformer.train.peak import machine_key, machine_peak_flops
 
     path = tmp_path / "peak.json"
-    peak = machine_peak_flops("bfloat16", path, impl="onednn")
+    peak = machine_peak_flops(dtype, path, impl="onednn")
     assert peak > 1e9
-    assert json.loads(path.read_text()) == {machine_key("bfloat16") + " | onednn": peak}
-    assert machine_peak_flops("bfloat16", path, impl="onednn") == peak  # read back, not probed again
+    assert json.loads(path.read_text()) == {machine_key(dtype) + " | onednn": peak}
+    assert machine_peak_flops(dtype, path, impl="onednn") == peak  # read back, not probed again
 
 
 def test_profile_classes_the_kernel_call_as_a_matmul(kernel):

@@ -106,5 +106,21 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxformerOnednnMatmul, MatmulImpl,
                                   .Attr<int64_t>("trans_b")
                                   .Attr<int64_t>("threads"));
 
+// Whether oneDNN has a matmul for these operand and result types on this CPU (its bf16 kernels need bf16-capable
+// instructions, e.g. AVX512_CORE; on an AVX2-only CPU no primitive exists). Probed once by the Python loader.
+extern "C" int jaxformer_onednn_matmul_supports(int src_f32, int dst_f32) {
+  using md = dnnl::memory::desc;
+  using dt = dnnl::memory::data_type;
+  const dt src = src_f32 ? dt::f32 : dt::bf16;
+  try {
+    dnnl::matmul::primitive_desc pd(cpu_engine(), md({8, 8}, src, dnnl::memory::format_tag::ab),
+                                    md({8, 8}, src, dnnl::memory::format_tag::ab),
+                                    md({8, 8}, dst_f32 ? dt::f32 : dt::bf16, dnnl::memory::format_tag::ab));
+    return 1;
+  } catch (const dnnl::error&) {
+    return 0;
+  }
+}
+
 // the ABI version of this source, checked by the Python loader
-extern "C" int jaxformer_onednn_matmul_version() { return 3; }
+extern "C" int jaxformer_onednn_matmul_version() { return 4; }

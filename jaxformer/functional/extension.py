@@ -69,7 +69,7 @@ class Extension:
     description: str = ""
     _lock: threading.Lock = dataclasses.field(default_factory=threading.Lock, repr=False)
     _state: dict = dataclasses.field(default_factory=lambda: {"tried": False, "available": False, "reason": None,
-                                                              "path": None}, repr=False)
+                                                              "path": None, "library": None}, repr=False)
 
     @property
     def source(self) -> Path:
@@ -127,6 +127,7 @@ class Extension:
             jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(library, symbol)), platform="cpu")
             if self.batch_partitionable:
                 jax.ffi.register_ffi_target_as_batch_partitionable(target)
+        self._state["library"] = library
 
     def available(self) -> bool:
         """Whether the kernel is built and registered (building it on the first call); warns once if not."""
@@ -141,6 +142,10 @@ class Extension:
                     warnings.warn(f"{self.description or self.name} is unavailable, the plain path computes instead: "
                                   f"{self._state['reason']}", RuntimeWarning, stacklevel=4)
         return self._state["available"]
+
+    def library(self) -> ctypes.CDLL | None:
+        """The loaded library (for its plain C exports, e.g. a capability probe); ``None`` where it is unavailable."""
+        return self._state["library"] if self.available() else None
 
     def unavailable_reason(self) -> str | None:
         """Why the kernel could not be loaded (``None`` when it is, or before :meth:`available` ran)."""

@@ -11,7 +11,8 @@ Requires the ``onednn`` extra (``pip install 'jaxformer[onednn]'``: oneDNN's lib
 PyPI); the kernel is compiled on first use (`jaxformer.functional.extension`), and
 ``$JAXFORMER_ONEDNN_MATMUL_LIB`` names a prebuilt library instead. Where it cannot be built or
 loaded, :func:`onednn_available` is False, one warning says why, and ``dense(..., impl="onednn")``
-computes with ``jnp.matmul``.
+computes with ``jnp.matmul``; so does it for a dtype oneDNN has no matmul for on this CPU
+(:func:`unsupported_reason`: bf16 needs bf16-capable instructions, which an AVX2-only CPU lacks).
 
 Sharding: each call is wrapped in ``custom_partitioning`` with the rule ``i r, r j -> i j``: rows
 ``i`` and columns ``j`` keep their shardings, and a sharded contraction ``r`` (the weight gradient's
@@ -55,7 +56,7 @@ def _link_flags() -> tuple[str, ...]:
     return ("-fopenmp", "-isystem", str(include_dir), "-L", str(lib_dir), "-ldnnl", f"-Wl,-rpath,{lib_dir}")
 
 
-EXTENSION = Extension("onednn_matmul", abi_version=3, library_env=LIBRARY_ENV, description="the oneDNN matmul",
+EXTENSION = Extension("onednn_matmul", abi_version=4, library_env=LIBRARY_ENV, description="the oneDNN matmul",
                       targets={TARGET: "JaxformerOnednnMatmul"}, link_flags=_link_flags)
 onednn_available = EXTENSION.available
 unavailable_reason = EXTENSION.unavailable_reason
@@ -71,16 +72,38 @@ def _result_ok(operand_dtype, out_dtype) -> bool:
     return out_dtype == jnp.float32 or (out_dtype == jnp.bfloat16 and jnp.dtype(operand_dtype) == jnp.bfloat16)
 
 
+@functools.cache
+def _cpu_has(operand_dtype: jnp.dtype) -> bool:
+    """Whether oneDNN builds every product :func:`matmul` and its gradient make from ``operand_dtype``."""
+    probe = EXTENSION.library().jaxformer_onednn_matmul_supports
+    src_f32 = int(operand_dtype == jnp.float32)
+    return all(probe(src_f32, int(out_dtype == jnp.float32)) for out_dtype in OPERAND_DTYPES
+               if _result_ok(operand_dtype, out_dtype))
+
+
+def unsupported_reason(operand_dtype) -> str | None:
+    """Why :func:`matmul` cannot multiply ``operand_dtype`` (bf16 or fp32) operands here, ``None`` when it can;
+    builds the kernel if needed."""
+    operand_dtype = jnp.dtype(operand_dtype)
+    if operand_dtype not in OPERAND_DTYPES:
+        return f"oneDNN matmul operands must be bfloat16 or float32, got {operand_dtype}"
+    if not onednn_available():
+        return f"the oneDNN matmul is unavailable: {unavailable_reason()}"
+    if not _cpu_has(operand_dtype):
+        return f"oneDNN has no {operand_dtype} matmul for this CPU's instruction set"
+    return None
+
+
 def supports(x: jax.Array, w: jax.Array, out_dtype) -> bool:
     """Whether :func:`matmul` computes ``x @ w`` as ``out_dtype`` (2-D, both bf16 or both fp32, a result type
-    that :func:`matmul` takes, on a CPU); builds the kernel if needed."""
+    that :func:`matmul` takes, on a CPU where oneDNN multiplies that dtype); builds the kernel if needed."""
     if x.ndim != 2 or w.ndim != 2 or x.shape[1] != w.shape[0]:
         return False
     if jnp.dtype(x.dtype) != jnp.dtype(w.dtype) or jnp.dtype(x.dtype) not in OPERAND_DTYPES:
         return False
     if not _result_ok(x.dtype, out_dtype) or jax.default_backend() != "cpu":
         return False
-    return onednn_available()
+    return unsupported_reason(x.dtype) is None
 
 # oneDNN threads per call. With two or more, its bf16 matmul's sums came out in varying order from call to call
 # (a test training the same run twice in one process saw 0.1-0.3% apart), which would break bit-identical
@@ -186,4 +209,7 @@ def matmul(x: jax.Array, w: jax.Array, out_dtype=jnp.bfloat16) -> jax.Array:
     if not _result_ok(x.dtype, out_dtype):
         raise ValueError(f"onednn matmul: out_dtype must be float32, or bfloat16 from bf16 operands, got {out_dtype} "
                          f"from {jnp.dtype(x.dtype)}")
+    reason = unsupported_reason(x.dtype)
+    if reason is not None:
+        raise ValueError(f"onednn matmul: {reason}")
     return _matmul(x, w, out_dtype)

@@ -8,7 +8,8 @@ its own projection, the feed-forward input
 ``x [B, T, E] · w [E, F]`` forward and backward, sharded over the run's mesh as the step shards it,
 and keeps the answer per machine and call in the same cache file, so later runs read it.
 
-Candidates: ``xla`` always; ``onednn`` on a CPU where the kernel builds. The
+Candidates: ``xla`` always; ``onednn`` on a CPU where the kernel builds and oneDNN multiplies the run's
+compute dtype (no bf16 matmul on an AVX2-only CPU). The
 reference ``xla`` is kept unless oneDNN is at least `kernel_choice.MARGIN` faster.
 """
 
@@ -54,9 +55,8 @@ def candidates(config: TrainConfig) -> tuple[list[str], str]:
     """``(implementations worth timing, why onednn is not among them)``."""
     if jax.default_backend() != "cpu":
         return ["xla"], "not a CPU backend: onednn is CPU-only"
-    if not onednn_matmul.onednn_available():
-        return ["xla"], f"the oneDNN matmul is unavailable: {onednn_matmul.unavailable_reason()}"
-    return ["xla", "onednn"], ""
+    reason = onednn_matmul.unsupported_reason(config.train.compute_dtype)
+    return (["xla"], reason) if reason else (["xla", "onednn"], "")
 
 
 def call_key(config: TrainConfig) -> str:
