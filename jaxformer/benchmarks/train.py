@@ -247,9 +247,9 @@ def run(args: argparse.Namespace) -> int:
         if not onednn_matmul.onednn_available():
             notes.append(f"oneDNN matmul unavailable, so jaxformer's rows time XLA's matmul: "
                          f"{onednn_matmul.unavailable_reason()}")
-        else:
-            notes += [f"{dtype} rows time XLA's matmul: {onednn_matmul.unsupported_reason(dtype)}" for dtype in dtypes
-                      if onednn_matmul.unsupported_reason(dtype)]
+        else:  # loaded, but without a matmul for this dtype on this CPU (bf16 on an AVX2-only one)
+            notes += [f"{dtype} rows time XLA's matmul: {reason}" for dtype in dtypes
+                      if (reason := onednn_matmul.unsupported_reason(dtype))]
     rows = [measure(bench_config(d, layers, seq_len, args.batch, dtype, args.attention_impl, args.matmul_impl),
                     steps=args.steps,
                     repeats=args.repeats, torch_too=dtype in torch_dtypes, one_device=args.one_device)

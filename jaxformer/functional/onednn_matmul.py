@@ -204,6 +204,8 @@ def matmul(x: jax.Array, w: jax.Array, out_dtype=jnp.bfloat16) -> jax.Array:
       out_dtype: ``bfloat16`` (bf16 operands only) or ``float32``; the sums are fp32 either way.
 
     Returns ``[M, N]`` of ``out_dtype``; the gradients have the operands' dtype, as ``jnp.matmul``'s.
+    Raises ``ValueError`` for another ``out_dtype``, and where oneDNN has no matmul for ``x``'s dtype on this CPU
+    (:func:`unsupported_reason`).
     """
     out_dtype = jnp.dtype(out_dtype)
     if not _result_ok(x.dtype, out_dtype):
