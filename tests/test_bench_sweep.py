@@ -170,5 +170,5 @@ def test_bench_sweep_times_a_bfloat16_plan_against_pytorchs_autocast(tmp_path, c
     assert report["runs"] == len(twin) == 4 and all(run["autocast"] for run in twin)
     finals = [json.loads(path.read_text()) for path in (tmp_path / "b" / "r0" / "jax").glob("runs/*/final.json")]
     assert len(finals) == 4 and {final["config"]["train"]["compute_dtype"] for final in finals} == {"bfloat16"}
-    assert report["torch"]["torch_matmul_peak_dtype"] == "bfloat16"
+    assert report["torch"]["torch_matmul_peak_dtype"] == "bfloat16" and report["torch"]["torch_matmul_peak_flops"] > 0
     assert "1-thread bfloat16 matmul peak" in capsys.readouterr().out

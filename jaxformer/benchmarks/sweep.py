@@ -186,14 +186,13 @@ def torch_side(report: dict, wall_s: float, workers: int, peak: float | None) ->
     flops = sum(record["flops_exact"] for record in report["runs"])
     result = _figures(len(report["runs"]), sums, wall_s, workers, flops, peak,
                       ["the twin's worker start-up and per-run time sections"])
-    peaks = [record["worker_peak_flops"] for record in report["runs"]]
     # the twin's parent plans and prepares the data with jaxformer's code (importing JAX) while the workers
     # start; what of that a PyTorch-only script would not pay is at most the wait past the first ready worker
     first_ready = min(report["worker_ready_s"], default=0.0)
     result.update(internal_wall_s=report["wall_s"], prepare_s=report["prepare_s"],
                   prepare_past_first_ready_s=max(0.0, report["prepare_s"] - first_ready),
-                  worker_ready_s=report["worker_ready_s"], torch_matmul_peak_flops=statistics.median(peaks),
-                  torch_matmul_peak_dtype=report["runs"][0]["worker_peak_dtype"],
+                  worker_ready_s=report["worker_ready_s"], threads=report["threads"],
+                  torch_matmul_peak_flops=report["matmul_peak_flops"], torch_matmul_peak_dtype=report["matmul_peak_dtype"],
                   steps=[record["steps"] for record in report["runs"]],
                   optimizer_steps=[record["optimizer_steps"] for record in report["runs"]],
                   val_loss={record["name"]: record["val_loss"] for record in report["runs"]})
@@ -314,6 +313,7 @@ def _repeat(args, spec_path: Path, out: Path, repeat: int, workers: int, threads
             result["torch"] = json.loads(twin_json.read_text())
             print(f"[{repeat}] PyTorch twin: {wall:.1f}s", flush=True)
             result["torch_wall_s"] = wall
+            result["torch"].update(_torch_matmul_peak(result["torch"]["runs"], torch_threads))
     if "torch" in result:
         twin = result.pop("torch")
         peak = result["jax"]["peak_flops_per_worker"]
@@ -321,6 +321,19 @@ def _repeat(args, spec_path: Path, out: Path, repeat: int, workers: int, threads
         result["ratio"] = result["torch"]["wall_s"] / result["jax"]["wall_s"]
     result["load_average_after"] = os.getloadavg()
     return result
+
+
+def _torch_matmul_peak(runs: list[dict], threads: int) -> dict:
+    """PyTorch's matmul peak with a twin worker's ``threads``, in the runs' compute dtype (bf16 where every run
+    computed under bf16 autocast, else fp32), probed here, outside the twin's timed process: where the CPU has no
+    fast path for the dtype (bf16 without AVX-512) the probe takes seconds that are not the twin's work."""
+    import torch
+
+    from jaxformer.benchmarks.torch_reference import matmul_peak
+
+    dtype = "bfloat16" if all(run["autocast"] for run in runs) else "float32"
+    torch.set_num_threads(threads)
+    return {"matmul_peak_flops": matmul_peak(dtype, repeats=5), "matmul_peak_dtype": dtype}
 
 
 def _summarise(report: dict) -> None:
@@ -370,5 +383,5 @@ def _print(report: dict) -> None:
         print(f"PyTorch twin: preparation (plan, data, schedules) {twin['prepare_s']:.1f}s, workers ready at "
               + ", ".join(f"{s:.1f}s" for s in twin["worker_ready_s"])
               + f" (runs waited {twin['prepare_past_first_ready_s']:.1f}s for the preparation); "
-              f"its 1-thread {twin['torch_matmul_peak_dtype']} matmul peak {twin['torch_matmul_peak_flops'] / 1e9:.1f} GFLOP/s")
+              f"its {twin['threads']}-thread {twin['torch_matmul_peak_dtype']} matmul peak {twin['torch_matmul_peak_flops'] / 1e9:.1f} GFLOP/s")
         print(f"ratio torch wall / jaxformer wall = {report['ratio']:.2f} (jaxformer's speedup; > 1: jaxformer faster)")

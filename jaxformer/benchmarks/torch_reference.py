@@ -113,15 +113,20 @@ def make_torch_step(cfg: ModelConfig, *, lr: float, betas: tuple[float, float], 
     return step
 
 
-def matmul_peak(dtype: str = "float32", n: int = 1024, repeats: int = 10) -> float:
-    """PyTorch's FLOP/s on the best of ``repeats`` ``[n, n] @ [n, n]`` products, the peer of `probe_matmul_peak`."""
+def matmul_peak(dtype: str = "float32", n: int = 1024, repeats: int = 10, budget_s: float = 2.0) -> float:
+    """PyTorch's FLOP/s on the best of ``repeats`` ``[n, n] @ [n, n]`` products, the peer of `probe_matmul_peak`;
+    fewer (at least one) once the timed products have taken ``budget_s`` seconds, since a dtype without a fast
+    path on this CPU (bf16 without AVX-512, under a GFLOP/s) would otherwise take seconds a product."""
     a = torch.ones((n, n), dtype=getattr(torch, dtype))
     a @ a  # first call: kernel selection
-    best = float("inf")
+    best, spent = float("inf"), 0.0
     for _ in range(repeats):
         start = time.perf_counter()
         a @ a
-        best = min(best, time.perf_counter() - start)
+        took = time.perf_counter() - start
+        best, spent = min(best, took), spent + took
+        if spent >= budget_s:
+            break
     return 2.0 * n**3 / best
 
 

@@ -14,8 +14,8 @@ Per run it does the work jaxformer's run does (`jaxformer.benchmarks.torch_twin`
 prepares each distinct data section once and hands the token arrays to the workers as .npy files
 (the workers import neither JAX nor Orbax). The report carries the whole wall time, the parent's
 preparation time (reading the plan, data, schedules: it imports JAX for them, while the workers
-start and import PyTorch), when each worker was ready and every run's record with its worker's
-matmul peak (bf16 where every run computes in bf16, else fp32).
+start and import PyTorch), when each worker was ready and every run's record. (`jaxformer bench sweep`
+probes PyTorch's matmul peak itself, outside the twin's timed process.)
 """
 
 from __future__ import annotations
@@ -39,20 +39,20 @@ _DATA: dict[str, tuple[np.ndarray, np.ndarray]] = {}
 _WORKER: dict[str, Any] = {}
 
 
-def _init_worker(threads: int, dtype: str) -> None:
+def _init_worker(threads: int) -> None:
     import torch
 
     torch.set_num_threads(threads)
     torch.set_num_interop_threads(1)
     import jaxformer.train.loader  # noqa: F401  (the data loader, imported before the first run)
-    from jaxformer.benchmarks.torch_reference import matmul_peak  # and the model
+    import jaxformer.benchmarks.torch_reference  # noqa: F401  (and the model)
 
     # the first AdamW of a process imports the rest of torch.optim (seconds): process start-up, not a run's
     weight = torch.nn.Parameter(torch.ones(2, 2))
     warm = torch.optim.AdamW([weight])
     weight.sum().backward()
     warm.step()
-    _WORKER.update(ready=time.time(), peak=matmul_peak(dtype, repeats=5), peak_dtype=dtype)
+    _WORKER.update(ready=time.time())
 
 
 def _train_in_worker(task: tuple[TwinRun, str]) -> dict:
@@ -61,8 +61,7 @@ def _train_in_worker(task: tuple[TwinRun, str]) -> dict:
         index = json.loads((Path(data_dir) / "keys.json").read_text()).index(run.data_key)
         _DATA[run.data_key] = tuple(np.load(Path(data_dir) / f"{index}.{split}.npy") for split in ("train", "val"))
     record = train_twin(run, *_DATA[run.data_key])
-    record.update(worker_ready=_WORKER["ready"], worker_peak_flops=_WORKER["peak"],
-                  worker_peak_dtype=_WORKER["peak_dtype"])
+    record.update(worker_ready=_WORKER["ready"])
     return record
 
 
@@ -79,14 +78,10 @@ def run_plan(sweep_dir: str | Path, *, workers: int, threads: int = 1, checkpoin
     import tempfile
 
     started, started_epoch = time.perf_counter(), time.time()
-    # the plan first (JSON and YAML, no JAX import: milliseconds), so that the workers probe their matmul peak in
-    # the runs' compute dtype: bf16 where every run computes in bf16 (under autocast), else fp32
     stages = replay_plan(sweep_dir)
     planned = [run for stage in stages for run in stage]
-    dtypes = {run.config.get("train", {}).get("compute_dtype", "float32") for run in planned}
-    peak_dtype = "bfloat16" if dtypes == {"bfloat16"} else "float32"
     context = multiprocessing.get_context("spawn")
-    with context.Pool(workers, initializer=_init_worker, initargs=(threads, peak_dtype)) as pool, \
+    with context.Pool(workers, initializer=_init_worker, initargs=(threads,)) as pool, \
             tempfile.TemporaryDirectory(prefix="jaxformer-twin-") as data_dir:
         given = None
         if schedules is not None:
