@@ -4,6 +4,7 @@ whole sweep (tuning stage, trunks, branches) on both sides."""
 
 import dataclasses
 import json
+import time
 from pathlib import Path
 
 import jax.numpy as jnp
@@ -14,7 +15,7 @@ import yaml
 from flax import nnx
 
 from jaxformer.benchmarks.replay import ReplayedRun
-from jaxformer.benchmarks.torch_reference import TorchDecoder, load_jax_params
+from jaxformer.benchmarks.torch_reference import TorchDecoder, load_jax_params, matmul_peak
 from jaxformer.benchmarks.torch_twin import train_twin, twin_runs
 from jaxformer.cli import main
 from jaxformer.models.pure import init_params
@@ -118,6 +119,14 @@ def test_torch_twin_refuses_what_it_does_not_cover_in_one_line(changes, field):
     with pytest.raises(ValueError, match=f"run C1-N2: the PyTorch twin cannot train {field}=") as error:
         twin_runs([planned])
     assert "\n" not in str(error.value)
+
+
+def test_the_torch_matmul_peak_stops_repeating_once_its_time_budget_is_spent():
+    """A probe of a dtype without a fast path on this CPU would otherwise take seconds a product."""
+    started = time.perf_counter()
+    peak = matmul_peak("float32", n=128, repeats=10**6, budget_s=0.05)  # 10⁶ products unbudgeted: minutes
+    assert time.perf_counter() - started < 2.0
+    assert 1e8 < peak < 1e13  # FLOP/s of a 2·128³ product: some GFLOP/s on any CPU
 
 
 @pytest.mark.slow
