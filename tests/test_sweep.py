@@ -134,6 +134,21 @@ def test_a_failing_run_is_isolated_and_reported(tmp_path):
     retried = jaxformer("sweep", spec, "--out", out, "--retry-failed")
     assert "1 to train" in retried.stdout
 
+    # a relaunch whose spec changes the settings of a run begun (done or failed) is refused before anything is
+    # written; a setting a resume may change (logging) is not a change of the runs
+    written = {path: path.read_bytes() for path in [out / "spec.yaml", out / "plan.json", *(out / "configs").iterdir()]}
+    changed = variant(tmp_path, "failing", isoflop={"budgets": [1e9], "params": [8e3, 16e3]},
+                      hyperparameters={"optimizer.lr": "1e12 if N > 10000 else 4e-3", "optimizer.grad_clip": 0})
+    refused = jaxformer("sweep", changed, "--out", out)
+    assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+    assert ("holds runs begun under other settings (C1e09-N8240-s0: optimizer.lr was 0.003, now 0.004)"
+            in refused.stderr)
+    assert written == {path: path.read_bytes() for path in written}
+    logged = variant(tmp_path, "failing", isoflop={"budgets": [1e9], "params": [8e3, 16e3]},
+                     hyperparameters={"optimizer.lr": "1e12 if N > 10000 else 3e-3", "optimizer.grad_clip": 0},
+                     base={**yaml.safe_load(TINY.read_text())["base"], "logging": {"interval": 3}})
+    assert "0 to train" in jaxformer("sweep", logged, "--out", out).stdout
+
 
 def test_ray_executor_on_a_local_instance(tmp_path):
     spec = variant(tmp_path, "ray", isoflop={"budgets": [1e9], "params": [8e3, 16e3]})

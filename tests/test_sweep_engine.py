@@ -16,7 +16,12 @@ import yaml
 
 from jaxformer.benchmarks.train import bench_config
 from jaxformer.parallel import Layout
+from jaxformer.sweep import worker as worker_module
+from jaxformer.sweep.launch import lone_threads
+from jaxformer.sweep.runs import RunPaths
 from jaxformer.train import compiled
+from jaxformer.train.attempt import attempt_run
+from jaxformer.train.checkpoint import Checkpointer
 from jaxformer.train.config import load_config
 from jaxformer.train.loop import train
 from jaxformer.train.optimizer import make_optimizer
@@ -145,3 +150,39 @@ def test_a_worker_killed_mid_run_is_replaced_and_its_run_resumes(tmp_path):
     assert log.count("$ ") == 2 and f"(worker {pid})" in log
     other = next(name for name in finals if name != victim)
     assert (out / "logs" / f"{other}.log").read_text().count("$ ") == 1
+
+
+def test_an_error_no_attempt_names_fails_its_run_and_the_worker_goes_on(tmp_path, monkeypatch):
+    """A run that raises something other than bad input or a failed training (here a RuntimeError, as an
+    accelerator's out-of-memory error is) fails alone, with that error as its reason and the traceback in its log;
+    the warm process answers and trains the next run."""
+    sweep_dir = tmp_path / "sweep"
+    (sweep_dir / "configs").mkdir(parents=True)
+    (sweep_dir / "configs" / "good.yaml").write_text("{}\n")
+    (sweep_dir / "configs" / "oom.yaml").write_text("{}\n")
+    def attempt_together(config_paths, overrides, run_dirs):
+        if Path(config_paths[0]).stem == "oom":
+            raise RuntimeError("RESOURCE_EXHAUSTED: out of memory allocating 64 GiB")
+        return [attempt_run(path, [*TINY, *overrides], run_dir) for path, run_dir in zip(config_paths, run_dirs)]
+
+    monkeypatch.setattr("jaxformer.train.attempt.attempt_together", attempt_together)
+    failed, = worker_module.train_group_here(sweep_dir, ["oom"])
+    assert failed.status == "failed"
+    assert failed.reason == "RuntimeError: RESOURCE_EXHAUSTED: out of memory allocating 64 GiB"
+    assert json.loads((sweep_dir / "status" / "oom.json").read_text())["reason"] == failed.reason
+    log = (sweep_dir / "logs" / "oom.log").read_text()
+    assert "Traceback" in log and log.rstrip().endswith("RuntimeError: RESOURCE_EXHAUSTED: out of memory allocating 64 GiB")
+    done, = worker_module.train_group_here(sweep_dir, ["good"])
+    assert done.status == "done" and (sweep_dir / "runs" / "good" / "final.json").is_file()
+
+
+def test_a_lone_run_gets_every_core_unless_it_resumes(tmp_path):
+    """The last run left of a launch trains on all of the layout's cores when it starts afresh; one resuming from
+    its checkpoints (a branch from its trunk's) keeps a worker's thread count, so that its resume is bit-exact."""
+    assert lone_threads(tmp_path, ["fresh"], workers=2, threads=1) == 2
+    checkpointer = Checkpointer(tmp_path / "runs" / "resuming" / "checkpoints", keep=1)
+    checkpointer.save(20, {"w": np.zeros(3, np.float32)}, {"loader": {}})
+    checkpointer.close()
+    assert RunPaths(tmp_path, "resuming").state() == "partial"
+    assert lone_threads(tmp_path, ["resuming"], workers=2, threads=1) == 1
+    assert lone_threads(tmp_path, ["fresh", "resuming"], workers=2, threads=1) == 1  # a group with one resuming

@@ -153,6 +153,12 @@ def test_a_tuning_stage_end_to_end_then_the_sweep_trains_with_its_rule(tmp_path,
     code, dry, _ = jaxformer(capsys, "sweep", spec, "--dry-run", "--no-probe", "--out", out)
     assert f"optimizer.lr = {formula} (the tuning stage's rule" in dry and "tune-lr" not in dry
 
+    # a base the tuning runs were not trained with: their rule is not reused, and the relaunch is refused
+    base = {**yaml.safe_load(spec.read_text())["base"], "optimizer": {"weight_decay": 0.05}}
+    code, _, refused = jaxformer(capsys, "sweep", tuned_spec(tmp_path, base=base), "--out", out)
+    assert code == 2 and "tune-lr0.003-C5e08-N8240-s0: optimizer.weight_decay was 0.1, now 0.05" in refused
+    assert json.loads((out / "tune" / "tune.json").read_text()) == record
+
 
 GOOD = {"budget": 5e8, "params": [8e3, 16e3], "lr": [1e-3, 3e-3, 1e-2]}  # a valid tune: section
 

@@ -13,7 +13,9 @@ import pytest
 from jaxformer.accounting import count_params
 from jaxformer.cli import main
 from jaxformer.train.config import load_config
+from jaxformer.parallel.config import DistributedConfig
 from jaxformer.train.loop import train
+from jaxformer.train.run_claim import claimed
 
 # one model and batch shape for every run here, so JAX's persistent cache compiles the step once
 TINY = ["model.d_model=32", "model.num_layers=1", "model.num_heads=2", "model.max_seq_len=64",
@@ -170,6 +172,21 @@ def test_missing_config_file_and_a_changed_config_on_resume_exit_2(tmp_path, cap
     (run_dir / "config.yaml").write_text("train: {tokens: 1000}\n")
     assert main(["train", empty_yaml, *TINY, "train.tokens=5000", "--run-dir", str(run_dir)]) == 2
     assert "cannot resume" in capsys.readouterr().err
+
+
+def test_a_run_directory_another_process_trains_is_refused_and_left_as_it_is(tmp_path, empty_yaml):
+    """The holder here is this process (`claimed`, the lock `train` takes); the refused `jaxformer train` is a
+    process of its own. A file given as the run directory is bad input too."""
+    run_dir = tmp_path / "run"
+    command = [sys.executable, "-m", "jaxformer.cli", "train", empty_yaml, *TINY, "train.tokens=5000"]
+    with claimed(run_dir, DistributedConfig()):
+        busy = subprocess.run([*command, "--run-dir", str(run_dir)], capture_output=True, text=True)
+    assert busy.returncode == 2 and len(busy.stderr.strip().splitlines()) == 1, busy.stderr
+    assert f"run directory {run_dir} is being trained by another process" in busy.stderr
+    assert list(run_dir.iterdir()) == []  # no error.json in another process's run
+    (tmp_path / "file").write_text("mine\n")
+    assert main(["train", empty_yaml, *TINY, "--run-dir", str(tmp_path / "file")]) == 2
+    assert (tmp_path / "file").read_text() == "mine\n"
 
 
 def test_time_train_step_times_the_runs_own_step_without_reading_its_corpus(cache_dir):

@@ -24,7 +24,7 @@ from jaxformer.sweep.plan import PlannedRun, plan_run, repeated_data_note
 from jaxformer.sweep.progress import SweepProgress
 from jaxformer.sweep.queue import Prepare, WorkQueue
 from jaxformer.sweep.results import collect, load_plan, render
-from jaxformer.sweep.runs import RunPaths, read_json
+from jaxformer.sweep.runs import RunPaths, changed_setting, read_json
 from jaxformer.sweep.spec import SweepSpec
 
 
@@ -152,6 +152,10 @@ def _prepare_directory(spec: SweepSpec, runs: list[PlannedRun], out: Path) -> li
             raise ValueError(f"--out {out} holds a different sweep (its plan.json lists other runs); "
                              "use a new --out")
         runs = runs + added
+        changed = changed_setting(out, runs + trunks_of(runs))
+        if changed is not None:
+            raise ValueError(f"--out {out} holds runs begun under other settings ({changed}); relaunch with the "
+                             "spec they were begun with, or use a new --out")
     (out / "configs").mkdir(parents=True, exist_ok=True)
     write_bytes_atomic(out / "spec.yaml", yaml.safe_dump(to_dict(spec), sort_keys=False).encode())
     _write_plan(spec, runs, out)
@@ -248,7 +252,7 @@ def launch(spec: SweepSpec, runs: list[PlannedRun], out: Path, options: LaunchOp
         with progress:
             if ray is not None:
                 outcomes = run_ray(ray, out, queue, options.workers, threads, options.gpus_per_run, progress.event)
-            elif len(items) == 1 and threads:  # a lone run (or group) gets every core the layout would have used
+            elif len(items) == 1 and threads and lone_threads(out, names, workers, threads) > threads:
                 outcomes = run_local(out, queue, 1, workers * threads, progress.event)
             else:
                 outcomes = pool.run(out, queue, progress.event)
@@ -279,6 +283,15 @@ def launch(spec: SweepSpec, runs: list[PlannedRun], out: Path, options: LaunchOp
         if spec.verify is not None and fitted is not None:
             failed += _verify(spec, runs, fitted, out, train, report, rows)
     return LaunchResult(rows, failed, elsewhere)
+
+
+def lone_threads(out: Path, names: list[str], workers: int, threads: int) -> int:
+    """CPU threads for ``names``, the one run (or group) left to train: every core the layout would have used
+    (``workers × threads``) when they start afresh, a worker's ``threads`` when one resumes from its checkpoints
+    (a branch from its trunk's): the count it began with unless it began alone, since a reduction's sum order
+    follows the thread count and a resume on another count is not bit-exact."""
+    resumes = any(RunPaths(out, name).state() == "partial" for name in names)
+    return threads if resumes else workers * threads
 
 
 def together_groups(planned: list[PlannedRun], names: list[str]) -> list[str | tuple[str, ...]]:

@@ -19,13 +19,16 @@ launches on one directory from training the same run twice.
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import fcntl
 import json
 import os
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Sequence
+
+import yaml
 
 from jaxformer.files import write_json_atomic
 from jaxformer.train.checkpoint_config import has_checkpoints
@@ -105,3 +108,23 @@ def failure_reason(paths: RunPaths, returncode: int) -> str:
     lines = [line for line in (paths.log.read_text(errors="replace").splitlines() if paths.log.is_file() else [])
              if line.strip()]
     return lines[-1].strip() if lines else f"exit status {returncode}"
+
+
+def changed_setting(sweep_dir: Path, runs: Sequence) -> str | None:
+    """The first of ``runs`` (planned runs: ``name`` and ``config``) that has begun in ``sweep_dir`` under a config
+    that its planned one changes, as ``"NAME: FIELD was …, now …"``; None when every begun run is planned as it was.
+
+    Runs not begun may change (they train under the new plan); settings a resume may change
+    (`jaxformer.train.config.RESUMABLE_CHANGES`: logging, checkpoints, kernels, layout) are not compared.
+    """
+    from jaxformer.train.config import config_from_dict, config_to_dict, resume_conflict
+
+    for run in runs:
+        paths = RunPaths(sweep_dir, run.name)
+        if not paths.config.is_file() or paths.state() == "queued":
+            continue
+        before = config_to_dict(config_from_dict(yaml.safe_load(paths.config.read_text())))
+        conflict = resume_conflict(before, config_from_dict(copy.deepcopy(run.config)))
+        if conflict is not None:
+            return f"{run.name}: {conflict.replace(' in the saved run', '')}"
+    return None

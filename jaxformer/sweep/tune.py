@@ -33,7 +33,7 @@ from jaxformer.files import write_bytes_atomic
 from jaxformer.sweep.executors import LocalPool
 from jaxformer.sweep.launch import LaunchOptions, launch, plan_table
 from jaxformer.sweep.plan import PlannedRun, plan_run
-from jaxformer.sweep.runs import read_json
+from jaxformer.sweep.runs import changed_setting, read_json
 from jaxformer.sweep.spec import IsoFlopSpec, SweepSpec, evaluate_formula
 
 TUNE_DIR = "tune"  # the tuning stage's directory inside the sweep directory
@@ -81,10 +81,12 @@ def _jsonable_tune(spec: SweepSpec) -> dict:
 
 
 def matching_record(spec: SweepSpec, runs: list[PlannedRun], directory: Path) -> dict | None:
-    """``directory``'s tune.json when it was written for this ``tune:`` and these tuning runs, else None."""
+    """``directory``'s tune.json when it was written for this ``tune:`` and these tuning runs, trained as planned
+    now, else None."""
     record = read_json(directory / RECORD)
     names = [r["run"] for r in record.get("runs", [])]
-    return record if record.get("tune") == _jsonable_tune(spec) and names == [r.name for r in runs] else None
+    matches = record.get("tune") == _jsonable_tune(spec) and names == [r.name for r in runs]
+    return record if matches and changed_setting(directory, runs) is None else None
 
 
 def with_rule(spec: SweepSpec, record: dict) -> SweepSpec:

@@ -4,7 +4,8 @@
 name, separated by a tab; it answers each run with one JSON line on stdout (an `Outcome`). A request of
 several names (each after a tab) is a group: the worker takes every run's lock, skips the finished ones and
 trains the others together as one program (`jaxformer.train.together`; alone when they cannot),
-with the group's output in its first run's log. Each run trains in this process
+with the group's output in its first run's log. An exception no attempt names fails the runs it was training
+(its traceback in the log, its line in their ``error.json``), not the process. Each run trains in this process
 (`jaxformer.train.attempt.attempt_run`) under the run's lock, with the process's output
 (file descriptors 1 and 2, so XLA's C++ logging too) appended to ``logs/NAME.log``. What a
 warm process keeps between runs is what makes short runs cheap: the imports, the JAX backend,
@@ -27,6 +28,7 @@ import os
 import subprocess
 import sys
 import time
+import traceback
 from pathlib import Path
 from typing import IO, Iterator, Sequence
 
@@ -58,7 +60,7 @@ def _output_to(path: Path) -> Iterator[None]:
 def train_group_here(sweep_dir: Path, names: Sequence[str]) -> list[Outcome]:
     """Trains the runs ``names`` (one, or a group) in this process under their locks, together where they can;
     one outcome each. The output goes to the log of the first run trained; the others' logs say where it is."""
-    from jaxformer.train.attempt import attempt_together
+    from jaxformer.train.attempt import Attempt, attempt_together, write_error
 
     outcomes: dict[str, Outcome] = {}
     with contextlib.ExitStack() as locks:
@@ -82,8 +84,15 @@ def train_group_here(sweep_dir: Path, names: Sequence[str]) -> list[Outcome]:
                 together = f" together with {', '.join(p.name for p in todo[1:])}" if len(todo) > 1 else ""
                 print(f"$ jaxformer train {todo[0].config} logging.progress=plain --run-dir {todo[0].run_dir}"
                       f"{together} (worker {os.getpid()})", flush=True)
-                attempts = attempt_together([p.config for p in todo], ["logging.progress=plain"],
-                                            [p.run_dir for p in todo])
+                try:
+                    attempts = attempt_together([p.config for p in todo], ["logging.progress=plain"],
+                                                [p.run_dir for p in todo])
+                except Exception as error:  # an error no attempt names (a bug, an accelerator's OOM): these runs
+                    with open(todo[0].log, "a") as log:  # fail with it; the warm process serves the others
+                        traceback.print_exc(file=log)
+                    attempts = [Attempt("failed", error=error) for _ in todo]
+                    for paths, attempt in zip(todo, attempts):
+                        write_error(paths.run_dir, attempt)
                 for paths, attempt in zip(todo, attempts):
                     if attempt.status != "done":
                         print(f"jaxformer train: error: {paths.name + ': ' if together else ''}{attempt.error}",

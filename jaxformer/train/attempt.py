@@ -4,7 +4,8 @@
 must tell apart into an `Attempt`: ``done``, ``bad_input`` (one line naming the field; exit 2
 from the command) or ``failed`` (a non-finite loss or unreadable checkpoints; exit 1). A failed
 attempt leaves ``RUN_DIR/error.json`` — except bad input aimed at a directory that already
-holds a run (a refused resume, say), which writes nothing there. `attempt_together` makes one
+holds a run (a refused resume, say) or that another process is training (`RunBusy`), which writes nothing
+there. A disk that fills (``OSError``) fails the attempt. `attempt_together` makes one
 attempt at several runs, trained together (`jaxformer.train.together`) where they can.
 """
 
@@ -19,6 +20,7 @@ from jaxformer.files import write_json_atomic
 from jaxformer.train.checkpoint import CheckpointError
 from jaxformer.train.config import load_config
 from jaxformer.train.loop import NonFiniteLoss, train
+from jaxformer.train.run_claim import RunBusy
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,7 +43,7 @@ def attempt_run(config_path: str | Path | None, overrides: list[str], run_dir: P
         return Attempt("done", train(config, run_dir))
     except (ValueError, FileNotFoundError) as error:
         attempt = Attempt("bad_input", error=error)
-    except (NonFiniteLoss, CheckpointError) as error:
+    except (NonFiniteLoss, CheckpointError, OSError) as error:  # OSError: a full disk, say
         attempt = Attempt("failed", error=error)
     write_error(run_dir, attempt)
     return attempt
@@ -72,8 +74,9 @@ def attempt_together(config_paths: Sequence[str | Path], overrides: list[str],
 
 
 def write_error(run_dir: Path, attempt: Attempt) -> None:
-    """``RUN_DIR/error.json`` for a failed attempt (best effort; never into a directory holding a run on bad input)."""
-    if attempt.status == "bad_input" and (run_dir / "config.yaml").is_file():
+    """``RUN_DIR/error.json`` for a failed attempt (best effort; never into a directory holding a run on bad input,
+    nor into one another process is training)."""
+    if isinstance(attempt.error, RunBusy) or attempt.status == "bad_input" and (run_dir / "config.yaml").is_file():
         return
     try:
         run_dir.mkdir(parents=True, exist_ok=True)

@@ -46,6 +46,7 @@ from jaxformer.train.matmul_choice import MatmulChoice, choose_kernels
 from jaxformer.train.metrics import MetricsLogger, last_logged
 from jaxformer.train.optimizer import learning_rates, make_optimizer
 from jaxformer.train.peak import machine_peak_flops
+from jaxformer.train.run_claim import claimed
 from jaxformer.train.step import empty_sums
 
 
@@ -81,20 +82,19 @@ def _check_host_memory(config: TrainConfig, runs: int = 1) -> None:
 
 
 def train(config: TrainConfig, run_dir: Path) -> dict:
-    """Trains (or resumes) the run in ``run_dir``; returns the ``final.json`` record."""
-    started = time.perf_counter()
-    times = {"startup_s": process_startup_s()}
-    run_dir = Path(run_dir)
-    layout, dataset, final = prepare_run(config, run_dir)
-    times["data_s"] = time.perf_counter() - started
-    if final is not None:  # a finished run: nothing left to do
-        return final
-    # --- all input checks passed: from here on the run directory is written ---
-    begin_run(config, run_dir, dataset)
-    enable_compilation_cache(config.train.compilation_cache)
-    config, kernel_choice, matmul_choice = choose_kernels(config)  # `auto`: timed here, or read from the cache
-    times["kernel_choice_s"] = kernel_choice.seconds + matmul_choice.seconds
-    return _Run(config, run_dir, dataset, layout, started, times, kernel_choice, matmul_choice).run()
+    """Trains (or resumes) the run in ``run_dir`` (claimed: `jaxformer.train.run_claim`); returns ``final.json``."""
+    started, times, run_dir = time.perf_counter(), {"startup_s": process_startup_s()}, Path(run_dir)
+    with claimed(run_dir, config.parallel.distributed):
+        layout, dataset, final = prepare_run(config, run_dir)
+        times["data_s"] = time.perf_counter() - started
+        if final is not None:  # a finished run: nothing left to do
+            return final
+        # --- all input checks passed: from here on the run directory is written ---
+        begin_run(config, run_dir, dataset)
+        enable_compilation_cache(config.train.compilation_cache)
+        config, kernel_choice, matmul_choice = choose_kernels(config)  # `auto`: timed here, or read from the cache
+        times["kernel_choice_s"] = kernel_choice.seconds + matmul_choice.seconds
+        return _Run(config, run_dir, dataset, layout, started, times, kernel_choice, matmul_choice).run()
 
 
 def prepare_run(config: TrainConfig, run_dir: Path, runs: int = 1) -> tuple[Layout, Dataset, dict | None]:

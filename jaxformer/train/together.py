@@ -33,6 +33,7 @@ are unfinished, the unfinished ones train alone, one after another, with `train`
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import sys
@@ -53,6 +54,7 @@ from jaxformer.train.compiled import compiled_steps, initial_state, stacked_shar
 from jaxformer.train.config import TrainConfig, flatten_dotted, config_to_dict
 from jaxformer.train.matmul_choice import choose_kernels
 from jaxformer.train.loop import NonFiniteLoss, _Run, begin_run, prepare_run, train
+from jaxformer.train.run_claim import claimed
 from jaxformer.train.step import Stacked, empty_sums
 
 # the fields runs trained together may differ in: the schedule is evaluated on the host, the seed picks the stream
@@ -112,7 +114,7 @@ def train_together(configs: Sequence[TrainConfig], run_dirs: Sequence[Path], *,
     Returns per run its ``final.json`` record, or the `NonFiniteLoss` / `CheckpointError` that failed it
     alone (no error.json is written here: `jaxformer.train.attempt` does, as for a lone run). Configs that
     cannot train together (`together_conflict`) or a bad input in any run raise ``ValueError`` before
-    anything is written.
+    anything is written into the run directories (a missing one is created, empty, to be claimed).
     """
     started = time.perf_counter()
     times = {"startup_s": process_startup_s()}
@@ -122,6 +124,14 @@ def train_together(configs: Sequence[TrainConfig], run_dirs: Sequence[Path], *,
     conflict = together_conflict(configs, [run_dir.name for run_dir in run_dirs])
     if conflict:
         raise ValueError(conflict)
+    with contextlib.ExitStack() as claims:  # each directory held from before its state is read (`run_claim`)
+        for config, run_dir in zip(configs, run_dirs):
+            claims.enter_context(claimed(run_dir, config.parallel.distributed))
+        return _train_claimed(configs, run_dirs, stacked, started, times)
+
+
+def _train_claimed(configs: Sequence[TrainConfig], run_dirs: list[Path], stacked: Stacked, started: float,
+                   times: dict) -> list[Result]:
     prepared = [prepare_run(config, run_dir, runs=len(configs)) for config, run_dir in zip(configs, run_dirs)]
     times["data_s"] = time.perf_counter() - started
     results: list[Result | None] = [final for _, _, final in prepared]
