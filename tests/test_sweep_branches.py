@@ -15,6 +15,7 @@ from jaxformer.sweep.branches import BranchCompute, copy_fork, trunk_config, tru
 from jaxformer.sweep.launch import plan_table
 from jaxformer.sweep.plan import fork_step, plan_run, plan_runs
 from jaxformer.sweep.results import collect
+from jaxformer.sweep.runs import RunPaths, run_lock
 from jaxformer.sweep.spec import load_spec
 from jaxformer.train.config import config_to_dict, load_config
 from jaxformer.train.loop import train
@@ -112,8 +113,14 @@ def test_a_branched_sweep_trains_trunks_then_branches_and_isolates_a_failed_trun
     assert dry.splitlines()[1].startswith("trunk-N8240-s0")
 
     out = tmp_path / "out"
-    result = jaxformer("sweep", spec, "--out", out, "--workers", 2)
+    held = [run.name for run in runs if run.trunk == "trunk-N8240-s0"][1]
+    with run_lock(RunPaths(out, held)) as holding:  # "another launch" on one branch: it is neither seeded nor trained
+        assert holding
+        result = jaxformer("sweep", spec, "--out", out, "--workers", 2)
     assert result.returncode == 1, result.stdout + result.stderr
+    assert "1 runs still training in another launch" in result.stdout and not (out / "runs" / held).exists()
+    resumed = jaxformer("sweep", spec, "--out", out, "--workers", 2)  # the held branch, forked and trained now
+    assert resumed.returncode == 1 and "1 to train" in resumed.stdout, resumed.stdout + resumed.stderr
     assert "trunks: 2, 2 to train; each branch trains from its trunk's checkpoint once" in result.stdout
     assert compute.line() in result.stdout
     plan = json.loads((out / "plan.json").read_text())

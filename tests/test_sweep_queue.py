@@ -2,6 +2,9 @@
 
 import threading
 
+import pytest
+
+from jaxformer.sweep.executors import LocalPool
 from jaxformer.sweep.queue import WorkQueue
 from jaxformer.sweep.runs import Outcome
 
@@ -68,3 +71,30 @@ def test_a_worker_blocked_on_a_dependency_wakes_when_it_finishes():
     queue.finish(done("trunk"))
     waiter.join(timeout=5)
     assert taken == [(("branch",), [])]
+
+
+def test_an_abandoned_queue_wakes_its_blocked_workers_with_nothing_left():
+    queue = WorkQueue(["trunk", "branch"], after={"branch": "trunk"})
+    assert queue.take()[0] == ("trunk",)
+    taken = []
+    waiter = threading.Thread(target=lambda: taken.append(queue.take()))
+    waiter.start()
+    queue.abandon()  # the trunk's supervisor failed: its branch will never be ready
+    waiter.join(timeout=5)
+    assert not waiter.is_alive() and taken == [None] and len(queue) == 0
+
+
+def test_an_error_in_a_local_supervisor_is_raised_and_the_pool_ends(tmp_path):
+    """A bug in preparing a run (here ``prepare`` raising) ends `LocalPool.run` with that error, instead of a sweep
+    that stops short of its runs and exits 0 (the other supervisor, waiting for the failed one's run, is woken)."""
+    def prepare(name, finished):
+        raise RuntimeError(f"cannot prepare {name}")
+
+    queue = WorkQueue(["trunk", "branch"], after={"branch": "trunk"}, prepare=prepare)
+    pool = LocalPool(2, 1, tmp_path)
+    try:
+        with pytest.raises(RuntimeError, match="cannot prepare trunk"):
+            pool.run(tmp_path, queue, lambda name, event, outcome: None)
+    finally:
+        pool.close()
+    assert all(worker.process is None for worker in pool.workers)  # no process was started for it

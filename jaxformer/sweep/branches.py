@@ -42,7 +42,7 @@ from jaxformer.accounting import training_flops_per_token
 from jaxformer.configs import to_dict
 from jaxformer.files import write_json_atomic, write_text_atomic
 from jaxformer.sweep.plan import PlannedRun
-from jaxformer.sweep.runs import Outcome, RunPaths, read_json
+from jaxformer.sweep.runs import Outcome, RunPaths, read_json, run_lock
 from jaxformer.train.checkpoint_config import has_checkpoints
 from jaxformer.train.config import TrainConfig, config_from_dict, resume_conflict
 
@@ -199,12 +199,15 @@ def train_branched(sweep_dir: Path, runs: list[PlannedRun], trunks: list[Planned
         trunk = finished.get(run.trunk)
         if trunk is not None and trunk.status == "busy":
             return Outcome(run.name, "busy", f"its trunk {run.trunk} trains in another launch")
-        try:
-            start_branch(sweep_dir, run)
-        except (ValueError, OSError) as error:
-            RunPaths(sweep_dir, run.name).record("failed", reason=str(error))
-            report(f"failed {run.name}: {error}")
-            return Outcome(run.name, "failed", str(error))
+        with run_lock(RunPaths(sweep_dir, run.name)) as mine:  # two launches never seed one branch at once
+            if not mine:
+                return Outcome(run.name, "busy", "another launch holds its lock")
+            try:
+                start_branch(sweep_dir, run)
+            except (ValueError, OSError) as error:
+                RunPaths(sweep_dir, run.name).record("failed", reason=str(error))
+                report(f"failed {run.name}: {error}")
+                return Outcome(run.name, "failed", str(error))
         return None
 
     outcomes = train(trunks + runs, todo, initial, after={name: run.trunk for name, run in branches.items()},

@@ -53,21 +53,25 @@ class LocalPool:
             on_event: Callable[[str, str, Outcome | None], None]) -> list[Outcome]:
         """Trains ``queue``'s runs of ``sweep_dir``; ``on_event(name, "running"|"finished", outcome)`` for each.
         A queue made with ``compiled=self.compiled`` knows the shapes these processes compiled in earlier stages."""
-        outcomes, lock = [], threading.Lock()
+        outcomes, errors, lock = [], [], threading.Lock()
 
         def supervise(worker: WarmWorker) -> None:
-            while (taken := queue.take()) is not None:
-                group, finished = taken
-                if group:
-                    for name in group:
-                        on_event(name, "running", None)
-                    trained = worker.train_group(sweep_dir, group)
-                    queue.finish(trained)
-                    finished = finished + trained
-                with lock:
-                    outcomes.extend(finished)
-                for outcome in finished:
-                    on_event(outcome.name, "finished", outcome)
+            try:
+                while (taken := queue.take()) is not None:
+                    group, finished = taken
+                    if group:
+                        for name in group:
+                            on_event(name, "running", None)
+                        trained = worker.train_group(sweep_dir, group)
+                        queue.finish(trained)
+                        finished = finished + trained
+                    with lock:
+                        outcomes.extend(finished)
+                    for outcome in finished:
+                        on_event(outcome.name, "finished", outcome)
+            except BaseException as error:  # a bug here: the other supervisors stop after their runs, and it is raised
+                errors.append(error)
+                queue.abandon()
 
         supervisors = [threading.Thread(target=supervise, args=(worker,))
                        for worker in self.workers[:min(len(self.workers), len(queue))]]
@@ -75,6 +79,8 @@ class LocalPool:
             supervisor.start()
         for supervisor in supervisors:
             supervisor.join()
+        if errors:
+            raise errors[0]
         return outcomes
 
     def close(self) -> None:

@@ -87,6 +87,12 @@ class WorkQueue:
         left = {outcome.name for outcome in settled}
         return tuple(name for name in group if name not in left), settled
 
+    def abandon(self) -> None:
+        """Drops the groups not yet taken, waking every `take` (to return None): an executor failed."""
+        with self.condition:
+            self.waiting.clear()
+            self.condition.notify_all()
+
     def finish(self, outcomes: Iterable[Outcome]) -> None:
         """Records finished runs: their dependants become ready and their shapes compiled."""
         with self.condition:
