@@ -4,13 +4,15 @@ Each sub-command is a module of `jaxformer.commands` exposing two functions,
 ``add_arguments(parser)`` and ``run(args) -> int``. They are imported lazily, so
 `jaxformer count` does not pay for importing Optax or Orbax.
 
-User errors (``ValueError``, ``FileNotFoundError``) print one line and exit 2;
-set ``JAXFORMER_DEBUG=1`` to see the traceback instead.
+User errors (``ValueError``, ``FileNotFoundError``, and a path that is the wrong kind or not
+permitted: a file where a directory goes, say) print one line and exit 2; another ``OSError`` (a full
+disk) prints one line and exits 1. Set ``JAXFORMER_DEBUG=1`` to see the traceback instead.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import logging
 import os
@@ -19,6 +21,10 @@ import sys
 import warnings
 
 from jaxformer.runtime import reexec_tuned
+
+# what a path the user gave can be wrong with: missing, a file where a directory goes or the reverse, not permitted
+PATH_ERRORS = {errno.ENOENT, errno.ENOTDIR, errno.EISDIR, errno.EEXIST, errno.EACCES, errno.EPERM, errno.EROFS,
+               errno.ENAMETOOLONG, errno.ENOTEMPTY}
 
 # sub-command -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -108,11 +114,11 @@ def main(argv: list[str] | None = None) -> int:
         if from_command_line and args._exit_at_once:
             _exit_at_once(code)
         return code
-    except (ValueError, FileNotFoundError) as error:
+    except (ValueError, OSError) as error:
         if os.environ.get("JAXFORMER_DEBUG"):
             raise
         print(f"jaxformer {args.command}: error: {error}", file=sys.stderr)
-        return 2
+        return 1 if isinstance(error, OSError) and error.errno not in (None, *PATH_ERRORS) else 2
     except KeyboardInterrupt:
         print(f"jaxformer {args.command}: interrupted", file=sys.stderr)
         return 130

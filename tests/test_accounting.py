@@ -205,7 +205,7 @@ def test_count_cli_reads_a_config_file(tmp_path, capsys):
 @pytest.mark.parametrize(("argv", "message"), [
     (["count", "--preset", "gpt5"], "unknown preset 'gpt5'"),
     (["count"], "exactly one of"),
-    (["count", "--preset", "gpt2", "--seq-len", "0"], "--seq-len must be positive, got 0"),
+    (["count", "--preset", "gpt2", "--seq-len", "0"], "argument --seq-len: must be an integer at least 1, got 0"),
     (["count", "missing.yaml"], "config file not found: missing.yaml"),
 ])
 def test_count_cli_bad_input_is_one_line_exit_2(argv, message):

@@ -49,6 +49,20 @@ def workspace(tmp_path_factory):
                           "huge": "10**10**10", "unknown": "3e-3 * M"}.items():
         (root / f"{name}.yaml").write_text(yaml.safe_dump({**spec, "hyperparameters": {"optimizer.lr": formula}}))
     (root / "inf-budget.yaml").write_text(yaml.safe_dump({**spec, "isoflop": {"budgets": [float("inf")], "params": [8e3]}}))
+    for name, formula in {"deep": "-" * 998 + "1", "bigint": "int(1e308) * int(1e308)"}.items():
+        (root / f"{name}.yaml").write_text(yaml.safe_dump({**spec, "hyperparameters": {"optimizer.lr": formula}}))
+    (root / "escape.yaml").write_text(yaml.safe_dump({**spec, "name": "../../escaped"}))
+    (root / "extra.csv").write_text("N,D,loss\n1e4,1e6,3.0,9\n2e4,1e6,2.9\n")
+    (root / "a-file").write_text("mine\n")
+    (root / "bad-plan").mkdir()
+    (root / "bad-plan" / "plan.json").write_text('{"runs": [{"name": "a"}]}\n')
+    assert main(["export-hf", str(root / "run"), "--out", str(root / "hf")]) == 0
+    for name, part, text in [("hf-list", "config.json", "[1, 2]\n"), ("hf-cut", "model.safetensors", "garbage\n")]:
+        shutil.copytree(root / "hf", root / name)
+        (root / name / part).write_text(text)
+    (root / "cut.gguf").write_bytes(b"GGUF")
+    study = ROOT / "experiments" / "quick_2seeds_zen1_session33"  # a committed study: no run directories
+    shutil.copytree(study, root / "study", ignore=shutil.ignore_patterns("*.png"))
     return root
 
 
@@ -99,23 +113,48 @@ CASES = [  # (argv, what stderr must name, directory that must stay unchanged or
     (["generate", "--hf", "{w}/run", "--prompt", "a"], "is not a Hugging Face model directory", "run"),
     (["generate", "--hf", "{w}/run", "--preset", "tiny", "--prompt", "a"], "only one", "run"),
     (["train", "{w}/empty.yaml", "model.init_from={w}/absent"], "no checkpoint at", None),
+    (["sweep", "{w}/deep.yaml", "--dry-run"], "formula nests deeper than 100 levels", None),
+    (["sweep", "{w}/bigint.yaml", "--dry-run", "--no-probe"], "evaluates to an integer of 617 digits", None),
+    (["sweep", "{w}/escape.yaml", "--dry-run"], "name must be a plain name", None),
+    (["sweep", "{w}/../sweeps/tiny.yaml".replace("{w}/..", str(ROOT)), "--out", "{w}/a-file"], "Not a directory", None),
+    (["tune", str(ROOT / "sweeps" / "cpu-chinchilla-ladder-2seeds.yaml"), "--out", "{w}/study"],
+     "holds a different sweep", "study"),
+    (["fit", "{w}/extra.csv"], "extra.csv, line 2: 4 cells, but the header names 3 columns", None),
+    (["results", "{w}/study"], "holds no run directories (runs/), so its results.csv", "study"),
+    (["results", "{w}/bad-plan"], "bad-plan/plan.json: not a sweep's plan", "bad-plan"),
+    (["results", "{w}/bad-plan", "--output", "{w}/a-file"], "--output {w}/a-file exists; give --force", None),
+    (["count", "--preset", "tiny", "--tokens", "nan"], "argument --tokens: must be a finite number above 0", None),
+    (["generate", "--preset", "tiny", "--prompt", "a", "--seed", "99999999999999999999"],
+     "argument --seed: must be an integer in [0, 4294967295]", None),
+    (["bench", "together", "--steps", "0"], "argument --steps: must be an integer at least 1, got 0", None),
+    (["import-hf", "{w}/hf-list", "--out", "{w}/imported"],
+     "hf-list: not a readable checkpoint (AttributeError: 'list' object has no attribute 'get')", "hf-list"),
+    (["generate", "--hf", "{w}/hf-cut", "--prompt", "a"], "hf-cut: not a readable checkpoint (SafetensorError", "hf-cut"),
+    (["import-hf", "{w}/cut.gguf", "--out", "{w}/imported"], "cut.gguf: not a readable checkpoint (IndexError", None),
 ]
 
 
 @pytest.mark.parametrize(("argv", "named", "kept"), CASES, ids=[" ".join(c[0][:3]) for c in CASES])
-def test_bad_input_is_one_clear_line_and_changes_nothing(workspace, capsys, argv, named, kept):
+def test_bad_input_is_one_clear_line_and_changes_nothing(workspace, capsys, monkeypatch, tmp_path, argv, named, kept):
+    monkeypatch.chdir(tmp_path)  # where a command's default output (runs/NAME) would go: not the repository
     argv = [a.replace("{w}", str(workspace)) for a in argv]
     before = snapshot(workspace / kept) if kept else None
     outside = snapshot(workspace)
-    code = main(argv)
+    try:
+        code = main(argv)
+    except SystemExit as exit:  # argparse's refusal of an option's value, as the process would end
+        code = exit.code
     err = capsys.readouterr().err
     lines = err.strip().splitlines()
     assert code == 2, err
-    assert len(lines) <= 2 and named in lines[-1], err
+    assert len(lines) <= 2 and named.replace("{w}", str(workspace)) in lines[-1], err
     assert "Traceback" not in err
     if kept:
         assert snapshot(workspace / kept) == before
     assert snapshot(workspace) == outside  # nothing written anywhere: no run directory, no sweep, no PWNED
+    written = [path.relative_to(tmp_path).as_posix() for path in tmp_path.rglob("*") if path.is_file()]
+    # but `jaxformer train`'s record of the refusal in its default run directory (`jaxformer.train.attempt`)
+    assert written in ([], [f"runs/{Path(argv[1]).stem}/error.json"] if argv[0] == "train" else []), written
 
 
 @pytest.mark.parametrize("command", [["generate", "{w}/corrupt", "--prompt", "a"],

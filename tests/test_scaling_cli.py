@@ -155,3 +155,15 @@ def test_fit_approach2_wild_bootstrap_on_the_long_study(capsys):
     library = fit_isoflop(load_table(results).canonical(), resamples=1000, seed=0, resample="wild").stats["a"]
     assert a["ci"] == pytest.approx([library.low, library.high], rel=1e-12)
     assert a["value"] == pytest.approx(0.6129, abs=1e-4) and a["ci"] == pytest.approx([0.577, 0.665], abs=0.005)
+
+
+def test_a_law_whose_loss_rises_with_n_has_no_allocation_and_says_so(tmp_path, capsys):
+    """Loss rising with N (here 2.1 at N = 10 to 2.7 at 1e7, D fixed) fits alpha < 0: the law has no compute-optimal
+    split, so G and the tokens per parameter are nan and a line says why (the power of a negative base was complex)."""
+    table = tmp_path / "rising.csv"
+    table.write_text("N,D,loss\n" + "".join(f"1e{k},1e6,{2.0 + 0.1 * k:.1f}\n" for k in range(1, 8)))
+    code, out, err = run(capsys, "fit", str(table), "--bootstrap", "0", "--approach", "3")
+    assert code == 0, err
+    assert float(re.search(r"\n  alpha\s+(\S+)", out).group(1)) < 0
+    assert re.search(r"\n  G\s+nan\n", out) and re.search(r"tokens_per_param@\S+\s+nan", out)
+    assert "no compute-optimal allocation: the fitted loss does not fall with both N and D" in out

@@ -26,6 +26,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
+from jaxformer.arguments import integer, number
 from jaxformer.benchmarks.attention_memory import MODES, attention_call, largest_n
 from jaxformer.benchmarks.figures import save_figure
 from jaxformer.files import write_atomically
@@ -44,8 +45,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, default=Path("runs/bench/attention"), help="directory for JSON and PNG")
     parser.add_argument("--min-n", type=int, default=128)
     parser.add_argument("--max-n", type=int, default=4096, help="largest n timed (n doubles from --min-n)")
-    parser.add_argument("--repeats", type=int, default=5, help="timed calls per implementation and n; medians reported")
-    parser.add_argument("--warmup", type=int, default=1, help="untimed calls after compiling")
+    parser.add_argument("--repeats", type=integer(1), default=5, help="timed calls per implementation and n; medians reported")
+    parser.add_argument("--warmup", type=integer(0), default=1, help="untimed calls after compiling")
     parser.add_argument("--impls", default=",".join(IMPLEMENTATIONS), help="timed implementations")
     parser.add_argument("--modes", default=",".join(MODES), help="forward and/or train (forward + gradients)")
     parser.add_argument("--batch", type=int, default=1)
@@ -58,10 +59,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--memory-mode", choices=MODES, default="train")
     parser.add_argument("--memory-start-n", type=int, default=1024)
     parser.add_argument("--memory-max-n", type=int, default=65536, help="the search stops here")
-    parser.add_argument("--memory-budget-gb", type=float, default=None,
+    parser.add_argument("--memory-budget-gb", type=number(above=0), default=None,
                         help="GiB one probe may use (default: half the memory available now)")
-    parser.add_argument("--probe-time-s", type=float, default=120.0, help="time budget of one memory probe")
-    parser.add_argument("--memory-total-s", type=float, default=900.0, help="time budget of each implementation's search")
+    parser.add_argument("--probe-time-s", type=number(above=0), default=120.0, help="time budget of one memory probe")
+    parser.add_argument("--memory-total-s", type=number(above=0), default=900.0, help="time budget of each implementation's search")
 
 
 def _available_bytes() -> int:

@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxformer.arguments import integer
 from jaxformer.benchmarks.figures import save_figure
 from jaxformer.files import write_atomically
 
@@ -37,7 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tokens", type=int, default=512, help="tokens generated after the prompt")
     parser.add_argument("--prompt-len", type=int, default=16)
     parser.add_argument("--batch", type=int, default=1)
-    parser.add_argument("--repeats", type=int, default=3, help="timed calls per length without the cache (median)")
+    parser.add_argument("--repeats", type=integer(1), default=3, help="timed calls per length without the cache (median)")
     parser.add_argument("--window", type=int, default=16, help="cached steps around token t whose median is reported")
     parser.add_argument("--seed", type=int, default=0)
 

@@ -23,6 +23,7 @@ import re
 import tempfile
 from pathlib import Path
 
+from jaxformer.arguments import integer
 from jaxformer.files import write_json_atomic
 
 _INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*.*?\s([a-z][\w\-]*)\((.*)$")
@@ -34,7 +35,7 @@ COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "coll
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--size", default="256:4:256", help="one d_model:layers:seq_len")
     parser.add_argument("--batch", type=int, default=32, help="sequences per step")
-    parser.add_argument("--steps", type=int, default=3, help="steps traced")
+    parser.add_argument("--steps", type=integer(1), default=3, help="steps traced")
     parser.add_argument("--dtype", default="float32", help="compute dtype: float32 or bfloat16")
     parser.add_argument("--attention-impl", default="naive", help="kernel.attention_impl: naive | blockwise | xla | fused")
     parser.add_argument("--matmul-impl", default="xla", help="kernel.matmul_impl: xla | onednn")

@@ -44,6 +44,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from jaxformer.arguments import integer
 from jaxformer.benchmarks.environment import environment, package_version
 from jaxformer.benchmarks.replay import replay_plan
 from jaxformer.files import write_json_atomic
@@ -57,7 +58,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="parallel runs on both sides (default: the layout `jaxformer sweep` chooses)")
     parser.add_argument("--skip-torch", action="store_true", help="time jaxformer only")
     parser.add_argument("--cold", action="store_true", help="jaxformer with empty compilation and token caches")
-    parser.add_argument("--repeats", type=int, default=1, help="repeat both, alternating which goes first")
+    parser.add_argument("--repeats", type=integer(1), default=1, help="repeat both, alternating which goes first")
     parser.add_argument("--with-fit", action="store_true", help="keep the spec's fit (jaxformer's wall includes it)")
     parser.add_argument("--torch-checkpoints", action="store_true",
                         help="the twin saves model and optimizer at checkpoint.interval steps, as jaxformer does")

@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxformer.arguments import integer
 from jaxformer.files import write_json_atomic
 
 SIZES = ((16, 1, 32), (32, 2, 128), (64, 2, 128))
@@ -34,10 +35,10 @@ WAYS = ("vmap", "map")  # `jaxformer.train.step.over_runs`
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sizes", default=",".join(f"{d}:{l}:{t}" for d, l, t in SIZES),
                         help="comma-separated d_model:layers:seq_len")
-    parser.add_argument("--batch", type=int, default=8, help="sequences per step of each run")
+    parser.add_argument("--batch", type=integer(1), default=8, help="sequences per step of each run")
     parser.add_argument("--runs", default="2,4", help="comma-separated run counts R")
-    parser.add_argument("--steps", type=int, default=5, help="rounds per timed repeat")
-    parser.add_argument("--repeats", type=int, default=5, help="alternating repeats (medians reported)")
+    parser.add_argument("--steps", type=integer(1), default=5, help="rounds per timed repeat")
+    parser.add_argument("--repeats", type=integer(1), default=5, help="alternating repeats (medians reported)")
     parser.add_argument("--json", help="write the results to this JSON file")
 
 

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
+from jaxformer.arguments import integer
 from jaxformer.files import write_json_atomic
 from jaxformer.runtime import LAYOUT_FILE
 
@@ -37,7 +38,7 @@ LADDER = ((16, 1, 128), (32, 2, 128), (64, 2, 128), (128, 4, 128), (256, 4, 256)
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sizes", default=",".join(f"{d}:{l}:{t}" for d, l, t in LADDER),
                         help="comma-separated d_model:layers:seq_len")
-    parser.add_argument("--batch", type=int, default=32, help="sequences per step")
+    parser.add_argument("--batch", type=integer(1), default=32, help="sequences per step")
     parser.add_argument("--attention-impl", default="naive",
                         help="jaxformer's kernel.attention_impl (naive | blockwise | xla | fused | auto: the "
                              "fastest measured per size, kept in the machine's cache for later runs); torch uses SDPA")
@@ -46,8 +47,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "faster measured per size, cached per machine)")
     parser.add_argument("--dtypes", default="float32,bfloat16",
                         help="compute dtypes to time, comma-separated (bfloat16: fp32 masters, against torch autocast)")
-    parser.add_argument("--steps", type=int, default=10, help="steps per timed repeat")
-    parser.add_argument("--repeats", type=int, default=5, help="alternating repeats, each timed run after an untimed one of its side (medians reported)")
+    parser.add_argument("--steps", type=integer(1), default=10, help="steps per timed repeat")
+    parser.add_argument("--repeats", type=integer(1), default=5, help="alternating repeats, each timed run after an untimed one of its side (medians reported)")
     parser.add_argument("--no-torch", action="store_true", help="time jaxformer only")
     parser.add_argument("--layout", action="store_true", help="also compare process/thread layouts for sweeps")
     parser.add_argument("--one-device", action="store_true",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from jaxformer.arguments import integer, number
 from jaxformer.accounting.compute import (
     attention_crossover_length,
     attention_flop_share,
@@ -20,9 +21,9 @@ from jaxformer.models.presets import resolve_model
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("config", nargs="?", help="YAML file with a model section (or a bare model mapping)")
     parser.add_argument("--preset", help="a named preset, e.g. gpt2, llama2-7b, moe-8x-top2")
-    parser.add_argument("--seq-len", type=int, help="sequence length for FLOPs and KV cache (default: max_seq_len)")
-    parser.add_argument("--tokens", type=float, help="training tokens D for the training-FLOP estimate")
-    parser.add_argument("--bytes-per-value", type=int, default=2, help="KV-cache bytes per value (2 = fp16/bf16)")
+    parser.add_argument("--seq-len", type=integer(1), help="sequence length for FLOPs and KV cache (default: max_seq_len)")
+    parser.add_argument("--tokens", type=number(above=0), help="training tokens D for the training-FLOP estimate")
+    parser.add_argument("--bytes-per-value", type=integer(1), default=2, help="KV-cache bytes per value (2 = fp16/bf16)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -51,8 +52,6 @@ def report(cfg: ModelConfig, seq_len: int, tokens: float | None, bytes_per_value
 def run(args: argparse.Namespace) -> int:
     cfg = resolve_model(args.config, args.preset)
     seq_len = cfg.max_seq_len if args.seq_len is None else args.seq_len
-    if seq_len <= 0:
-        raise ValueError(f"--seq-len must be positive, got {seq_len}")
     result = report(cfg, seq_len, args.tokens, args.bytes_per_value)
     if args.json:
         print(json.dumps(result))

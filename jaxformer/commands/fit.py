@@ -16,6 +16,7 @@ import json
 from pathlib import Path
 import sys
 
+from jaxformer.arguments import integer, number
 from jaxformer.runtime import enable_compilation_cache
 from jaxformer.scaling.bootstrap import REFERENCE_BUDGET
 from jaxformer.scaling.isoflop import RESAMPLE
@@ -34,16 +35,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a sweep directory's C: exact training FLOPs or 6ND (default: as the sweep planned)")
     parser.add_argument("--approach", default="all", choices=APPROACHES,
                         help="1 loss envelope, 2 IsoFLOP parabolas, 3 parametric law, all (default)")
-    parser.add_argument("--bootstrap", type=int, default=4000, metavar="N", help="resamples for intervals (0: none)")
+    parser.add_argument("--bootstrap", type=integer(0), default=4000, metavar="N", help="resamples for intervals (0: none)")
     parser.add_argument("--level", type=float, default=0.95, help="confidence level of the percentile intervals")
     parser.add_argument("--seed", type=int, default=0, help="bootstrap seed")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--plots", metavar="DIR", help="write isoflop/contour/n_opt/residuals .png and .svg here")
     parser.add_argument("--exclude-highest-loss", type=int, default=0, metavar="K",
                         help="drop the K runs with the highest loss (Besiroglu et al. drop 5)")
-    parser.add_argument("--budgets", type=float, nargs="+", default=[REFERENCE_BUDGET], metavar="C",
+    parser.add_argument("--budgets", type=number(above=0), nargs="+", default=[REFERENCE_BUDGET], metavar="C",
                         help="FLOP budgets at which to report tokens per parameter (default 5.76e23)")
-    parser.add_argument("--budget-tol", type=float, default=0.1,
+    parser.add_argument("--budget-tol", type=number(above=0), default=0.1,
                         help="Approach 2 without budget labels: runs within this relative C are one budget")
     parser.add_argument("--keep-edges", action="store_true",
                         help="Approach 2: fit the power laws to minima at the edge of their sizes too (default: leave them out)")
@@ -55,7 +56,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="Approach 3's bootstrap draws groups of runs equal in these columns (a sweep directory: "
                              "its plan.json fields) instead of single runs (e.g. N,seed: the branches of one WSD "
                              "trunk share its stable phase); Approach 2's wild bootstrap then draws a sign per group")
-    parser.add_argument("--bootstrap-starts", type=int, default=4,
+    parser.add_argument("--bootstrap-starts", type=integer(1), default=4,
                         help="Approach 3 starts per resample: the point optimum and the best grid starts")
     for role, flag in (("N", "--n-col"), ("D", "--d-col"), ("C", "--c-col"), ("loss", "--loss-col"),
                        ("budget", "--budget-col"), ("run", "--run-col")):

@@ -18,6 +18,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from jaxformer.arguments import integer, number
 from jaxformer.models.presets import resolve_model
 
 
@@ -46,10 +47,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompt", required=True,
                         help="text to continue (encoded as UTF-8 bytes, or with the run's or checkpoint's tokenizer)")
     parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--temperature", type=float, default=1.0, help="0 = greedy")
+    parser.add_argument("--temperature", type=number(minimum=0), default=1.0, help="0 = greedy")
     parser.add_argument("--top-k", type=int, help="sample among the k most likely tokens")
     parser.add_argument("--top-p", type=float, help="sample from the nucleus of probability mass p, in (0, 1]")
-    parser.add_argument("--seed", type=int, default=0, help="sampling seed (and init seed of an untrained model)")
+    parser.add_argument("--seed", type=integer(0, 2**32 - 1), default=0, help="sampling seed (and init seed of an untrained model)")
 
 
 def load_model(source: str | None, preset: str | None, seed: int):

@@ -9,6 +9,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from jaxformer.arguments import number
+
 # on success every file is written and every worker has exited (a Ray instance this command started is stopped
 # in `run`): `jaxformer.cli` skips Python's teardown (of JAX, where the fit imported it)
 EXIT_AT_ONCE = True
@@ -23,7 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", help="sweep directory (default: runs/<sweep name>)")
     parser.add_argument("--retry-failed", action="store_true", help="train failed runs again")
     parser.add_argument("--ray-address", help="an existing Ray cluster (default: start a local instance)")
-    parser.add_argument("--gpus-per-run", type=float, default=0.0, help="GPUs each Ray task asks for")
+    parser.add_argument("--gpus-per-run", type=number(minimum=0), default=0.0, help="GPUs each Ray task asks for")
     parser.add_argument("--no-probe", action="store_true", help="dry run without the throughput probe")
 
 

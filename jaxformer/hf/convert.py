@@ -13,11 +13,12 @@ parameter names), ``hf.json`` (the source's config.json) and ``tokenizer.json`` 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import warnings
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 import jax
 import jax.numpy as jnp
@@ -150,24 +151,42 @@ def _existing(path: str | Path) -> Path:
     return path
 
 
+@contextlib.contextmanager
+def _reading(path: Path) -> Iterator[None]:
+    """One line naming ``path`` for what a malformed checkpoint raises while it is read (a config.json that is no
+    object, a safetensors or GGUF file cut short or garbled …); this module's own errors pass as they are."""
+    try:
+        yield
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path}: a JSON file of it is not valid JSON ({error})") from None
+    except (ValueError, FileNotFoundError):
+        raise
+    except Exception as error:  # whatever json, safetensors or gguf raise on such a file
+        raise ValueError(f"{path}: not a readable checkpoint ({type(error).__name__}: {error})") from None
+
+
 def read_config(path: str | Path) -> ModelConfig:
     """The `ModelConfig` of a checkpoint `load` reads, without reading its tensors."""
     path = _existing(path)
-    if _is_imported(path):
-        return _imported_config(path)
-    hf_config, tensors, _, _ = _open(path)
-    return families.for_model_type(hf_config.get("model_type")).to_config(hf_config, set(tensors))
+    with _reading(path):
+        if _is_imported(path):
+            return _imported_config(path)
+        hf_config, tensors, _, _ = _open(path)
+        return families.for_model_type(hf_config.get("model_type")).to_config(hf_config, set(tensors))
 
 
 def read_checkpoint(path: str | Path) -> Checkpoint:
     """Everything `load` reads, plus the source config.json and the tokenizer (see the module docstring)."""
     path = _existing(path)
-    if _is_imported(path):
-        return _read_imported(path)
-    hf_config, tensors, tokenizer_json, source = _open(path)
-    family = families.for_model_type(hf_config.get("model_type"))
-    cfg = family.to_config(hf_config, set(tensors))
-    return Checkpoint(cfg, params_from_tensors(cfg, family, tensors, source=source), hf_config, tokenizer_json)
+    with _reading(path):
+        if _is_imported(path):
+            return _read_imported(path)
+        hf_config, tensors, tokenizer_json, source = _open(path)
+        if tokenizer_json is not None:
+            json.loads(tokenizer_json)  # a garbled tokenizer.json is refused here, not when text is first encoded
+        family = families.for_model_type(hf_config.get("model_type"))
+        cfg = family.to_config(hf_config, set(tensors))
+        return Checkpoint(cfg, params_from_tensors(cfg, family, tensors, source=source), hf_config, tokenizer_json)
 
 
 def load(path: str | Path) -> tuple[ModelConfig, nnx.State]:

@@ -100,9 +100,19 @@ class ParametricLaw:
         return 1.0 - self.flops.p * self.a
 
     @property
-    def G(self) -> float:
+    def has_optimum(self):
+        """Whether the loss falls with both N and D (A, B, α, β > 0), so that a compute-optimal split exists
+        (elementwise for a law of arrays, as a bootstrap's)."""
+        return np.all([np.asarray(v) > 0 for v in (self.A, self.B, self.alpha, self.beta)], axis=0)
+
+    @property
+    def G(self):
+        """N_opt = G·(C/k)^a; nan for a law without an optimum (`has_optimum`)."""
         p = self.flops.p
-        return (self.alpha * self.A / (p * self.beta * self.B)) ** (1.0 / (self.alpha + p * self.beta))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ratio = np.where(self.has_optimum, self.alpha * self.A / (p * self.beta * self.B), np.nan)
+            G = ratio ** (1.0 / (self.alpha + p * self.beta))
+        return float(G) if np.ndim(G) == 0 else G
 
     def n_opt(self, C) -> np.ndarray:
         return self.G * (np.asarray(C, np.float64) / self.flops.k) ** self.a

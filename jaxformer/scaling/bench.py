@@ -41,6 +41,7 @@ from pathlib import Path
 
 import numpy as np
 
+from jaxformer.arguments import integer
 from jaxformer.files import write_json_atomic
 from jaxformer.runtime import CACHE_DIR_ENV
 from jaxformer.scaling.table import load_table
@@ -51,14 +52,14 @@ DEFAULT_DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "chinch
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", default=str(DEFAULT_DATA), help="table of runs (default: the Chinchilla extraction)")
     parser.add_argument("--exclude-highest-loss", type=int, default=5, metavar="K")
-    parser.add_argument("--scipy-stride", type=int, default=1, metavar="K",
+    parser.add_argument("--scipy-stride", type=integer(1), default=1, metavar="K",
                         help="scipy runs every K-th start and its time is scaled by K (default 1: all starts)")
-    parser.add_argument("--repeats", type=int, default=3, help="warm JAX fits to time (median)")
-    parser.add_argument("--bootstrap", type=int, default=4000, help="resamples in the timed bootstrap (0: skip)")
+    parser.add_argument("--repeats", type=integer(1), default=3, help="warm JAX fits to time (median)")
+    parser.add_argument("--bootstrap", type=integer(0), default=4000, help="resamples in the timed bootstrap (0: skip)")
     parser.add_argument("--scipy-blas-threads", type=int, default=1, metavar="N",
                         help="BLAS threads of the process scipy runs in (default 1; 0: in this process, as the "
                              "libraries default)")
-    parser.add_argument("--command-runs", type=int, default=5, metavar="N",
+    parser.add_argument("--command-runs", type=integer(0), default=5, metavar="N",
                         help="also time `jaxformer fit` end to end in fresh processes, N with an empty compilation "
                              "cache and N with a warm one, interleaved with N slices of the scipy run (0: skip)")
     parser.add_argument("--out", metavar="FILE.json", help="also write the numbers as JSON")

@@ -127,6 +127,9 @@ class FitReport:
             values.update({f"tokens_per_param@{C:.3g}": law.d_opt(C) / law.n_opt(C) for C in self.budgets})
             stats = self.bootstrap3.stats if self.bootstrap3 else {}
             lines += [_line(k, v, stats.get(k), self.level) for k, v in values.items()]
+            if not law.has_optimum:
+                lines.append("  no compute-optimal allocation: the fitted loss does not fall with both N and D "
+                             "(A, B, alpha and beta must be positive)")
             lines.append(f"  objective {fit.objective:.10g}")
             if self.bootstrap3 and self.bootstrap3.groups:
                 lines.append(f"  intervals: each resample draws {self.bootstrap3.groups} groups of runs, not single runs")

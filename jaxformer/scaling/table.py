@@ -163,7 +163,12 @@ def _read_columns(path: Path) -> dict[str, list]:
     suffix = path.suffix.lower()
     if suffix == ".csv":
         with path.open(newline="") as fh:
-            rows = list(csv.DictReader(fh))
+            reader, rows = csv.DictReader(fh), []
+            for row in reader:
+                if None in row:  # DictReader's key for the cells past the header's
+                    raise ValueError(f"{path}, line {reader.line_num}: {len(reader.fieldnames) + len(row[None])} "
+                                     f"cells, but the header names {len(reader.fieldnames)} columns")
+                rows.append(row)
         return {k: [r[k] for r in rows] for k in (rows[0].keys() if rows else [])}
     if suffix in (".jsonl", ".ndjson"):
         return records_to_columns(load_jsonl(path), path)

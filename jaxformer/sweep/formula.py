@@ -13,7 +13,8 @@ Anything else — attribute access, subscripts, strings, lambdas, comprehensions
 arguments, any other name — is refused with a `FormulaError` naming the offending token,
 before anything is evaluated. Powers are computed in floating point, so ``10**10**10``
 overflows at once (an error) instead of building a huge integer; every result must be a
-finite number. Spec files are shared between people: a formula must never run code.
+finite number (an integer too: within a float's range), and a formula nests at most 100
+levels deep. Spec files are shared between people: a formula must never run code.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from __future__ import annotations
 import ast
 import math
 import operator
+import sys
 from typing import Callable
 
 # variables a formula may use: the run's exact parameter count N, tokens D, compute C (FLOPs),
@@ -39,6 +41,7 @@ _UNARY = {ast.UAdd: operator.pos, ast.USub: operator.neg, ast.Not: operator.not_
 _COMPARE = {ast.Lt: operator.lt, ast.LtE: operator.le, ast.Gt: operator.gt, ast.GtE: operator.ge,
             ast.Eq: operator.eq, ast.NotEq: operator.ne}
 _MAX_LENGTH = 1000
+_MAX_DEPTH = 100
 
 
 class FormulaError(ValueError):
@@ -61,8 +64,10 @@ def check(formula: str, names: tuple[str, ...] = NAMES) -> ast.Expression:
         raise FormulaError(f"formula is longer than {_MAX_LENGTH} characters")
     try:
         tree = ast.parse(formula.strip(), mode="eval")
-    except SyntaxError as error:
-        raise FormulaError(f"not an expression ({error.msg})") from None
+    except (SyntaxError, RecursionError, MemoryError) as error:
+        raise FormulaError(f"not an expression ({getattr(error, 'msg', 'nested too deeply')})") from None
+    if _depth(tree) > _MAX_DEPTH:  # `evaluate` recurses once per level
+        raise FormulaError(f"formula nests deeper than {_MAX_DEPTH} levels")
     allowed = (ast.Expression, ast.BinOp, ast.UnaryOp, ast.BoolOp, ast.Compare, ast.IfExp, ast.Call,
                ast.Name, ast.Constant, ast.Load, ast.And, ast.Or, *_BINARY, ast.Pow, *_UNARY, *_COMPARE)
     for node in ast.walk(tree):
@@ -85,6 +90,16 @@ def check(formula: str, names: tuple[str, ...] = NAMES) -> ast.Expression:
     return tree
 
 
+def _depth(tree: ast.AST) -> int:
+    """The expression tree's depth, counted without recursion."""
+    deepest, stack = 0, [(tree, 1)]
+    while stack:
+        node, depth = stack.pop()
+        deepest = max(deepest, depth)
+        stack.extend((child, depth + 1) for child in ast.iter_child_nodes(node))
+    return deepest
+
+
 def _is_called(tree: ast.AST, name: ast.Name) -> bool:
     return any(isinstance(node, ast.Call) and node.func is name for node in ast.walk(tree))
 
@@ -98,6 +113,8 @@ def evaluate(formula: str, variables: dict[str, float]) -> float | int | bool:
         raise FormulaError(f"cannot evaluate ({type(error).__name__}: {error})") from None
     if isinstance(value, float) and not math.isfinite(value):
         raise FormulaError(f"evaluates to {value}, not a finite number")
+    if isinstance(value, int) and abs(value) > sys.float_info.max:
+        raise FormulaError(f"evaluates to an integer of {len(str(abs(value)))} digits, past any float")
     return value
 
 

@@ -17,7 +17,11 @@ def load_plan(sweep_dir: Path) -> list[dict]:
     plan = sweep_dir / "plan.json"
     if not plan.is_file():
         raise FileNotFoundError(f"not a sweep directory (no plan.json): {sweep_dir}")
-    return json.loads(plan.read_text())["runs"]
+    runs = read_json(plan).get("runs")
+    fields = ("name", "N", "N_non_embedding", "D", "C", "budget", "seed")
+    if not (isinstance(runs, list) and all(isinstance(run, dict) and all(f in run for f in fields) for run in runs)):
+        raise ValueError(f"{plan}: not a sweep's plan (a list of runs, each with {', '.join(fields)})")
+    return runs
 
 
 def collect(sweep_dir: Path) -> list[dict]:

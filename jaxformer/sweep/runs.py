@@ -73,10 +73,12 @@ class RunPaths:
 
 
 def read_json(path: Path) -> dict:
+    """The JSON object in ``path``; ``{}`` when it is missing, unreadable or not an object."""
     try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
+        value = json.loads(path.read_text())
+    except (OSError, ValueError):  # ValueError: not JSON, or not UTF-8
         return {}
+    return value if isinstance(value, dict) else {}
 
 
 @contextlib.contextmanager

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -220,6 +221,9 @@ class SweepSpec:
     together: bool = False
 
     def __post_init__(self) -> None:
+        if not (isinstance(self.name, str) and re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,99}", self.name)):
+            raise ValueError(f"name must be a plain name of letters, digits, '.', '_' and '-' (the default "
+                             f"output directory is runs/NAME), got {self.name!r}")
         if (self.isoflop is None) == (self.grid is None):
             raise ValueError("a sweep needs exactly one of 'isoflop' or 'grid'")
         values = {"isoflop.budgets": self.isoflop.budgets if self.isoflop else [],
