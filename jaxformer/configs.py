@@ -16,12 +16,23 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import reprlib
 import types
 import typing
 from pathlib import Path
 from typing import Any, Literal, TypeVar, get_args, get_origin, get_type_hints
 
 import yaml
+
+_SHOWN = reprlib.Repr()  # Python 3.11's takes no arguments
+_SHOWN.maxlevel, _SHOWN.maxlist, _SHOWN.maxdict, _SHOWN.maxstring, _SHOWN.maxother = 2, 4, 4, 60, 60
+
+
+def shown(value: Any) -> str:
+    """``repr(value)`` cut short (a few elements, a few levels): a message names a bad value in one short line,
+    whatever its size (a YAML list of a million numbers, aliases nested ten deep)."""
+    return _SHOWN.repr(value)
+
 
 T = TypeVar("T")
 
@@ -40,19 +51,19 @@ class Range:
         if value is None:  # optional settings are unset
             return
         if self.integer and (not isinstance(value, int) or isinstance(value, bool)):
-            raise ValueError(f"{field} must be a positive integer, got {value!r}")
+            raise ValueError(f"{field} must be a positive integer, got {shown(value)}")
         too_low = self.low is not None and (value <= self.low if self.low_open else value < self.low)
         too_high = self.high is not None and (value >= self.high if self.high_open else value > self.high)
         if not (too_low or too_high):
             return
         if self.integer and too_low:
-            raise ValueError(f"{field} must be a positive integer, got {value!r}")
+            raise ValueError(f"{field} must be a positive integer, got {shown(value)}")
         if self.high is None:
-            raise ValueError(f"{field} must be {'positive' if self.low_open else f'>= {self.low}'}, got {value!r}")
+            raise ValueError(f"{field} must be {'positive' if self.low_open else f'>= {self.low}'}, got {shown(value)}")
         if self.integer:
-            raise ValueError(f"{field} must be at most {self.high:,}, got {value!r}")
+            raise ValueError(f"{field} must be at most {self.high:,}, got {shown(value)}")
         brackets = ("(" if self.low_open else "[") + f"{self.low}, {self.high}" + (")" if self.high_open else "]")
-        raise ValueError(f"{field} must be in {brackets}, got {value!r}")
+        raise ValueError(f"{field} must be in {brackets}, got {shown(value)}")
 
 
 MAX_SIZE = 2**31 - 1  # token ids, positions and every array axis are indexed with int32
@@ -92,7 +103,7 @@ class Section:
             value = getattr(self, field)
             if choices is not None and value not in choices:
                 raise ValueError(f"{self.name_of(field)} must be one of {', '.join(map(str, choices))}, "
-                                 f"got {value!r}")
+                                 f"got {shown(value)}")
             if allowed is not None:
                 allowed.check(self.name_of(field), value)
         self.check()
@@ -128,29 +139,29 @@ def _coerce(value: Any, annotation: Any, field: str) -> Any:
                 return _coerce(value, option, field)
             except ValueError as error:
                 errors.append(str(error))
-        raise ValueError(errors[0] if errors else f"{field}: cannot be {value!r}")
+        raise ValueError(errors[0] if errors else f"{field}: cannot be {shown(value)}")
     if origin is Literal:
         choices = get_args(annotation)
         if value not in choices:
-            raise ValueError(f"{field} must be one of {', '.join(map(repr, choices))}, got {value!r}")
+            raise ValueError(f"{field} must be one of {', '.join(map(repr, choices))}, got {shown(value)}")
         return value
     if origin in (list, tuple):
         if isinstance(value, str):
             value = [value]
         if not isinstance(value, (list, tuple)):
-            raise ValueError(f"{field} must be a list, got {value!r}")
+            raise ValueError(f"{field} must be a list, got {shown(value)}")
         (item_type, *_) = get_args(annotation) or (Any,)
         items = [_coerce(v, item_type, f"{field}[{i}]") for i, v in enumerate(value)]
         return tuple(items) if origin is tuple else items
     if origin is dict or annotation is dict:
         if not isinstance(value, dict):
-            raise ValueError(f"{field} must be a mapping, got {value!r}")
+            raise ValueError(f"{field} must be a mapping, got {shown(value)}")
         return dict(value)
     if dataclasses.is_dataclass(annotation):
         if isinstance(value, annotation):
             return value
         if not isinstance(value, dict):
-            raise ValueError(f"{field} must be a mapping of {annotation.__name__} fields, got {value!r}")
+            raise ValueError(f"{field} must be a mapping of {annotation.__name__} fields, got {shown(value)}")
         return from_dict(annotation, value, prefix=field)
     if annotation is Any:
         return value
@@ -159,19 +170,19 @@ def _coerce(value: Any, annotation: Any, field: str) -> Any:
             return value
         if isinstance(value, str) and value.lower() in ("true", "false"):
             return value.lower() == "true"
-        raise ValueError(f"{field} must be true or false, got {value!r}")
+        raise ValueError(f"{field} must be true or false, got {shown(value)}")
     if annotation in (int, float):
         number = _parse_number(value) if isinstance(value, str) else value
         if isinstance(number, bool) or not isinstance(number, (int, float)):
-            raise ValueError(f"{field} must be {'an integer' if annotation is int else 'a number'}, got {value!r}")
+            raise ValueError(f"{field} must be {'an integer' if annotation is int else 'a number'}, got {shown(value)}")
         if not math.isfinite(number):  # inf and NaN are never a size, a budget or a rate
-            raise ValueError(f"{field} must be a finite number, got {value!r}")
+            raise ValueError(f"{field} must be a finite number, got {shown(value)}")
         if annotation is int and (number != int(number) or abs(number) >= 2**63):
-            raise ValueError(f"{field} must be an integer (64-bit), got {value!r}")
+            raise ValueError(f"{field} must be an integer (64-bit), got {shown(value)}")
         return annotation(number)
     if annotation is str:
         if not isinstance(value, str):
-            raise ValueError(f"{field} must be a string, got {value!r}")
+            raise ValueError(f"{field} must be a string, got {shown(value)}")
         return value
     raise TypeError(f"unsupported config annotation {annotation!r} for {field}")
 

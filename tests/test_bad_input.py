@@ -5,6 +5,7 @@ import hashlib
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -155,6 +156,21 @@ def test_bad_input_is_one_clear_line_and_changes_nothing(workspace, capsys, monk
     written = [path.relative_to(tmp_path).as_posix() for path in tmp_path.rglob("*") if path.is_file()]
     # but `jaxformer train`'s record of the refusal in its default run directory (`jaxformer.train.attempt`)
     assert written in ([], [f"runs/{Path(argv[1]).stem}/error.json"] if argv[0] == "train" else []), written
+
+
+def test_a_huge_bad_value_is_named_in_one_short_line(tmp_path, capsys):
+    """A YAML list of 20,000 numbers, and one of 9^10 built from aliases (it loads shared, in kilobytes; its full
+    repr took minutes to build): the message names the field and shows the value cut short."""
+    (tmp_path / "long.yaml").write_text("model: {d_model: [" + ", ".join(["0"] * 20_000) + "]}\n")
+    aliases = ["a0: &a0 [0, 0, 0, 0, 0, 0, 0, 0, 0]"] + [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]"
+                                                         for i in range(1, 10)]
+    (tmp_path / "aliases.yaml").write_text("\n".join(aliases) + "\nmodel: {d_model: *a9}\n")
+    for name, value in [("long", "[0, 0, 0, 0, ...]"), ("aliases", "[[[...], [...], [...], [...], ...], ")]:
+        started = time.perf_counter()
+        assert main(["count", str(tmp_path / f"{name}.yaml")]) == 2
+        err = capsys.readouterr().err
+        assert time.perf_counter() - started < 20 and len(err) < 300, err
+        assert f"model.d_model must be an integer, got {value}" in err
 
 
 @pytest.mark.parametrize("command", [["generate", "{w}/corrupt", "--prompt", "a"],

@@ -15,7 +15,6 @@ from typing import Callable, Iterator
 
 import yaml
 
-from jaxformer.configs import to_dict
 from jaxformer.files import write_bytes_atomic
 from jaxformer.sweep.accelerators import keep_launcher_on_cpu, local_accelerators
 from jaxformer.sweep.branches import BranchCompute, train_branched, trunks_of
@@ -23,8 +22,9 @@ from jaxformer.sweep.executors import LocalPool, connect_ray, run_local, run_ray
 from jaxformer.sweep.plan import PlannedRun, plan_run, repeated_data_note
 from jaxformer.sweep.progress import SweepProgress
 from jaxformer.sweep.queue import Prepare, WorkQueue
-from jaxformer.sweep.results import collect, load_plan, render
-from jaxformer.sweep.runs import RunPaths, changed_setting, read_json
+from jaxformer.sweep.directory import prepare_directory, write_plan
+from jaxformer.sweep.results import collect, render
+from jaxformer.sweep.runs import RunPaths, read_json
 from jaxformer.sweep.spec import SweepSpec
 
 
@@ -140,57 +140,6 @@ def choose_layout(workers: int | None, threads: int | None) -> tuple[int, int, s
     return cores, 1, "default one single-threaded run per core; measure with `jaxformer bench train --layout`"
 
 
-def _prepare_directory(spec: SweepSpec, runs: list[PlannedRun], out: Path) -> list[PlannedRun]:
-    """Writes spec, plan and per-run configs; refuses a directory that holds a different sweep.
-
-    Returns ``runs`` followed by those an earlier launch's adapt rounds appended to plan.json.
-    """
-    if (out / "plan.json").is_file():
-        previous = load_plan(out)
-        added = _added_runs(spec, previous[len(runs):])
-        if [run["name"] for run in previous[:len(runs)]] != [run.name for run in runs] or added is None:
-            raise ValueError(f"--out {out} holds a different sweep (its plan.json lists other runs); "
-                             "use a new --out")
-        runs = runs + added
-        changed = changed_setting(out, runs + trunks_of(runs))
-        if changed is not None:
-            raise ValueError(f"--out {out} holds runs begun under other settings ({changed}); relaunch with the "
-                             "spec they were begun with, or use a new --out")
-    (out / "configs").mkdir(parents=True, exist_ok=True)
-    write_bytes_atomic(out / "spec.yaml", yaml.safe_dump(to_dict(spec), sort_keys=False).encode())
-    _write_plan(spec, runs, out)
-    return runs
-
-
-def _write_plan(spec: SweepSpec, runs: list[PlannedRun], out: Path) -> None:
-    """plan.json (every run but its config; with branches, their trunks too) and each run's config file."""
-    trunks = trunks_of(runs)
-    plan = {"name": spec.name, "runs": [{k: v for k, v in dataclasses.asdict(run).items() if k != "config"}
-                                        for run in runs]}
-    if trunks:  # trained before their branches (jaxformer.sweep.branches); not runs of the results table
-        plan["trunks"] = [{k: v for k, v in dataclasses.asdict(run).items() if k != "config"} for run in trunks]
-    if spec.tune is not None:  # the learning rates come from the tuning stage (jaxformer.sweep.tune)
-        plan["lr_rule"] = {"formula": spec.hyperparameters.get("optimizer.lr"), "source": "tune/tune.json"}
-    write_bytes_atomic(out / "plan.json", (json.dumps(plan, indent=1) + "\n").encode())
-    for run in runs + trunks:
-        write_bytes_atomic(RunPaths(out, run.name).config, yaml.safe_dump(run.config, sort_keys=False).encode())
-
-
-def _added_runs(spec: SweepSpec, entries: list[dict]) -> list[PlannedRun] | None:
-    """plan.json's runs after the spec's own (``entries``), planned again as the adapt rounds planned them;
-    None when this spec would not have added them (no ``isoflop.adapt``, or they plan to other runs)."""
-    if not entries:
-        return []
-    if spec.isoflop is None or not spec.isoflop.adapt:
-        return None
-    try:
-        added = [plan_run(spec, entry["budget"], entry["target_params"], entry["seed"], rule=spec.isoflop.flops)
-                 for entry in entries]
-    except (KeyError, ValueError):
-        return None
-    return added if [run.name for run in added] == [entry["name"] for entry in entries] else None
-
-
 @contextlib.contextmanager
 def worker_pool(options: LaunchOptions, out: Path) -> Iterator[LocalPool | None]:
     """The warm local workers that every stage of a launch shares, their logs in ``out/logs`` (None for the Ray
@@ -229,7 +178,7 @@ def launch(spec: SweepSpec, runs: list[PlannedRun], out: Path, options: LaunchOp
     keep_launcher_on_cpu()  # before any worker starts: this process's fits run while the workers hold them
     ray = connect_ray(options.ray_address, options.workers) if options.executor == "ray" else None
     own = len(runs)
-    runs = _prepare_directory(spec, runs, out)
+    runs = prepare_directory(spec, runs, out)
     states = {run.name: RunPaths(out, run.name).state() for run in runs}
     wanted = {"queued", "partial"} | ({"failed"} if options.retry_failed else set())
     todo = [run.name for run in runs if states[run.name] in wanted]
@@ -357,7 +306,7 @@ def _adapt(spec: SweepSpec, runs: list[PlannedRun], own: int, out: Path, train,
         added = [run for planned in new.values() for run in planned]
         if added:
             runs.extend(added)
-            _write_plan(spec, runs, out)
+            write_plan(spec, runs, out)
             todo = [run.name for run in added if RunPaths(out, run.name).state() != "done"]
             outcomes.extend(train(added, todo, {run.name: "queued" if run.name in todo else "done" for run in added}))
         return {p: points(planned) for p, planned in new.items()}
