@@ -231,6 +231,8 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
 def load_yaml(path: str | Path) -> dict[str, Any]:
     """Reads a YAML mapping; a missing file or a non-mapping raises one clear error."""
     path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"{path} is a directory, not a YAML config file")
     if not path.is_file():
         raise FileNotFoundError(f"config file not found: {path}")
     try:

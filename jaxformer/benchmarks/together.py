@@ -92,12 +92,12 @@ def time_together(config, runs: int, *, steps: int = 5, repeats: int = 5) -> dic
 
 
 def run(args: argparse.Namespace) -> int:
-    from jaxformer.benchmarks.train import bench_config
+    from jaxformer.benchmarks.train import bench_config, parse_sizes
 
-    sizes = [tuple(int(x) for x in size.split(":")) for size in args.sizes.split(",")]
-    counts = [int(r) for r in args.runs.split(",")]
-    if any(r < 2 for r in counts):
-        raise ValueError(f"--runs must list run counts of 2 or more, got {args.runs}")
+    sizes = parse_sizes(args.sizes)
+    counts = [int(r) for r in args.runs.split(",") if r.isdigit()]
+    if len(counts) != len(args.runs.split(",")) or any(r < 2 for r in counts):
+        raise ValueError(f"--runs must list run counts of 2 or more, got {args.runs!r}")
     results = []
     print(f"{'d:L:T':>12}{'R':>4}{'dev':>5}{'alone ms':>10}{'vmap ms':>9}{'map ms':>9}{'vmap ×':>8}{'map ×':>7}"
           f"{'compile s alone/vmap/map':>27}")

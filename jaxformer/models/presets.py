@@ -85,4 +85,6 @@ def resolve_model(config_path: str | None, preset: str | None) -> ModelConfig:
     from jaxformer.configs import load_yaml
 
     data = load_yaml(config_path)
-    return model_config_from_dict(data["model"] if isinstance(data.get("model"), dict) else data)
+    if "model" in data and not isinstance(data["model"], dict):
+        raise ValueError(f"{config_path}: model must be a mapping of model fields, got {data['model']!r:.60}")
+    return model_config_from_dict(data["model"] if "model" in data else data)

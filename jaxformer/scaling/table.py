@@ -160,6 +160,13 @@ def _numbers(name: str, values: list, source: str) -> np.ndarray:
 
 
 def _read_columns(path: Path) -> dict[str, list]:
+    try:
+        return _columns_of(path)
+    except UnicodeDecodeError:
+        raise ValueError(f"{path}: not a text file (not UTF-8), so not a table") from None
+
+
+def _columns_of(path: Path) -> dict[str, list]:
     suffix = path.suffix.lower()
     if suffix == ".csv":
         with path.open(newline="") as fh:
