@@ -63,6 +63,7 @@ def workspace(tmp_path_factory):
         (root / name / part).write_text(text)
     (root / "cut.gguf").write_bytes(b"GGUF")
     (root / "model-5.yaml").write_text("model: 5\n")
+    shutil.copytree(root / "run", root / "no-checkpoints", ignore=shutil.ignore_patterns("checkpoints"))
     (root / "latin1.csv").write_bytes("N,D,loss\n1e4,1e6,3.0 \u00b1 0.1\n".encode("latin-1"))
     study = ROOT / "experiments" / "quick_2seeds_zen1_session33"  # a committed study: no run directories
     shutil.copytree(study, root / "study", ignore=shutil.ignore_patterns("*.png"))
@@ -134,6 +135,7 @@ CASES = [  # (argv, what stderr must name, directory that must stay unchanged or
      "hf-list: not a readable checkpoint (AttributeError: 'list' object has no attribute 'get')", "hf-list"),
     (["generate", "--hf", "{w}/hf-cut", "--prompt", "a"], "hf-cut: not a readable checkpoint (SafetensorError", "hf-cut"),
     (["import-hf", "{w}/cut.gguf", "--out", "{w}/imported"], "cut.gguf: not a readable checkpoint (IndexError", None),
+    (["generate", "{w}/no-checkpoints", "--prompt", "a"], "finished training but holds no checkpoint", "no-checkpoints"),
     (["count", "{w}/model-5.yaml"], "model-5.yaml: model must be a mapping of model fields, got 5", None),
     (["count", "{w}/bad-plan"], "bad-plan is a directory, not a YAML config file", None),
     (["fit", "{w}/latin1.csv"], "latin1.csv: not a text file (not UTF-8), so not a table", None),

@@ -79,6 +79,8 @@ def load_model(source: str | None, preset: str | None, seed: int):
         restored = restore_params(path, config)
     except CheckpointError as error:  # unreadable checkpoints of a run: a bad source, reported in one line
         raise ValueError(str(error)) from None
+    if restored is None and (path / "final.json").is_file():  # finished, its parameters gone: no model to sample
+        raise ValueError(f"{path} finished training but holds no checkpoint to sample from (checkpoints/ is gone)")
     if restored is None:
         print(f"note: {path} has no checkpoint yet; sampling from the untrained model", file=sys.stderr)
     else:
