@@ -63,6 +63,8 @@ def workspace(tmp_path_factory):
         (root / name / part).write_text(text)
     (root / "cut.gguf").write_bytes(b"GGUF")
     (root / "model-5.yaml").write_text("model: 5\n")
+    (root / "law-bool.json").write_text('{"E": true, "A": 406.4, "B": 410.7, "alpha": 0.34, "beta": 0.28}\n')
+    (root / "law-list.json").write_text('{"approach3": [1]}\n')
     shutil.copytree(root / "run", root / "no-checkpoints", ignore=shutil.ignore_patterns("checkpoints"))
     (root / "latin1.csv").write_bytes("N,D,loss\n1e4,1e6,3.0 \u00b1 0.1\n".encode("latin-1"))
     study = ROOT / "experiments" / "quick_2seeds_zen1_session33"  # a committed study: no run directories
@@ -136,6 +138,8 @@ CASES = [  # (argv, what stderr must name, directory that must stay unchanged or
     (["generate", "--hf", "{w}/hf-cut", "--prompt", "a"], "hf-cut: not a readable checkpoint (SafetensorError", "hf-cut"),
     (["import-hf", "{w}/cut.gguf", "--out", "{w}/imported"], "cut.gguf: not a readable checkpoint (IndexError", None),
     (["generate", "{w}/no-checkpoints", "--prompt", "a"], "finished training but holds no checkpoint", "no-checkpoints"),
+    (["allocate", "--flops", "1e20", "--law", "{w}/law-bool.json"], "law-bool.json: E must be a number, got True", None),
+    (["allocate", "--flops", "1e20", "--law", "{w}/law-list.json"], "law-list.json: approach3.params is missing", None),
     (["count", "{w}/model-5.yaml"], "model-5.yaml: model must be a mapping of model fields, got 5", None),
     (["count", "{w}/bad-plan"], "bad-plan is a directory, not a YAML config file", None),
     (["fit", "{w}/latin1.csv"], "latin1.csv: not a text file (not UTF-8), so not a table", None),

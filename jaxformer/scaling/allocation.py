@@ -75,7 +75,7 @@ class ParametricLaw:
         missing = [k for k in ("E", "A", "B", "alpha", "beta") if k not in d]
         if missing:
             raise ValueError(f"{source}: missing {', '.join(missing)} (need E, A, B, alpha, beta)")
-        values = {k: float(d[k]) for k in ("E", "A", "B", "alpha", "beta")}
+        values = {k: _number(d[k], f"{source}: {k}") for k in ("E", "A", "B", "alpha", "beta")}
         bad = [k for k, v in values.items() if not (np.isfinite(v) and (v > 0 or k == "E" and v >= 0))]
         if bad:
             raise ValueError(f"{source}: {bad[0]} must be positive and finite, got {values[bad[0]]!r}")
@@ -171,17 +171,31 @@ def load_law(path: str | Path, approach: str | None = None) -> tuple[str, Law]:
     data = load_json(Path(path))
     if not isinstance(data, dict):
         raise ValueError(f"{path}: expected a JSON object, got {type(data).__name__}")
-    if approach is None and "approach3" not in data and {"E", "A", "B", "alpha", "beta"} <= set(data):
-        return "law", ParametricLaw.from_dict(data, str(path))
     available = [k for k in ("3", "2", "1") if f"approach{k}" in data]
-    approach = approach or (available[0] if available else None)
+    if approach is None and not available:  # a bare law: from_dict names what it lacks
+        return "law", ParametricLaw.from_dict(data, str(path))
+    approach = approach or available[0]
     if approach not in available:
         raise ValueError(f"{path}: no approach {approach} fit in it (has: {', '.join(available) or 'none'})")
-    fit = data[f"approach{approach}"]
-    if approach == "3":
-        flops = FlopsPerToken(**data["flops_per_token"]) if "flops_per_token" in data else SIX_ND
-        return "approach 3", replace(ParametricLaw.from_dict(fit["params"], f"{path}: approach3.params"), flops=flops)
-    return f"approach {approach}", PowerLawAllocation(**fit["power_laws"])
+    fit, key = data[f"approach{approach}"], "params" if approach == "3" else "power_laws"
+    if not (isinstance(fit, dict) and isinstance(fit.get(key), dict)):
+        raise ValueError(f"{path}: approach{approach}.{key} is missing or not an object (`jaxformer fit --json` writes it)")
+    try:
+        if approach == "3":
+            flops = FlopsPerToken(**data["flops_per_token"]) if "flops_per_token" in data else SIX_ND
+            return "approach 3", replace(ParametricLaw.from_dict(fit[key], f"{path}: approach3.params"), flops=flops)
+        laws = {name: None if value is None and name in ("k_L", "gamma") else  # the loss law is optional
+                _number(value, f"{path}: approach{approach}.power_laws.{name}") for name, value in fit[key].items()}
+        return f"approach {approach}", PowerLawAllocation(**laws)
+    except TypeError as error:  # fields the dataclasses do not have, or lack
+        raise ValueError(f"{path}: approach{approach}: {error}") from None
+
+
+def _number(value, name: str) -> float:
+    """``value`` as a float; a bool, a string or a list raises one line naming it."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{name} must be a number, got {value!r:.60}")
+    return float(value)
 
 
 @dataclass(frozen=True)
