@@ -82,9 +82,9 @@ def resolve_model(config_path: str | None, preset: str | None) -> ModelConfig:
         raise ValueError("give exactly one of CONFIG.yaml or --preset NAME")
     if preset is not None:
         return get_preset(preset)
-    from jaxformer.configs import load_yaml
+    from jaxformer.configs import load_yaml, shown
 
     data = load_yaml(config_path)
     if "model" in data and not isinstance(data["model"], dict):
-        raise ValueError(f"{config_path}: model must be a mapping of model fields, got {data['model']!r:.60}")
+        raise ValueError(f"{config_path}: model must be a mapping of model fields, got {shown(data['model'])}")
     return model_config_from_dict(data["model"] if "model" in data else data)

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from jaxformer.configs import shown
 from jaxformer.files import load_json
 
 
@@ -194,7 +195,7 @@ def load_law(path: str | Path, approach: str | None = None) -> tuple[str, Law]:
 def _number(value, name: str) -> float:
     """``value`` as a float; a bool, a string or a list raises one line naming it."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"{name} must be a number, got {value!r:.60}")
+        raise ValueError(f"{name} must be a number, got {shown(value)}")
     return float(value)
 
 

@@ -60,7 +60,12 @@ def write_plan(spec: SweepSpec, runs: list[PlannedRun], out: Path) -> None:
     if spec.tune is not None:  # the learning rates come from the tuning stage (jaxformer.sweep.tune)
         plan["lr_rule"] = {"formula": spec.hyperparameters.get("optimizer.lr"), "source": "tune/tune.json"}
     write_bytes_atomic(out / "plan.json", (json.dumps(plan, indent=1) + "\n").encode())
-    for run in runs + trunks:
+    write_configs(out, runs + trunks)
+
+
+def write_configs(out: Path, runs: list[PlannedRun]) -> None:
+    """``configs/NAME.yaml``: each run's full training config, as its worker reads it."""
+    for run in runs:
         write_bytes_atomic(RunPaths(out, run.name).config, yaml.safe_dump(run.config, sort_keys=False).encode())
 
 

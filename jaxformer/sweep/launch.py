@@ -13,7 +13,6 @@ import os
 from pathlib import Path
 from typing import Callable, Iterator
 
-import yaml
 
 from jaxformer.files import write_bytes_atomic
 from jaxformer.sweep.accelerators import keep_launcher_on_cpu, local_accelerators
@@ -22,7 +21,7 @@ from jaxformer.sweep.executors import LocalPool, connect_ray, run_local, run_ray
 from jaxformer.sweep.plan import PlannedRun, plan_run, repeated_data_note
 from jaxformer.sweep.progress import SweepProgress
 from jaxformer.sweep.queue import Prepare, WorkQueue
-from jaxformer.sweep.directory import prepare_directory, write_plan
+from jaxformer.sweep.directory import prepare_directory, write_configs, write_plan
 from jaxformer.sweep.results import collect, render
 from jaxformer.sweep.runs import RunPaths, read_json
 from jaxformer.sweep.spec import SweepSpec
@@ -330,8 +329,7 @@ def _verify(spec: SweepSpec, runs: list[PlannedRun], fitted, out: Path, train, r
     except ValueError as error:
         report(f"verify skipped: {error}")
         return []
-    for run in held_out:
-        write_bytes_atomic(RunPaths(out, run.name).config, yaml.safe_dump(run.config, sort_keys=False).encode())
+    write_configs(out, held_out)
     todo = [run.name for run in held_out if RunPaths(out, run.name).state() != "done"]
     report(f"verify: {len(held_out)} held-out runs at C = {held_out[0].budget:.3g} ({held_out[0].name} the "
            f"compute-optimal one), {len(todo)} to train")
