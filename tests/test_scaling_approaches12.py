@@ -36,8 +36,22 @@ def test_isoflop_groups_by_c_without_labels_and_warns_at_the_edge():
     fit = fit_isoflop(unlabeled, keep_edges=True)
     assert len(fit.warnings) == 1 and "C=1e+20: minimum at the edge" in fit.warnings[0]
     assert [p.bracketed for p in fit.profiles] == [True, False]
-    with pytest.raises(ValueError, match=r"got 1 \(C=1e\+19\); 1 more with their minimum at an edge"):
+    with pytest.raises(ValueError, match=r"got 1 \(C=1e\+19\); budget C=1e\+20: minimum at the edge .* left out"):
         fit_isoflop(unlabeled)
+
+
+def test_approach_2_says_why_no_budget_gave_a_profile():
+    """A sweep whose loss rises with N at every budget, more slowly at larger N (parabolas opening downward), used
+    to be refused with "got 0 (none)" alone; each budget's reason is named."""
+    N = np.array([8240.0, 16496.0, 34976.0] * 2)
+    C = np.repeat([1e9, 2e9], 3)
+    loss = np.array([3.144, 4.232, 4.429, 2.324, 3.315, 3.654])  # a CPU run of experiments/gpu_check/tiny_fit.yaml
+    table = RunTable.from_arrays(N, loss, C=C, budget=C)
+    with pytest.raises(ValueError, match=r"got 0 \(none\); budget C=1e\+09: the parabola opens downward \(no minimum\); "
+                                         r"skipped; budget C=2e\+09: the parabola opens downward"):
+        fit_isoflop(table)
+    with pytest.raises(ValueError, match=r"got 0 \(none\); budget C=1e\+09: 2 distinct sizes, need 3"):
+        fit_isoflop(RunTable.from_arrays(N[[0, 1, 3, 4]], loss[[0, 1, 3, 4]], C=C[[0, 1, 3, 4]], budget=C[[0, 1, 3, 4]]))
 
 
 def test_edge_minima_are_left_out_of_the_power_laws():

@@ -118,6 +118,27 @@ def test_a_peak_below_what_a_run_achieved_is_probed_again_once(tmp_path):
     assert machine_peak_flops("float32", path, at_least=probed * 1e3) == probed  # not again in this process
 
 
+def test_the_matmul_probe_grows_until_a_product_outlasts_its_launch(monkeypatch):
+    """On an accelerator a product of 1024 is over before its launch is (an H100's bf16 probe read 45 TFLOP/s, MFU
+    106-273%): the probe doubles n until its best product takes ``min_seconds``. Here a CPU's 16x16 product stands in."""
+    from jaxformer.train import peak
+
+    timed, time_products = [], peak._best_product_seconds
+
+    def spy(*args):
+        timed.append(time_products(*args))
+        return timed[-1]
+
+    monkeypatch.setattr(peak, "_best_product_seconds", spy)
+    grown = peak.probe_matmul_peak("float32", n=16, repeats=3, min_seconds=2e-3)
+    sizes = [n for _, n in timed]
+    assert sizes == [16 * 2**i for i in range(len(sizes))] and len(sizes) > 3
+    assert timed[-1][0] >= 2e-3 or sizes[-1] == peak.MAX_PROBE_N
+    assert all(best < 2e-3 for best, _ in timed[:-1])
+    assert grown == 2.0 * sizes[-1] ** 3 / timed[-1][0]
+    assert peak.probe_matmul_peak("float32", n=16, repeats=3) < grown / 10  # on the CPU n stays as asked by default
+
+
 def _spec(tmp_path: Path) -> Path:
     spec = yaml.safe_load((ROOT / "sweeps" / "tiny.yaml").read_text())
     spec.update(name="engine", isoflop={"budgets": [3e9], "params": [8e3, 16e3]})

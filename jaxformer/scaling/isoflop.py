@@ -186,9 +186,9 @@ def fit_isoflop(table: RunTable, *, budget_tol: float = 0.1, resamples: int = 0,
     used = [k for k, p in enumerate(profiles) if p.bracketed or keep_edges]
     if len(used) < 2:
         found = ", ".join(f"C={profiles[k].budget:.3g}" for k in used) or "none"
-        edges = len(profiles) - len(used)
+        # every other budget's reason (too few sizes, no minimum, a minimum at an edge), so the user knows what to change
         raise ValueError(f"Approach 2 needs IsoFLOP profiles (3+ sizes) at 2 or more budgets, got {len(used)} "
-                         f"({found})" + (f"; {edges} more with their minimum at an edge" if edges else ""))
+                         f"({found})" + "".join(f"; {w}" for w in warnings))
     fitted = [profiles[k] for k in used]
     C = np.array([p.budget for p in fitted])
     flops = FlopsPerToken.fit(table.N, table.D, table.C)

@@ -16,23 +16,40 @@ import time
 from pathlib import Path
 
 import jax
-import jax.numpy as jnp
 
 from jaxformer.files import read_cache, write_cache
 
 PEAK_FILE = Path("~/.cache/jaxformer/peak.json").expanduser()
 
 
-def probe_matmul_peak(dtype: str = "float32", n: int = 1024, repeats: int = 10, impl: str = "xla") -> float:
-    """FLOP/s of the best of ``repeats`` jitted ``[n, n] @ [n, n]`` products (2n³ FLOPs each).
+def probe_matmul_peak(dtype: str = "float32", n: int = 1024, repeats: int = 10, impl: str = "xla",
+                      min_seconds: float | None = None) -> float:
+    """FLOP/s of the best of ``repeats`` jitted ``[n, n] @ [n, n]`` products (2n³ FLOPs each) of random values.
 
     ``impl``: `jaxformer.functional.dense`'s. ``xla`` multiplies on the default device (XLA:CPU
     threads its large matmuls over the cores); ``onednn`` splits the rows over every local device,
     each calling oneDNN with its share of the cores, as a data-parallel train step does.
+    ``min_seconds``: ``n`` is doubled (up to `MAX_PROBE_N`) until the best product takes at least this long. By default
+    0 on the CPU, whose products of ``n`` = 1024 already take milliseconds (and whose PyTorch peer probes that size),
+    and 1 ms on an accelerator, where a product of 1024 is over before its launch latency is (MFU read above 100%:
+    experiments/gpu_check/README.md).
     """
+    if min_seconds is None:
+        min_seconds = 0.0 if jax.default_backend() == "cpu" else 1e-3
+    best, n = _best_product_seconds(dtype, n, repeats, impl)
+    while best < min_seconds and n < MAX_PROBE_N:
+        best, n = _best_product_seconds(dtype, 2 * n, repeats, impl)
+    return 2.0 * n**3 / best
+
+
+MAX_PROBE_N = 16384  # bf16 operands of 0.5 GiB each
+
+
+def _best_product_seconds(dtype: str, n: int, repeats: int, impl: str) -> tuple[float, int]:
+    """The best of ``repeats`` timed ``[n, n] @ [n, n]`` products by ``impl`` (after one that compiles), and ``n``."""
     from jaxformer.functional.dense import dense
 
-    a = jnp.ones((n, n), dtype=dtype)
+    a = jax.random.normal(jax.random.key(0), (n, n), dtype=dtype)
     matmul = jax.jit(lambda x, y: dense(x, y, impl=impl))
     b = a
     if impl != "xla":
@@ -46,7 +63,7 @@ def probe_matmul_peak(dtype: str = "float32", n: int = 1024, repeats: int = 10, 
         start = time.perf_counter()
         matmul(a, b).block_until_ready()
         best = min(best, time.perf_counter() - start)
-    return 2.0 * n**3 / best
+    return best, n
 
 
 def cpu_model() -> str:
