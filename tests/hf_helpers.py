@@ -20,6 +20,9 @@ CONFIGS = {
     "gpt2-exact-gelu": (transformers.GPT2LMHeadModel, dict(model_type="gpt2", n_embd=32, n_layer=1, n_head=2,
                                                            n_positions=40, vocab_size=VOCAB, n_inner=48,
                                                            activation_function="gelu")),
+    # GPT-2 with a head of its own (transformers reads lm_head.weight when tie_word_embeddings is false)
+    "gpt2-untied": (transformers.GPT2LMHeadModel, dict(model_type="gpt2", n_embd=32, n_layer=1, n_head=4,
+                                                       n_positions=40, vocab_size=VOCAB, tie_word_embeddings=False)),
     # Llama 3.1: GQA, RoPE (rotate-half) with llama3 rope_scaling, SwiGLU, RMSNorm, untied head
     "llama": (transformers.LlamaForCausalLM, dict(
         model_type="llama", hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,

@@ -180,6 +180,20 @@ def test_unsupported_checkpoints_fail_in_one_line_naming_the_field(change, messa
     (dict(num_experts=4, position="rope", activation="swiglu", norm="rmsnorm"), "model.num_experts=4"),
     (dict(position="rope", activation="gelu", norm="rmsnorm"), "model.activation='gelu' has no Hugging Face Llama"),
     (dict(norm_position="sandwich"), "model.norm_position='sandwich'"),
+    # options that change the logits and that no exported family's config can say (they were exported silently)
+    (dict(attention_scale=0.5), "model.attention_scale=0.5 has no Hugging Face GPT-2"),
+    (dict(scale_head_inputs=True), "model.scale_head_inputs=True has no Hugging Face GPT-2"),
+    (dict(position="rope", activation="swiglu", norm="rmsnorm", attention_scale=0.5),
+     "model.attention_scale=0.5 has no Hugging Face Llama"),
+    (dict(position="rope", activation="swiglu", norm="rmsnorm", scale_head_inputs=True),
+     "model.scale_head_inputs=True has no Hugging Face Llama"),
+    (dict(family="encoder", norm_position="post", embedding_norm=True, num_token_types=2, attention_scale=0.5),
+     "model.attention_scale=0.5 has no Hugging Face BERT"),
+    *[(dict(family="encoder_decoder", num_encoder_layers=1, position="sinusoidal", sinusoidal_layout="split",
+            activation="silu", norm_position="post", logit_bias=True, **option), f"model.{shown} has no Hugging Face Marian")
+      for option, shown in ((dict(attention_scale=0.5), "attention_scale=0.5"),
+                            (dict(scale_head_inputs=True), "scale_head_inputs=True"),
+                            (dict(sliding_window=3), "sliding_window=3"))],
 ])
 def test_models_without_a_hugging_face_equivalent_are_refused_naming_the_field(overrides, message, tmp_path):
     cfg = ModelConfig(vocab_size=64, d_model=16, num_heads=2, num_layers=1, max_seq_len=16, **overrides)

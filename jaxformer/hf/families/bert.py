@@ -51,7 +51,7 @@ def check_export(cfg: ModelConfig) -> None:
     common_requirements(cfg, "BERT")
     requires(cfg, "BERT", family="encoder", position="learned", norm="layernorm", norm_position="post",
              use_bias=True, qkv_bias=(None, True), num_kv_heads=cfg.num_heads, head_dim=cfg.d_model // cfg.num_heads,
-             activation=tuple(ACTIVATIONS_OUT), embedding_norm=True, scale_embeddings=False)
+             activation=tuple(ACTIVATIONS_OUT), embedding_norm=True, scale_embeddings=False, attention_scale=None)
     if cfg.num_token_types == 0:
         raise ValueError("model.num_token_types=0 has no Hugging Face BERT equivalent (BERT has a token-type table)")
 

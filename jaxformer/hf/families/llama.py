@@ -79,7 +79,8 @@ def model_type_of(cfg: ModelConfig) -> str:
 def check_export(cfg: ModelConfig) -> None:
     common_requirements(cfg, "Llama")
     requires(cfg, "Llama", family="decoder", position="rope", norm="rmsnorm", norm_position="pre",
-             activation="swiglu", logit_bias=False, scale_embeddings=False, embedding_norm=False, num_token_types=0)
+             activation="swiglu", logit_bias=False, scale_embeddings=False, embedding_norm=False, num_token_types=0,
+             attention_scale=None, scale_head_inputs=False)
     model_type = model_type_of(cfg)
     if cfg.use_bias:
         requires(cfg, "Llama (attention_bias and mlp_bias)", qkv_bias=(None, True), sliding_window=None)

@@ -49,7 +49,7 @@ def check_export(cfg: ModelConfig) -> None:
     requires(cfg, "Marian", family="encoder_decoder", position="sinusoidal", sinusoidal_layout="split",
              norm="layernorm", norm_position="post", norm_eps=LAYER_NORM_EPS, use_bias=True, qkv_bias=(None, True),
              num_kv_heads=cfg.num_heads, head_dim=cfg.d_model // cfg.num_heads, activation=tuple(ACTIVATIONS_OUT),
-             embedding_norm=False, num_token_types=0)
+             embedding_norm=False, num_token_types=0, attention_scale=None, scale_head_inputs=False, sliding_window=None)
 
 
 def hf_config(cfg: ModelConfig) -> dict[str, Any]:
