@@ -118,3 +118,46 @@ def assert_refused_in_one_line(source, out, message: str, capsys) -> None:
     err = capsys.readouterr().err
     assert err.startswith(f"jaxformer import-hf: error: {message}") and len(err.strip().splitlines()) == 1
     assert not out.exists()
+
+
+def tiny_gguf(path, *, add_bos: bool | None = None, add_eos: bool | None = None) -> None:
+    """A one-block random-weight Llama GGUF with a byte-level BPE vocabulary (the 256 byte symbols, one merge, BOS 0
+    and EOS 1 as control tokens), written with the ``gguf`` package; ``add_bos`` / ``add_eos``: its
+    ``tokenizer.ggml.add_bos_token`` / ``add_eos_token`` (None: absent)."""
+    import gguf
+    from tokenizers import pre_tokenizers
+
+    tokens = ["<|begin_of_text|>", "<|end_of_text|>", *sorted(pre_tokenizers.ByteLevel.alphabet()), "Ġw"]
+    V, E, F, H = len(tokens), 16, 32, 2
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_block_count(1)
+    writer.add_context_length(64)
+    writer.add_embedding_length(E)
+    writer.add_feed_forward_length(F)
+    writer.add_head_count(H)
+    writer.add_head_count_kv(H)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_rope_freq_base(10000.0)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("llama-bpe")
+    writer.add_token_list(tokens)
+    writer.add_token_merges(["Ġ w"])
+    writer.add_token_types([3, 3] + [1] * (V - 2))
+    writer.add_bos_token_id(0)
+    writer.add_eos_token_id(1)
+    if add_bos is not None:
+        writer.add_add_bos_token(add_bos)
+    if add_eos is not None:
+        writer.add_add_eos_token(add_eos)
+    rng = np.random.default_rng(0)
+    shapes = {"attn_norm.weight": (E,), "ffn_norm.weight": (E,), "attn_q.weight": (E, E), "attn_k.weight": (E, E),
+              "attn_v.weight": (E, E), "attn_output.weight": (E, E), "ffn_gate.weight": (F, E),
+              "ffn_up.weight": (F, E), "ffn_down.weight": (E, F)}
+    writer.add_tensor("token_embd.weight", (0.2 * rng.standard_normal((V, E))).astype(np.float32))
+    writer.add_tensor("output_norm.weight", np.ones(E, np.float32))
+    for name, shape in shapes.items():
+        writer.add_tensor(f"blk.0.{name}", (0.2 * rng.standard_normal(shape)).astype(np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()

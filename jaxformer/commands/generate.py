@@ -106,7 +106,8 @@ class _CheckpointTokenizer:
 
 
 def load_hf(path: str):
-    """``(model, tokenizer, start_token)`` of a checkpoint `jaxformer.hf` reads."""
+    """``(model, tokenizer, start_token, stop_tokens)`` of a checkpoint `jaxformer.hf` reads: its
+    ``decoder_start_token_id`` (default 0) and ``eos_token_id`` (one id or a list; none: no stop)."""
     from flax import nnx
 
     from jaxformer.hf import read_checkpoint
@@ -116,12 +117,15 @@ def load_hf(path: str):
     if checkpoint.tokenizer_json is None:
         raise ValueError(f"{path} has no tokenizer.json (nor a GGUF vocabulary jaxformer can rebuild)")
     graphdef, _ = nnx.split(nnx.eval_shape(lambda: build_model(checkpoint.cfg, rngs=nnx.Rngs(0))))
-    start = checkpoint.hf_config.get("decoder_start_token_id")
+    start, eos = checkpoint.hf_config.get("decoder_start_token_id"), checkpoint.hf_config.get("eos_token_id")
+    stops = tuple(int(i) for i in (eos if isinstance(eos, list) else [] if eos is None else [eos]))
     return (nnx.merge(graphdef, checkpoint.params), _CheckpointTokenizer(checkpoint.tokenizer_json),
-            0 if start is None else int(start))
+            0 if start is None else int(start), stops)
 
 
 def run(args: argparse.Namespace) -> int:
+    import numpy as np
+
     from jaxformer.models.generate import check_sampling, generate
 
     if args.hf is not None and (args.source is not None or args.preset is not None):
@@ -133,14 +137,17 @@ def run(args: argparse.Namespace) -> int:
     cfg = resolve_model(None, args.preset) if args.preset and args.source is None else None
     if cfg is not None:  # fail on bad sampling options before building a large preset
         check_sampling(args.temperature, args.top_k, args.top_p, cfg.vocab_size)
-    start_token = 0
+    start_token, stop_tokens = 0, ()
     if args.hf is not None:
-        model, tokenizer, start_token = load_hf(args.hf)
+        model, tokenizer, start_token, stop_tokens = load_hf(args.hf)
     else:
         model, tokenizer = load_model(args.source, args.preset, args.seed)
     prompt = encode_text(args.prompt) if tokenizer is None else [int(t) for t in tokenizer.encode(args.prompt)]
     new_tokens = generate(model, prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                          top_k=args.top_k, top_p=args.top_p, seed=args.seed, start_token=start_token)
+                          top_k=args.top_k, top_p=args.top_p, seed=args.seed, start_token=start_token,
+                          stop_tokens=stop_tokens)
+    ended = [i for i, token in enumerate(np.asarray(new_tokens).tolist()) if token in stop_tokens]
+    new_tokens = new_tokens[:ended[0]] if ended else new_tokens  # the text ends where the checkpoint's EOS came
     text = decode_tokens(new_tokens) if tokenizer is None else tokenizer.decode(new_tokens)
     # a checkpoint's encoder–decoder (a translation model) answers its prompt rather than continuing it
     print(text if args.hf is not None and model.cfg.family == "encoder_decoder" else args.prompt + text)

@@ -124,5 +124,8 @@ def read_gguf(path: str | Path) -> tuple[dict[str, Any], GGUFTensors, str | None
         tokenizer_json = gguf_tokenizer_json(_field(reader, "tokenizer.ggml.model", ""),
                                              _field(reader, "tokenizer.ggml.pre", None), tokens,
                                              _field(reader, "tokenizer.ggml.merges", []),
-                                             _field(reader, "tokenizer.ggml.token_type", None))
+                                             _field(reader, "tokenizer.ggml.token_type", None),
+                                             bos=config.get("bos_token_id"), eos=config.get("eos_token_id"),
+                                             add_bos=bool(_field(reader, "tokenizer.ggml.add_bos_token", False)),
+                                             add_eos=bool(_field(reader, "tokenizer.ggml.add_eos_token", False)))
     return config, GGUFTensors(reader, names, heads, kv_heads, permuted=arch == "llama"), tokenizer_json

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
+import warnings
 from pathlib import Path
 from typing import Iterator, Mapping
 
@@ -77,12 +79,24 @@ class _TorchFiles:
 
     def state(self, path: Path) -> dict:
         if path not in self._states:
-            self._states[path] = self._torch.load(str(path), map_location="cpu", weights_only=True)
+            with warnings.catch_warnings():  # the unpickler's notes on pickle protocols: not the user's concern
+                warnings.simplefilter("ignore", UserWarning)
+                try:
+                    self._states[path] = self._torch.load(str(path), map_location="cpu", weights_only=True)
+                except pickle.UnpicklingError as error:
+                    raise ValueError(f"{path}: refused by PyTorch's weights-only loader, nothing in it was run "
+                                     f"({_unpickler_reason(str(error))})") from None
         return self._states[path]
 
     def __call__(self, path: Path, name: str) -> np.ndarray:
         tensor = self.state(path)[name]
         return (tensor.float() if tensor.is_floating_point() else tensor).numpy()
+
+
+def _unpickler_reason(message: str) -> str:
+    """What torch's weights-only unpickler refused (its message is a page: the reason follows "error:")."""
+    after = message.split("WeightsUnpickler error:", 1)[-1]
+    return next((line.strip() for line in after.splitlines() if line.strip()), message.splitlines()[0])
 
 
 def read_tensors(directory: Path) -> TensorFile:

@@ -37,8 +37,12 @@ def _pre_tokenizer(pre: str | None):
 
 
 def gguf_tokenizer_json(model: str, pre: str | None, tokens: Sequence[str], merges: Sequence[str],
-                        token_types: Sequence[int] | None) -> str | None:
-    """A ``tokenizer.json`` for a GGUF byte-level BPE vocabulary (``tokenizer.ggml.model: gpt2``), else None."""
+                        token_types: Sequence[int] | None, *, bos: int | None = None, eos: int | None = None,
+                        add_bos: bool = False, add_eos: bool = False) -> str | None:
+    """A ``tokenizer.json`` for a GGUF byte-level BPE vocabulary (``tokenizer.ggml.model: gpt2``), else None.
+
+    ``add_bos`` / ``add_eos`` (``tokenizer.ggml.add_bos_token`` …): every encoding starts with token ``bos`` / ends
+    with ``eos``, as transformers' and llama.cpp's tokenizers of the file do (a post-processor, as in Llama 3's)."""
     if model != "gpt2":
         return None
     pre_tokenizer = _pre_tokenizer(pre)
@@ -55,7 +59,25 @@ def gguf_tokenizer_json(model: str, pre: str | None, tokens: Sequence[str], merg
                for i, kind in enumerate(token_types or ()) if kind in (CONTROL, USER_DEFINED)]
     if special:
         tokenizer.add_special_tokens(special)
+    processor = _bos_eos_processor(tokens, bos if add_bos else None, eos if add_eos else None)
+    if processor is not None:
+        tokenizer.post_processor = processor
     return tokenizer.to_str()
+
+
+def _bos_eos_processor(tokens: Sequence[str], bos: int | None, eos: int | None):
+    """A ``TemplateProcessing`` that puts token ``bos`` before and ``eos`` after each sequence (None: neither)."""
+    from tokenizers import processors
+
+    if bos is None and eos is None:
+        return None
+
+    def around(sequence: str, segment: int) -> list[str]:
+        return [*([f"{tokens[bos]}:{segment}"] if bos is not None else []), f"${sequence}:{segment}",
+                *([f"{tokens[eos]}:{segment}"] if eos is not None else [])]
+
+    return processors.TemplateProcessing(single=" ".join(around("A", 0)), pair=" ".join(around("A", 0) + around("B", 1)),
+                                         special_tokens=[(tokens[i], i) for i in dict.fromkeys((bos, eos)) if i is not None])
 
 
 def byte_tokenizer_json() -> str:

@@ -81,10 +81,13 @@ def generate(
     seed: int = 0,
     start_token: int = 0,
     cache_dtype=jnp.float32,
+    stop_tokens: Sequence[int] = (),
 ) -> jax.Array:
-    """Samples ``max_new_tokens`` tokens after ``prompt`` and returns them.
+    """Samples up to ``max_new_tokens`` tokens after ``prompt`` and returns them.
 
-    Returns ``[max_new_tokens]`` token ids (``[B, max_new_tokens]`` for a batched prompt).
+    Returns ``[n]`` token ids (``[B, n]`` for a batched prompt), n = ``max_new_tokens`` unless every row has
+    sampled one of ``stop_tokens`` (a checkpoint's end-of-sequence ids) before: then n ends at the step where the
+    last row did, and a row that stopped earlier holds its stop token from there on (as transformers pads after EOS).
 
     model: a decoder LM (continues the prompt) or an encoder–decoder (the prompt is the
       source; the target starts with ``start_token``).
@@ -116,8 +119,25 @@ def generate(
     advance = decode_step(graphdef, temperature, top_k, top_p)
     base_key = jax.random.key(seed)
     tokens, fed_BT = [], first_BT
+    stops = np.asarray(list(stop_tokens), np.int64)
+    stopped_B = np.zeros(prompt_BT.shape[0], bool)
     for i in range(max_new_tokens):
         fed_BT, cache = advance(state, fed_BT, cache, base_key, i, context_kvs)
         tokens.append(fed_BT)
+        if stops.size:  # waits for this token: only where stopping was asked for
+            stopped_B |= np.isin(np.asarray(fed_BT[:, 0]), stops)
+            if stopped_B.all():
+                break
     out_BT = jnp.concatenate(tokens, axis=1)
+    if stops.size:
+        out_BT = _hold_stop_tokens(np.asarray(out_BT), stops)
     return out_BT[0] if np.ndim(prompt) == 1 else out_BT
+
+
+def _hold_stop_tokens(tokens_BN: np.ndarray, stops: np.ndarray) -> jax.Array:
+    """``tokens_BN`` with every token after a row's first stop token replaced by that stop token."""
+    is_stop_BN = np.isin(tokens_BN, stops)
+    first_B = np.where(is_stop_BN.any(1), is_stop_BN.argmax(1), tokens_BN.shape[1])
+    after_BN = np.arange(tokens_BN.shape[1])[None] > first_B[:, None]
+    held_B = tokens_BN[np.arange(len(tokens_BN)), np.minimum(first_B, tokens_BN.shape[1] - 1)]
+    return jnp.asarray(np.where(after_BN, held_B[:, None], tokens_BN), jnp.int32)
