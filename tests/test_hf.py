@@ -18,7 +18,8 @@ import torch
 import transformers
 import yaml
 from flax import nnx
-from hf_helpers import VOCAB, assert_refused_in_one_line, attention_mask, hf_model, tiny_gguf, tokens
+from hf_helpers import (CHAT_TEMPLATE, VOCAB, assert_refused_in_one_line, attention_mask, hf_model, tiny_gguf,
+                        tokens)
 from safetensors.numpy import load_file
 
 import jaxformer
@@ -191,6 +192,29 @@ def test_a_gguf_tokenizer_adds_bos_and_eos_as_transformers_does(add_bos, add_eos
     for text in ("hello world", "w"):
         assert ours.encode(text).ids == theirs(text).input_ids, text
     assert ours.encode("hello").ids[0] == (0 if add_bos else ord("h") - ord("!") + 2)
+
+
+def test_special_tokens_and_the_chat_template_survive_import_and_export(tmp_path, capsys):
+    """import-hf then export-hf kept tokenizer.json alone: the exported tokenizer had no BOS, EOS or chat template
+    (apply_chat_template failed). From a GGUF and from a Hugging Face directory, the exported tokenizer now equals
+    the source's as transformers loads it."""
+    tiny_gguf(tmp_path / "tiny.gguf", add_bos=True, chat_template=CHAT_TEMPLATE)
+    from_gguf = transformers.AutoTokenizer.from_pretrained(str(tmp_path), gguf_file="tiny.gguf")
+    hf_model("llama").save_pretrained(tmp_path / "dir")
+    from_gguf.save_pretrained(tmp_path / "dir")  # tokenizer.json, tokenizer_config.json, chat_template.jinja
+    from_dir = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "dir"))
+    messages = [{"role": "user", "content": "hello w"}]
+    for source, reference in ((tmp_path / "tiny.gguf", from_gguf), (tmp_path / "dir", from_dir)):
+        imported, exported = tmp_path / f"{source.stem}-imported", tmp_path / f"{source.stem}-exported"
+        assert main(["import-hf", str(source), "--out", str(imported)]) == 0
+        assert main(["export-hf", str(imported), "--out", str(exported)]) == 0
+        again = transformers.AutoTokenizer.from_pretrained(str(exported))
+        for name in ("bos_token", "eos_token", "pad_token", "unk_token", "chat_template"):
+            assert getattr(again, name) == getattr(reference, name), (source.name, name)
+        assert reference.bos_token == "<|begin_of_text|>" and reference.chat_template == CHAT_TEMPLATE
+        assert again.apply_chat_template(messages, tokenize=True) == reference.apply_chat_template(messages, tokenize=True)
+        assert again("hello w").input_ids == reference("hello w").input_ids
+    capsys.readouterr()
 
 
 def test_rope_permutation_is_exact_and_its_own_inverse():

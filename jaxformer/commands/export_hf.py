@@ -21,7 +21,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def read_source(source: Path):
-    """``(cfg, params, tokenizer_json, source_config)`` of a run directory or any checkpoint `jaxformer.hf` reads."""
+    """``(cfg, params, tokenizer_json, source_config, tokenizer_config)`` of a run directory or any checkpoint
+    `jaxformer.hf` reads."""
     if (source / "config.yaml").is_file():
         from jaxformer.hf.tokenizer import byte_tokenizer_json
         from jaxformer.train.checkpoint import CheckpointError
@@ -44,11 +45,11 @@ def read_source(source: Path):
             tokenizer_json = byte_tokenizer_json()
         else:
             tokenizer_json = None
-        return config.model, restored[1], tokenizer_json, {}
+        return config.model, restored[1], tokenizer_json, {}, None
     from jaxformer.hf import read_checkpoint
 
     checkpoint = read_checkpoint(source)
-    return checkpoint.cfg, checkpoint.params, checkpoint.tokenizer_json, checkpoint.hf_config
+    return checkpoint.cfg, checkpoint.params, checkpoint.tokenizer_json, checkpoint.hf_config, checkpoint.tokenizer_config
 
 
 def run(args: argparse.Namespace) -> int:
@@ -60,8 +61,8 @@ def run(args: argparse.Namespace) -> int:
         raise FileNotFoundError(f"no run directory or checkpoint at {source}")
     if out.exists() and any(out.iterdir()):
         raise ValueError(f"--out {out} exists and is not empty")
-    cfg, params, tokenizer_json, source_config = read_source(source)
+    cfg, params, tokenizer_json, source_config, tokenizer_config = read_source(source)
     for_config(cfg).check_export(cfg)  # before writing anything
-    save(cfg, params, out, tokenizer_json=tokenizer_json, source_config=source_config)
+    save(cfg, params, out, tokenizer_json=tokenizer_json, source_config=source_config, tokenizer_config=tokenizer_config)
     print(f"exported {cfg.family} model -> {out} (transformers.{auto_class(cfg)}.from_pretrained({str(out)!r}))")
     return 0

@@ -8,7 +8,8 @@ so in → out → in reproduces every parameter bit for bit.
 
 An ``import-hf`` directory (`write_imported`) holds ``model.yaml`` (the ``model:`` section, usable
 as a config file by ``count``/``generate``/``train``), ``params.safetensors`` (jaxformer's
-parameter names), ``hf.json`` (the source's config.json) and ``tokenizer.json`` when there is one.
+parameter names), ``hf.json`` (the source's config.json) and ``tokenizer.json`` and ``tokenizer_config.json``
+(special tokens, chat template) when the source has them.
 """
 
 from __future__ import annotations
@@ -32,19 +33,23 @@ from jaxformer.hf import families
 from jaxformer.hf.tensors import read_safetensors, read_tensors, write_safetensors
 
 IMPORTED_PARAMS, IMPORTED_MODEL, IMPORTED_SOURCE = "params.safetensors", "model.yaml", "hf.json"
-TOKENIZER = "tokenizer.json"
+TOKENIZER, TOKENIZER_CONFIG = "tokenizer.json", "tokenizer_config.json"
+# what transformers keeps beside tokenizer_config.json, read into it: its special tokens, its chat template
+SPECIAL_TOKENS_MAP, CHAT_TEMPLATE = "special_tokens_map.json", "chat_template.jinja"
 # token ids a source checkpoint's config carries, kept through an import and written on export
 TOKEN_ID_FIELDS = ("bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id", "forced_eos_token_id")
 
 
 @dataclasses.dataclass(frozen=True)
 class Checkpoint:
-    """What a checkpoint holds: the model, its parameters, the source config.json and a tokenizer (JSON text)."""
+    """What a checkpoint holds: the model, its parameters, the source config.json, a tokenizer (JSON text) and
+    its ``tokenizer_config.json`` fields (special tokens, chat template; None without one)."""
 
     cfg: ModelConfig
     params: nnx.State
     hf_config: dict[str, Any]
     tokenizer_json: str | None
+    tokenizer_config: dict[str, Any] | None = None
 
 
 def _abstract_params(cfg: ModelConfig) -> nnx.State:
@@ -126,22 +131,37 @@ def _gguf_file(path: Path) -> Path | None:
     return None
 
 
-def _open(path: Path) -> tuple[dict[str, Any], Mapping[str, np.ndarray], str | None, str]:
-    """``(config.json fields, lazy tensors by Hugging Face name, tokenizer.json, source name)`` of a
-    Hugging Face directory or a GGUF file."""
+def _open(path: Path) -> tuple[dict[str, Any], Mapping[str, np.ndarray], str | None, dict[str, Any] | None, str]:
+    """``(config.json fields, lazy tensors by Hugging Face name, tokenizer.json, tokenizer_config.json fields,
+    source name)`` of a Hugging Face directory or a GGUF file."""
     gguf_path = _gguf_file(path)
     if gguf_path is not None:
         from jaxformer.hf.gguf import read_gguf
 
-        hf_config, tensors, tokenizer_json = read_gguf(gguf_path)
-        return hf_config, tensors, tokenizer_json, str(gguf_path)
+        hf_config, tensors, tokenizer_json, tokenizer_config = read_gguf(gguf_path)
+        return hf_config, tensors, tokenizer_json, tokenizer_config, str(gguf_path)
     config_path = path / "config.json"
     if not config_path.is_file():
         raise FileNotFoundError(f"{path} is not a Hugging Face model directory (no config.json), "
                                 "a .gguf file or an import-hf directory")
     tokenizer_path = path / TOKENIZER
     return (json.loads(config_path.read_text()), read_tensors(path),
-            tokenizer_path.read_text() if tokenizer_path.is_file() else None, str(path))
+            tokenizer_path.read_text() if tokenizer_path.is_file() else None, _tokenizer_config(path), str(path))
+
+
+def _tokenizer_config(path: Path) -> dict[str, Any] | None:
+    """A directory's ``tokenizer_config.json`` with what transformers keeps beside it (``special_tokens_map.json``,
+    ``chat_template.jinja``) folded in; None when it has none of them."""
+    config: dict[str, Any] = {}
+    for name in (TOKENIZER_CONFIG, SPECIAL_TOKENS_MAP):
+        if (path / name).is_file():
+            fields = json.loads((path / name).read_text())
+            if not isinstance(fields, dict):
+                raise ValueError(f"{path / name}: not a JSON object")
+            config = {**fields, **config}  # tokenizer_config.json's own fields first
+    if (path / CHAT_TEMPLATE).is_file():
+        config.setdefault("chat_template", (path / CHAT_TEMPLATE).read_text())
+    return config or None
 
 
 def _existing(path: str | Path) -> Path:
@@ -171,7 +191,7 @@ def read_config(path: str | Path) -> ModelConfig:
     with _reading(path):
         if _is_imported(path):
             return _imported_config(path)
-        hf_config, tensors, _, _ = _open(path)
+        hf_config, tensors, *_ = _open(path)
         return families.for_model_type(hf_config.get("model_type")).to_config(hf_config, set(tensors))
 
 
@@ -181,12 +201,13 @@ def read_checkpoint(path: str | Path) -> Checkpoint:
     with _reading(path):
         if _is_imported(path):
             return _read_imported(path)
-        hf_config, tensors, tokenizer_json, source = _open(path)
+        hf_config, tensors, tokenizer_json, tokenizer_config, source = _open(path)
         if tokenizer_json is not None:
             json.loads(tokenizer_json)  # a garbled tokenizer.json is refused here, not when text is first encoded
         family = families.for_model_type(hf_config.get("model_type"))
         cfg = family.to_config(hf_config, set(tensors))
-        return Checkpoint(cfg, params_from_tensors(cfg, family, tensors, source=source), hf_config, tokenizer_json)
+        return Checkpoint(cfg, params_from_tensors(cfg, family, tensors, source=source), hf_config, tokenizer_json,
+                          tokenizer_config)
 
 
 def load(path: str | Path) -> tuple[ModelConfig, nnx.State]:
@@ -217,10 +238,11 @@ def hf_tensors(cfg: ModelConfig, params: nnx.State) -> dict[str, np.ndarray]:
 
 
 def save(cfg: ModelConfig, params: nnx.State, out: str | Path, *, tokenizer_json: str | None = None,
-         source_config: dict[str, Any] | None = None) -> Path:
+         source_config: dict[str, Any] | None = None, tokenizer_config: dict[str, Any] | None = None) -> Path:
     """Writes a ``transformers`` directory for the model: ``config.json``, ``model.safetensors``, and
-    ``tokenizer.json`` when given. ``source_config`` (an imported checkpoint's config.json) supplies
-    its special token ids. A model with no Hugging Face equivalent raises naming the field."""
+    ``tokenizer.json`` and ``tokenizer_config.json`` (special tokens, chat template) when given. ``source_config``
+    (an imported checkpoint's config.json) supplies its special token ids. A model with no Hugging Face
+    equivalent raises naming the field."""
     out = Path(out)
     family = families.for_config(cfg)
     family.check_export(cfg)
@@ -236,9 +258,15 @@ def save(cfg: ModelConfig, params: nnx.State, out: str | Path, *, tokenizer_json
     out.mkdir(parents=True, exist_ok=True)
     write_safetensors(out / "model.safetensors", tensors)
     write_text_atomic(out / "config.json", json.dumps(config, indent=2, sort_keys=True) + "\n")
+    _write_tokenizer(out, tokenizer_json, tokenizer_config)
+    return out
+
+
+def _write_tokenizer(out: Path, tokenizer_json: str | None, tokenizer_config: dict[str, Any] | None) -> None:
     if tokenizer_json is not None:
         write_text_atomic(out / TOKENIZER, tokenizer_json)
-    return out
+    if tokenizer_config:
+        write_text_atomic(out / TOKENIZER_CONFIG, json.dumps(tokenizer_config, indent=2, sort_keys=True) + "\n")
 
 
 def write_imported(checkpoint: Checkpoint, out: str | Path) -> Path:
@@ -247,8 +275,7 @@ def write_imported(checkpoint: Checkpoint, out: str | Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     write_safetensors(out / IMPORTED_PARAMS, flat_params(checkpoint.params))
     write_text_atomic(out / IMPORTED_SOURCE, json.dumps(checkpoint.hf_config, indent=2, sort_keys=True) + "\n")
-    if checkpoint.tokenizer_json is not None:
-        write_text_atomic(out / TOKENIZER, checkpoint.tokenizer_json)
+    _write_tokenizer(out, checkpoint.tokenizer_json, checkpoint.tokenizer_config)
     model = {"model": dataclasses.asdict(checkpoint.cfg)}
     write_text_atomic(out / IMPORTED_MODEL, yaml.safe_dump(model, sort_keys=False))
     return out
@@ -268,5 +295,5 @@ def _read_imported(path: Path) -> Checkpoint:
     source = path / IMPORTED_SOURCE
     tokenizer = path / TOKENIZER
     return Checkpoint(cfg, params, json.loads(source.read_text()) if source.is_file() else {},
-                      tokenizer.read_text() if tokenizer.is_file() else None)
+                      tokenizer.read_text() if tokenizer.is_file() else None, _tokenizer_config(path))
 

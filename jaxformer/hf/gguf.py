@@ -66,8 +66,10 @@ class GGUFTensors(Mapping[str, np.ndarray]):
         return len(self._names)
 
 
-def read_gguf(path: str | Path) -> tuple[dict[str, Any], GGUFTensors, str | None]:
-    """``(config.json fields, tensors by Hugging Face name, tokenizer.json or None)`` of a GGUF file."""
+def read_gguf(path: str | Path) -> tuple[dict[str, Any], GGUFTensors, str | None, dict[str, Any] | None]:
+    """``(config.json fields, tensors by Hugging Face name, tokenizer.json or None, tokenizer_config.json fields or
+    None)`` of a GGUF file: the fields name its special tokens and carry ``tokenizer.chat_template``, as
+    transformers' tokenizer of the file has them."""
     try:
         from gguf import GGUFReader
     except ImportError:
@@ -128,4 +130,20 @@ def read_gguf(path: str | Path) -> tuple[dict[str, Any], GGUFTensors, str | None
                                              bos=config.get("bos_token_id"), eos=config.get("eos_token_id"),
                                              add_bos=bool(_field(reader, "tokenizer.ggml.add_bos_token", False)),
                                              add_eos=bool(_field(reader, "tokenizer.ggml.add_eos_token", False)))
-    return config, GGUFTensors(reader, names, heads, kv_heads, permuted=arch == "llama"), tokenizer_json
+    return (config, GGUFTensors(reader, names, heads, kv_heads, permuted=arch == "llama"), tokenizer_json,
+            _tokenizer_config(reader, tokens, config) if tokenizer_json is not None else None)
+
+
+def _tokenizer_config(reader, tokens: list[str], config: dict[str, Any]) -> dict[str, Any]:
+    """``tokenizer_config.json`` fields of a GGUF vocabulary: its special tokens by name, its chat template."""
+    fields: dict[str, Any] = {"tokenizer_class": "PreTrainedTokenizerFast"}
+    for key, name in (("bos_token_id", "bos_token"), ("eos_token_id", "eos_token"), ("pad_token_id", "pad_token")):
+        if config.get(key) is not None and 0 <= config[key] < len(tokens):
+            fields[name] = tokens[config[key]]
+    unknown = _field(reader, "tokenizer.ggml.unknown_token_id", None)
+    if unknown is not None and 0 <= int(unknown) < len(tokens):
+        fields["unk_token"] = tokens[int(unknown)]
+    template = _field(reader, "tokenizer.chat_template", None)
+    if template is not None:
+        fields["chat_template"] = str(template)
+    return fields
