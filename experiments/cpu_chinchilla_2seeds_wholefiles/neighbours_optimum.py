@@ -15,6 +15,7 @@ import numpy as np
 from jaxformer.scaling.bootstrap import sample_laws
 from jaxformer.scaling.report import fit_table
 from jaxformer.scaling.table import load_table
+from jaxformer.sweep.verify import _measured_optimum  # the vertex that verify.json's measured_n_opt is
 
 HERE = Path(__file__).resolve().parent
 BUDGET = 3e13
@@ -27,16 +28,13 @@ print(f"law: N_opt({BUDGET:.0e}) {float(report.approach3.law.n_opt(BUDGET)):,.0f
       f"95% bootstrap [{np.percentile(n_opt, 2.5):,.0f}, {np.percentile(n_opt, 97.5):,.0f}]")
 
 sizes = json.loads((HERE / "verify_neighbours.json").read_text())["sizes"]
-u = np.log([s["N"] for s in sizes])
 means = np.array([s["measured_loss"] for s in sizes])
 sigma = sizes[0]["predicted"]["seed_noise"] / np.sqrt(len(sizes[0]["losses"]))
 rng = np.random.default_rng(0)
-vertices = []
-for _ in range(20000):
-    p2, p1, _ = np.polyfit(u, means * (1 + sigma * rng.standard_normal(len(means))), 2)
-    vertex = -p1 / (2 * p2) if p2 > 0 else np.nan
-    vertices.append(np.exp(vertex) if u[0] < vertex < u[-1] else np.nan)
-vertices = np.array(vertices)
+vertices = np.array([np.nan if found is None else found for found in (
+    _measured_optimum([{"N": s["N"], "measured_loss": loss} for s, loss in
+                       zip(sizes, means * (1 + sigma * rng.standard_normal(len(means))))])
+    for _ in range(20000))])
 inside = np.isfinite(vertices)
 low, mid, high = np.percentile(vertices[inside], [2.5, 50, 97.5])
 print(f"measured: N_opt {mid:,.0f} (median of the draws), 95% [{low:,.0f}, {high:,.0f}]; "
