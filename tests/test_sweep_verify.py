@@ -9,6 +9,7 @@ import yaml
 
 from jaxformer.sweep.plan import plan_runs
 from jaxformer.sweep.spec import load_spec
+from jaxformer.sweep.verify import measured_optimum
 from sweep_helpers import jaxformer, variant
 
 
@@ -79,6 +80,18 @@ def test_one_runs_prediction_interval_adds_the_seed_noise_to_the_laws():
     expected = 1.96 * (law_sd ** 2 + 0.01 ** 2) ** 0.5 * found["loss"]
     assert (mean_high - mean_low) / 2 == pytest.approx(expected, rel=0.05)
     assert one_low < mean_low < low < high < mean_high < one_high
+
+
+def test_the_measured_optimum_is_the_vertex_of_a_parabola_in_log_n_that_the_sizes_bracket():
+    def held_out(sizes, curvature=1.0):
+        return [{"N": n, "measured_loss": 1.0 + curvature * np.log(n / 1e5) ** 2} for n in sizes]
+
+    assert measured_optimum(held_out([3e4, 1e5, 3e5])) == pytest.approx(1e5, rel=1e-9)
+    assert measured_optimum(held_out([2e4, 7e4, 1e6])) == pytest.approx(1e5, rel=1e-9)  # uneven sizes
+    assert measured_optimum(held_out([1.2e5, 3e5, 1e6])) is None  # the vertex just below the smallest size
+    assert measured_optimum(held_out([2e5, 3e5, 1e6])) is None  # below every size
+    assert measured_optimum(held_out([3e4, 1e5, 3e5], curvature=-1.0)) is None  # a maximum, not a minimum
+    assert measured_optimum(held_out([3e4, 3e5])) is None  # two sizes fit no parabola
 
 
 def test_held_out_sizes_train_at_every_seed_and_their_mean_is_judged(tmp_path):

@@ -33,7 +33,7 @@ from jaxformer.sweep.fit import pooled_seed_noise
 from jaxformer.sweep.plan import PlannedRun
 from jaxformer.sweep.queue import WorkQueue
 from jaxformer.sweep.spec import load_spec
-from jaxformer.sweep.verify import _compare, _measured_optimum, plan_verify, predict
+from jaxformer.sweep.verify import compare_held_out, measured_optimum, plan_verify, predict
 
 HERE = Path(__file__).resolve().parent
 
@@ -90,10 +90,10 @@ def main() -> int:
     compared = [{key: committed[key] for key in ("run", "runs", "seeds", "losses", "relative_errors", "N", "D",
                                                  "tokens_per_param", "predicted", "measured_loss", "relative_error",
                                                  "within_tolerance", "inside_interval", "inside_prediction_interval")}]
-    compared += [_compare(args.out, repeats, report, spec, noise) for repeats in sizes.values()]
+    compared += [compare_held_out(args.out, repeats, report, spec, noise) for repeats in sizes.values()]
     compared.sort(key=lambda c: c["N"])
     result = {"budget": held_out[0].budget, "predicted_n_opt": committed["predicted_n_opt"], "sizes": compared,
-              "measured_n_opt": _measured_optimum(compared),
+              "measured_n_opt": measured_optimum(compared),
               "command": "python experiments/cpu_chinchilla_2seeds_wholefiles/neighbours.py --out DIR"}
     (HERE / "verify_neighbours.json").write_text(json.dumps(jsonable(result), indent=1) + "\n")
     for c in compared:

@@ -15,7 +15,7 @@ import numpy as np
 from jaxformer.scaling.bootstrap import sample_laws
 from jaxformer.scaling.report import fit_table
 from jaxformer.scaling.table import load_table
-from jaxformer.sweep.verify import _measured_optimum  # the vertex that verify.json's measured_n_opt is
+from jaxformer.sweep.verify import measured_optimum  # the vertex that verify.json's measured_n_opt is
 
 HERE = Path(__file__).resolve().parent
 BUDGET = 3e13
@@ -32,7 +32,7 @@ means = np.array([s["measured_loss"] for s in sizes])
 sigma = sizes[0]["predicted"]["seed_noise"] / np.sqrt(len(sizes[0]["losses"]))
 rng = np.random.default_rng(0)
 vertices = np.array([np.nan if found is None else found for found in (
-    _measured_optimum([{"N": s["N"], "measured_loss": loss} for s, loss in
+    measured_optimum([{"N": s["N"], "measured_loss": loss} for s, loss in
                        zip(sizes, means * (1 + sigma * rng.standard_normal(len(means))))])
     for _ in range(20000))])
 inside = np.isfinite(vertices)

@@ -3,7 +3,8 @@
 RUN_DIR is a training run (its newest checkpoint, read-only), an ``import-hf`` directory, or a
 Hugging Face directory / GGUF file (a round trip). DIR receives ``config.json``,
 ``model.safetensors`` (float32) and ``tokenizer.json`` (the run's BPE, the byte tokenizer, or the
-imported one); ``transformers.AutoModelForCausalLM.from_pretrained(DIR)`` (AutoModelForMaskedLM /
+imported one, with its ``tokenizer_config.json`` and special token ids — also for a run trained from
+a checkpoint with its tokenizer); ``transformers.AutoModelForCausalLM.from_pretrained(DIR)`` (AutoModelForMaskedLM /
 AutoModel for an encoder, AutoModelForSeq2SeqLM for an encoder–decoder) loads it, with the same
 logits as jaxformer. A model with no Hugging Face equivalent exits 2 naming the field.
 """
@@ -45,6 +46,10 @@ def read_source(source: Path):
             tokenizer_json = byte_tokenizer_json()
         else:
             tokenizer_json = None
+        if config.model.init_from and (source / "hf.json").is_file():  # trained with a checkpoint's tokenizer
+            from jaxformer.hf import read_token_metadata
+
+            return config.model, restored[1], tokenizer_json, *read_token_metadata(source)
         return config.model, restored[1], tokenizer_json, {}, None
     from jaxformer.hf import read_checkpoint
 

@@ -6,7 +6,8 @@ Where the model comes from:
   an untrained model initialised from ``--seed`` — useful to exercise the decoding path;
 - ``RUN_DIR`` (a training run): ``RUN_DIR/config.yaml`` gives the model; trained
   parameters come from ``RUN_DIR/checkpoints/`` (`jaxformer.train.restore`, read-only), and
-  prompts are encoded with the run's own tokenizer (bytes, or the BPE it saved);
+  prompts are encoded with the run's own tokenizer (bytes, or the BPE it saved; a run trained
+  from a checkpoint with its tokenizer stops, as the checkpoint does, at its EOS);
 - ``--hf DIR``: a local Hugging Face checkpoint (``config.json`` + weights), a ``.gguf`` file or
   an ``import-hf`` directory (`jaxformer.hf`), with the checkpoint's own ``tokenizer.json``
   (read by ``tokenizers``; for a GGUF file, rebuilt from its vocabulary).
@@ -117,10 +118,15 @@ def load_hf(path: str):
     if checkpoint.tokenizer_json is None:
         raise ValueError(f"{path} has no tokenizer.json (nor a GGUF vocabulary jaxformer can rebuild)")
     graphdef, _ = nnx.split(nnx.eval_shape(lambda: build_model(checkpoint.cfg, rngs=nnx.Rngs(0))))
-    start, eos = checkpoint.hf_config.get("decoder_start_token_id"), checkpoint.hf_config.get("eos_token_id")
-    stops = tuple(int(i) for i in (eos if isinstance(eos, list) else [] if eos is None else [eos]))
+    start = checkpoint.hf_config.get("decoder_start_token_id")
     return (nnx.merge(graphdef, checkpoint.params), _CheckpointTokenizer(checkpoint.tokenizer_json),
-            0 if start is None else int(start), stops)
+            0 if start is None else int(start), stop_tokens_of(checkpoint.hf_config))
+
+
+def stop_tokens_of(hf_config: dict) -> tuple[int, ...]:
+    """A checkpoint config's ``eos_token_id`` (one id or a list; none: no stop) as stop tokens."""
+    eos = hf_config.get("eos_token_id")
+    return tuple(int(i) for i in (eos if isinstance(eos, list) else [] if eos is None else [eos]))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -142,13 +148,28 @@ def run(args: argparse.Namespace) -> int:
         model, tokenizer, start_token, stop_tokens = load_hf(args.hf)
     else:
         model, tokenizer = load_model(args.source, args.preset, args.seed)
+        if args.source is not None and (Path(args.source) / "hf.json").is_file():  # trained from a checkpoint
+            from jaxformer.hf import read_token_metadata
+
+            stop_tokens = stop_tokens_of(read_token_metadata(args.source)[0])
     prompt = encode_text(args.prompt) if tokenizer is None else [int(t) for t in tokenizer.encode(args.prompt)]
     new_tokens = generate(model, prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                           top_k=args.top_k, top_p=args.top_p, seed=args.seed, start_token=start_token,
                           stop_tokens=stop_tokens)
     ended = [i for i, token in enumerate(np.asarray(new_tokens).tolist()) if token in stop_tokens]
-    new_tokens = new_tokens[:ended[0]] if ended else new_tokens  # the text ends where the checkpoint's EOS came
-    text = decode_tokens(new_tokens) if tokenizer is None else tokenizer.decode(new_tokens)
-    # a checkpoint's encoder–decoder (a translation model) answers its prompt rather than continuing it
-    print(text if args.hf is not None and model.cfg.family == "encoder_decoder" else args.prompt + text)
+    new_tokens = [int(t) for t in (new_tokens[:ended[0]] if ended else new_tokens)]  # cut where the EOS came
+    if tokenizer is None:
+        print(args.prompt + decode_tokens(new_tokens))
+    elif model.cfg.family == "encoder_decoder":  # a translation model answers its prompt rather than continuing it
+        print(tokenizer.decode(new_tokens))
+    else:
+        print(args.prompt + continuation_text(tokenizer, prompt, new_tokens))
     return 0
+
+
+def continuation_text(tokenizer, prompt: list[int], new_tokens: list[int]) -> str:
+    """The text ``new_tokens`` add after ``prompt``. Decoded alone, a continuation can lose what the tokens before
+    it give it (SentencePiece decoders strip the first piece's leading space), so it is decoded after the
+    prompt, less the prompt's own text."""
+    before, whole = tokenizer.decode(prompt), tokenizer.decode(prompt + new_tokens)
+    return whole[len(before):] if whole.startswith(before) else tokenizer.decode(new_tokens)

@@ -115,6 +115,9 @@ def attention(
     check_impl(impl)
     if query_block_size is not None and int(query_block_size) <= 0:
         raise ValueError(f"query_block_size must be positive or None, got {query_block_size}")
+    if q.shape[-3] == 0 or k.shape[-3] == 0:  # no queries, or no keys for any: as jax.nn and PyTorch give
+        validate_qkv(q, k, v)
+        return jnp.zeros((*q.shape[:-1], v.shape[-1]), q.dtype)
     if impl == "fused":
         if fused.supports(q, k, v, q_offset=q_offset, key_lengths=key_lengths, window=window,
                           alibi_slopes=alibi_slopes, relative_bias=relative_bias, scale=scale):

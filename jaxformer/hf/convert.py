@@ -210,6 +210,26 @@ def read_checkpoint(path: str | Path) -> Checkpoint:
                           tokenizer_config)
 
 
+def read_token_metadata(path: str | Path) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """``(source config.json, tokenizer_config.json fields)`` of a checkpoint, its tensors unread: what its
+    tokens mean (special token ids, chat template). A directory holding ``hf.json`` (an ``import-hf`` directory,
+    or a run fine-tuned from a checkpoint: `copy_token_metadata`) answers with that."""
+    path = _existing(path)
+    with _reading(path):
+        if path.is_dir() and (path / IMPORTED_SOURCE).is_file():
+            return json.loads((path / IMPORTED_SOURCE).read_text()), _tokenizer_config(path)
+        hf_config, _, _, tokenizer_config, _ = _open(path)
+        return hf_config, tokenizer_config
+
+
+def copy_token_metadata(source: str | Path, out: Path) -> None:
+    """``out/hf.json`` and ``out/tokenizer_config.json`` of ``source`` (`read_token_metadata`): a run that trains
+    from a checkpoint with its tokenizer keeps them, so its export and its samples end at the source's EOS."""
+    hf_config, tokenizer_config = read_token_metadata(source)
+    _write_source(out, hf_config)
+    _write_tokenizer(out, None, tokenizer_config)
+
+
 def load(path: str | Path) -> tuple[ModelConfig, nnx.State]:
     """``(cfg, params)`` of a Hugging Face model directory (``config.json`` with ``model.safetensors`` or
     ``pytorch_model.bin``), a ``.gguf`` file (dequantised to float32) or an ``import-hf`` directory.
@@ -269,12 +289,16 @@ def _write_tokenizer(out: Path, tokenizer_json: str | None, tokenizer_config: di
         write_text_atomic(out / TOKENIZER_CONFIG, json.dumps(tokenizer_config, indent=2, sort_keys=True) + "\n")
 
 
+def _write_source(out: Path, hf_config: dict[str, Any]) -> None:
+    write_text_atomic(out / IMPORTED_SOURCE, json.dumps(hf_config, indent=2, sort_keys=True) + "\n")
+
+
 def write_imported(checkpoint: Checkpoint, out: str | Path) -> Path:
     """An ``import-hf`` directory (module docstring)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     write_safetensors(out / IMPORTED_PARAMS, flat_params(checkpoint.params))
-    write_text_atomic(out / IMPORTED_SOURCE, json.dumps(checkpoint.hf_config, indent=2, sort_keys=True) + "\n")
+    _write_source(out, checkpoint.hf_config)
     _write_tokenizer(out, checkpoint.tokenizer_json, checkpoint.tokenizer_config)
     model = {"model": dataclasses.asdict(checkpoint.cfg)}
     write_text_atomic(out / IMPORTED_MODEL, yaml.safe_dump(model, sort_keys=False))

@@ -51,7 +51,8 @@ class GGUFTensors(Mapping[str, np.ndarray]):
         from gguf.quants import dequantize
 
         tensor = self._names[name]
-        array = np.asarray(dequantize(tensor.data, tensor.tensor_type), np.float32)
+        # a plain view of the memory map: gguf's row loop pays numpy.memmap's bookkeeping on every slice otherwise
+        array = np.asarray(dequantize(np.asarray(tensor.data), tensor.tensor_type), np.float32)
         array = array.reshape([int(n) for n in reversed(tensor.shape)])  # GGUF lists dimensions fastest first
         if self._permuted and (".q_proj." in name or ".k_proj." in name):
             heads = self._heads if ".q_proj." in name else self._kv_heads

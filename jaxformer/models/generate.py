@@ -10,6 +10,7 @@ that starts from ``start_token``.
 from __future__ import annotations
 
 import functools
+import numbers
 from typing import Sequence
 
 import jax
@@ -29,7 +30,11 @@ def check_sampling(temperature: float, top_k: int | None, top_p: float | None, v
 
 def _prompt_batch(prompt, cfg: ModelConfig) -> jax.Array:
     """``[B, T]`` int32 token ids from ``[T]`` or ``[B, T]`` ids; checks the vocabulary."""
-    tokens = np.asarray(prompt)
+    try:
+        tokens = np.asarray(prompt)
+    except ValueError:  # rows of different lengths
+        raise ValueError("prompt must be a [T] or [B, T] array of token ids: its rows have different lengths "
+                         "(pad them, or generate for each)") from None
     if tokens.ndim == 1:
         tokens = tokens[None]
     if tokens.ndim != 2 or tokens.shape[1] == 0 or not np.issubdtype(tokens.dtype, np.integer):
@@ -99,8 +104,11 @@ def generate(
     cfg: ModelConfig = model.cfg
     if cfg.family == "encoder":
         raise ValueError("generation needs a decoder or encoder_decoder model, got model.family 'encoder'")
-    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, numbers.Integral) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
+    max_new_tokens = int(max_new_tokens)
+    if cfg.family == "encoder_decoder" and not 0 <= start_token < cfg.vocab_size:
+        raise ValueError(f"start_token must be a token id in [0, {cfg.vocab_size}), got {start_token!r}")
     check_sampling(temperature, top_k, top_p, cfg.vocab_size)
     prompt_BT = _prompt_batch(prompt, cfg)
     check_context(cfg, prompt_BT.shape[1], what="prompt length")

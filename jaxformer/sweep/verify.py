@@ -90,7 +90,7 @@ def inside(measured: float, low_high: list[float] | None) -> bool | None:
     return None if low_high is None else bool(low_high[0] <= measured <= low_high[1])
 
 
-def _compare(out: Path, repeats: list[PlannedRun], report: FitReport, spec: SweepSpec,
+def compare_held_out(out: Path, repeats: list[PlannedRun], report: FitReport, spec: SweepSpec,
              noise: tuple[float, int] | None) -> dict:
     """One held-out size's measured final loss, the mean over its ``repeats`` (its runs, one per seed), against
     Approach 3's prediction for its N and D; ``noise``: the seed noise and its degrees of freedom
@@ -110,7 +110,7 @@ def _compare(out: Path, repeats: list[PlannedRun], report: FitReport, spec: Swee
             "inside_prediction_interval": inside(measured, prediction["prediction_interval"])}
 
 
-def _measured_optimum(compared: list[dict]) -> float | None:
+def measured_optimum(compared: list[dict]) -> float | None:
     """N_opt from a parabola in ln N through the held-out runs' losses, when three or more sizes bracket it."""
     if len(compared) < 3:
         return None
@@ -133,12 +133,12 @@ def verify_runs(out: Path, held_out: list[PlannedRun], report: FitReport, spec: 
     sizes: dict[tuple[int, int], list[PlannedRun]] = {}
     for run in held_out:
         sizes.setdefault((run.N, run.D), []).append(run)
-    main, *others = [_compare(out, repeats, report, spec, noise) for repeats in sizes.values()]
+    main, *others = [compare_held_out(out, repeats, report, spec, noise) for repeats in sizes.values()]
     run = held_out[0]
     predicted_n_opt = float(report.laws()[f"Approach {spec.verify.approach}"].n_opt(run.budget))
     result = {**main, "approach": spec.verify.approach, "budget": run.budget, "C": run.C, "tolerance": TOLERANCE,
               "predicted_n_opt": predicted_n_opt, "neighbours": others,
-              "measured_n_opt": _measured_optimum(sorted([main, *others], key=lambda c: c["N"]))}
+              "measured_n_opt": measured_optimum(sorted([main, *others], key=lambda c: c["N"]))}
     directory = out / "fit"
     directory.mkdir(exist_ok=True)
     write_bytes_atomic(directory / "verify.json", (json.dumps(jsonable(result), indent=1) + "\n").encode())

@@ -3,12 +3,12 @@
 Order of work: every check that can fail on user input (config, resume compatibility,
 corpus, sizes) runs before anything is written to the run directory. Then the resolved
 ``config.yaml``, ``data.json`` (corpus description and hash) and, for BPE, ``tokenizer.json``
-are written; the model is initialised, or restored from the latest readable checkpoint
-(resume is the default); the loop runs with host synchronisation only at log, evaluation
-and checkpoint steps; ``final.json`` is the record sweeps and fits read.
-
-Run directory: ``config.yaml data.json [tokenizer.json] checkpoints/ metrics.jsonl
-tensorboard/ final.json`` (or only ``error.json`` when the input was bad).
+(from ``model.init_from``: with its ``hf.json`` and ``tokenizer_config.json``) are written; the
+model is initialised, or restored from the latest readable checkpoint (resume is the default);
+the loop runs with host synchronisation only at log, evaluation and checkpoint steps;
+``final.json`` is the record sweeps and fits read. Run directory: ``config.yaml data.json
+[tokenizer.json …] checkpoints/ metrics.jsonl tensorboard/ final.json`` (or only ``error.json``
+when the input was bad).
 
 Devices: the state lives on the mesh of ``parallel`` (`jaxformer.parallel.Layout`;
 data-parallel over every device by default, and the `jaxformer` command makes each CPU
@@ -39,6 +39,7 @@ from jaxformer.train.checkpoint import Checkpointer
 from jaxformer.train.checkpoint_config import has_checkpoints
 from jaxformer.train.config import TrainConfig, config_to_dict, resume_conflict
 from jaxformer.train.dataset import Dataset, prepare_dataset
+from jaxformer.train.from_checkpoint import checkpoint_params, checkpoint_tokenizer, keep_token_metadata
 from jaxformer.train.loader import Loader, eval_batches
 from jaxformer.train.compiled import compiled_steps, initial_state
 from jaxformer.train.kernel_choice import KernelChoice
@@ -104,7 +105,7 @@ def prepare_run(config: TrainConfig, run_dir: Path, runs: int = 1) -> tuple[Layo
     _check_host_memory(config, runs)
     layout = Layout.for_run(config.parallel, config.model, config.micro_batch)
     resuming = check_resume(config, run_dir)
-    dataset = prepare_dataset(config, run_dir / "tokenizer.json" if resuming else _checkpoint_tokenizer(config))
+    dataset = prepare_dataset(config, run_dir / "tokenizer.json" if resuming else checkpoint_tokenizer(config))
     if resuming and (run_dir / "data.json").is_file():
         saved = json.loads((run_dir / "data.json").read_text()).get("sha256")
         if saved != dataset.info["sha256"]:
@@ -128,39 +129,7 @@ def _write_run_files(config: TrainConfig, run_dir: Path, dataset: Dataset) -> No
     write_json_atomic(run_dir / "data.json", dataset.info)
     if dataset.tokenizer is not None and dataset.tokenizer.name == "bpe":
         dataset.tokenizer.save(run_dir / "tokenizer.json")
-
-
-def _checkpoint_tokenizer(config: TrainConfig) -> Path | None:
-    """With ``model.init_from`` and ``data.tokenizer=bpe``, the checkpoint's own ``tokenizer.json`` (not a new BPE)."""
-    if not config.model.init_from or config.data.tokenizer != "bpe":
-        return None
-    path = Path(config.model.init_from) / "tokenizer.json"
-    if not path.is_file():
-        raise FileNotFoundError(f"model.init_from={config.model.init_from} has no tokenizer.json for "
-                                "data.tokenizer=bpe (a GGUF file: bring it in with jaxformer import-hf first)")
-    if config.model.vocab_size > 65_536:
-        raise ValueError(f"model.init_from: a vocabulary of {config.model.vocab_size:,} is past the 65,536 token ids "
-                         "a BPE corpus is stored with; tokenize it to a tokens:PATH corpus instead")
-    from tokenizers import Tokenizer
-
-    if (size := Tokenizer.from_file(str(path)).get_vocab_size()) > config.model.vocab_size:
-        raise ValueError(f"model.init_from: its tokenizer.json has {size:,} tokens, more than "
-                         f"model.vocab_size={config.model.vocab_size:,}")
-    return path
-
-
-def _checkpoint_params(model, abstract_params):
-    """The parameters of ``model.init_from`` (fine-tuning), placed like the fresh ones they replace.
-
-    AdamW's initial moments are zeros whatever the parameters, so swapping the parameters of a fresh
-    state is starting from the checkpoint.
-    """
-    from jaxformer.hf import load  # lazily: only runs that start from a checkpoint read one
-    from jaxformer.hf.convert import flat_params, params_from_flat
-
-    # into this run's model (the checkpoint's architecture with the run's overrides): names and shapes checked
-    params = params_from_flat(model, flat_params(load(model.init_from)[1]), source=model.init_from)
-    return jax.tree.map(lambda value, like: jax.device_put(value, like.sharding), params, abstract_params)
+        keep_token_metadata(config, run_dir)
 
 
 class _Silent:
@@ -250,7 +219,7 @@ class _Run:
         if restored is None:
             state = self._timed("init_s", fresh)
             if config.model.init_from:
-                state = {**state, "params": _checkpoint_params(config.model, abstract["params"])}
+                state = {**state, "params": checkpoint_params(config.model, abstract["params"])}
         else:
             step, state, meta = restored
             self.loader.load_state_dict(meta["loader"])
