@@ -17,6 +17,7 @@ same state, the mesh's step equals the single device's to ~5e-7.
 import fcntl
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -38,6 +39,7 @@ from jaxformer.train.config import load_config
 from jaxformer.train.loader import Loader
 from jaxformer.train.loop import train
 from jaxformer.train.optimizer import make_optimizer
+from jaxformer.train.restore import restore_params
 from jaxformer.train.step import build_state
 
 WORKER = Path(__file__).with_name("parallel_worker.py")
@@ -174,11 +176,17 @@ def test_rules_map_logical_axes_replicate_what_does_not_divide_and_never_reuse_a
         resolve_rules({"embedding": "fsdp"})
     with pytest.raises(ValueError, match=r"parallel.rules.mlp: 'tensr' is not a mesh axis"):
         resolve_rules({"mlp": ["tensr"]})
+    with pytest.raises(ValueError, match=r"^parallel.rules.embed must be a mesh axis, a list of them or null, got 5$"):
+        resolve_rules({"embed": 5})
     layout = Layout(mesh, DEFAULT_RULES)
     assert layout.batch_shards == 4  # data × fsdp × expert
     layout.check(load_config(None, ["model.num_heads=8"]).model, micro_batch=8)
     with pytest.raises(ValueError, match=r"^model.num_heads=6 is not divisible by parallel.mesh.tensor=4$"):
         layout.check(load_config(None, ["model.d_model=48", "model.num_heads=6"]).model, micro_batch=8)
+    # FSDP's axis (the model width, with the default rules) would otherwise be replicated, its memory saving lost
+    with pytest.raises(ValueError, match=r"^model.d_model=45 is not divisible by parallel.mesh.fsdp=2$"):
+        layout.check(load_config(None, ["model.d_model=45", "model.num_heads=5", "model.position=learned"]).model,
+                     micro_batch=8)
 
 
 def test_a_process_reads_only_its_rows_and_the_stream_advances_by_the_whole_batch():
@@ -188,6 +196,22 @@ def test_a_process_reads_only_its_rows_and_the_stream_advances_by_the_whole_batc
     for _ in range(3):
         assert np.array_equal(part.next_batch(rows), whole.next_batch()[rows])
     assert part.state_dict() == whole.state_dict()
+
+
+@pytest.mark.parametrize("address", ["127.0.0.1", "127.0.0.1:abc", "127.0.0.1:99999", ":1234"])
+def test_a_coordinator_address_that_is_not_host_port_is_refused_in_one_line(address, capsys, tmp_path):
+    config = tmp_path / "run.yaml"
+    config.write_text("{}\n")
+    assert main(["train", str(config), f"parallel.distributed.coordinator_address={address}",
+                 "parallel.distributed.num_processes=2", "parallel.distributed.process_id=0",
+                 "--run-dir", str(tmp_path / "run")]) == 2
+    assert (f"parallel.distributed.coordinator_address must be host:port (a port in 1-65535), got '{address}'"
+            in capsys.readouterr().err)
+    with pytest.raises(ValueError, match=f"^JAX_COORDINATOR_ADDRESS must be host:port .*, got '{re.escape(address)}'$"):
+        initialize(DistributedConfig(), {"JAX_COORDINATOR_ADDRESS": address, "JAX_NUM_PROCESSES": "2"})
+    DistributedConfig(coordinator_address="[::1]:1234").check()  # an IPv6 host in brackets
+    with pytest.raises(ValueError, match=r"got '\[::1\]'$"):
+        DistributedConfig(coordinator_address="[::1]").check()
 
 
 def test_distributed_start_up_is_off_unless_asked_for_or_launched_by_slurm_or_mpi():
@@ -265,15 +289,26 @@ def test_two_processes_with_four_devices_each_train_like_one_process(tmp_path):
     # each leaf by 0.9–71 % of its norm, so weights trained on other rows could not pass
     assert max(_relative(np.asarray(a), np.asarray(b))
                for a, b in zip(jax.tree.leaves(two["params"]), jax.tree.leaves(one["params"]))) <= 1e-3
+    # what generate and export-hf read of a run trained on another mesh (its 8 devices here, 1 in this process)
+    step, params = restore_params(shared)
+    assert step == 3 and all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(params),
+                                                                    jax.tree.leaves(two["params"])))
+    assert main(["generate", str(shared), "--prompt", "ab", "--max-new-tokens", "2", "--temperature", "0"]) == 0
 
 
 def test_the_default_mesh_is_data_parallel_over_the_most_devices_that_split_the_batch():
-    """Default ``parallel.mesh.data=-1`` on 4 devices: every device for a batch of 8, 3 for 6, 1 for 5."""
-    code = ("import json; from jaxformer.parallel import Layout; from jaxformer.train.config import load_config; "
-            "print(json.dumps([dict(Layout.from_config(load_config(None, []).parallel, micro_batch=b).mesh.shape) "
-            "for b in (8, 6, 5)]))")
-    done = subprocess.run([sys.executable, "-c", code], env=_env(4), capture_output=True, text=True, timeout=120)
+    """Default ``parallel.mesh.data=-1`` on 4 devices: every device for a batch of 8, 3 for 6, 1 for 5; the
+    batch's other mesh axes are the rules' (a batch split over data × tensor, or over data alone)."""
+    cases = [([], 8), ([], 6), ([], 5), (["parallel.rules.batch=[data,tensor]", "parallel.mesh.tensor=2"], 2),
+             (["parallel.rules.batch=[data]", "parallel.mesh.fsdp=2"], 2)]
+    code = ("import json, sys; from jaxformer.parallel import Layout; from jaxformer.train.config import load_config; "
+            "print(json.dumps([dict(Layout.from_config(load_config(None, o).parallel, micro_batch=b).mesh.shape) "
+            "for o, b in json.loads(sys.argv[1])]))")
+    done = subprocess.run([sys.executable, "-c", code, json.dumps(cases)], env=_env(4), capture_output=True, text=True,
+                          timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     shapes = json.loads(done.stdout.strip().splitlines()[-1])
-    assert [shape["data"] for shape in shapes] == [4, 3, 1]
-    assert all(shape["fsdp"] == shape["tensor"] == shape["expert"] == 1 for shape in shapes)
+    assert [shape["data"] for shape in shapes[:3]] == [4, 3, 1]
+    assert all(shape["fsdp"] == shape["tensor"] == shape["expert"] == 1 for shape in shapes[:3])
+    assert shapes[3] == {"data": 1, "fsdp": 1, "tensor": 2, "expert": 1}  # 2 sequences over data 1 × tensor 2
+    assert shapes[4] == {"data": 2, "fsdp": 2, "tensor": 1, "expert": 1}  # fsdp does not split this batch

@@ -40,6 +40,14 @@ class MeshConfig(Section):
                              "FSDP over every device is parallel.mesh.data=1 parallel.mesh.fsdp=-1)")
 
 
+def check_address(address: str, name: str) -> None:
+    """One-line ``ValueError`` naming ``name`` unless ``address`` is ``host:port`` (``[v6 address]:port``),
+    the port in 1–65535: JAX's coordinator otherwise fails with a traceback, a crash or a 5-minute wait."""
+    host, _, port = str(address).rpartition(":")
+    if not host.strip("[]") or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise ValueError(f"{name} must be host:port (a port in 1-65535), got {address!r}")
+
+
 @dataclasses.dataclass(frozen=True)
 class DistributedConfig(Section):
     """Multi-process runs (one process per host or per accelerator) through ``jax.distributed.initialize``.
@@ -60,6 +68,8 @@ class DistributedConfig(Section):
     process_id: int | None = setting(None, NON_NEGATIVE)
 
     def check(self) -> None:
+        if self.coordinator_address is not None:
+            check_address(self.coordinator_address, "parallel.distributed.coordinator_address")
         if None not in (self.process_id, self.num_processes) and self.process_id >= self.num_processes:
             raise ValueError(f"parallel.distributed.process_id={self.process_id} must be below "
                              f"parallel.distributed.num_processes={self.num_processes}")

@@ -16,7 +16,7 @@ from typing import Mapping
 
 import jax
 
-from jaxformer.parallel.config import DistributedConfig
+from jaxformer.parallel.config import DistributedConfig, check_address
 
 
 def _env_int(environ: Mapping[str, str], name: str) -> int | None:
@@ -53,9 +53,11 @@ def initialize(config: DistributedConfig, environ: Mapping[str, str] = os.enviro
         wanted = address is not None or processes is not None or process_id is not None or launcher_detected(environ)
     if not wanted:
         return False
+    if address is not None and not config.coordinator_address:
+        check_address(address, "JAX_COORDINATOR_ADDRESS")
     try:
         jax.distributed.initialize(coordinator_address=address, num_processes=processes, process_id=process_id)
-    except ValueError as error:
+    except (ValueError, RuntimeError) as error:  # RuntimeError: what the coordination service reports
         raise ValueError(f"parallel.distributed: {error} (set coordinator_address, num_processes and process_id, "
                          "or launch under SLURM, Open MPI or on a Cloud TPU slice)") from None
     return True

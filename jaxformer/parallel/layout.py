@@ -41,12 +41,14 @@ def jit_once(fun: Callable, **jit_kwargs) -> Callable:
     return jax.jit(fun, **jit_kwargs)
 
 
-def _devices_dividing(devices: list[jax.Device], sizes: dict[str, int], micro_batch: int) -> list[jax.Device]:
-    """The first ``data·fixed`` devices, ``data`` the largest count ≤ the free devices splitting ``micro_batch``."""
+def _devices_dividing(devices: list[jax.Device], sizes: dict[str, int], rules: Rules,
+                      micro_batch: int) -> list[jax.Device]:
+    """The first ``data·fixed`` devices, ``data`` the largest count ≤ the free devices splitting ``micro_batch``
+    together with the rules' other batch axes."""
     fixed = math.prod(size for axis, size in sizes.items() if axis != "data")
-    if len(devices) % fixed:
-        return devices  # make_mesh reports the mismatch
-    other_batch_ways = sizes["fsdp"] * sizes["expert"]
+    if len(devices) % fixed or "data" not in rules["batch"]:
+        return devices  # make_mesh reports the mismatch; a data axis that does not split the batch takes them all
+    other_batch_ways = math.prod(sizes[axis] for axis in rules["batch"] if axis != "data")
     data = len(devices) // fixed
     while data > 1 and micro_batch % (data * other_batch_ways):
         data -= 1
@@ -75,7 +77,7 @@ class Layout:
         rules = resolve_rules(parallel.rules)
         sizes = dataclasses.asdict(parallel.mesh)
         if devices is None and micro_batch is not None and sizes["data"] == -1 and jax.process_count() == 1:
-            devices = _devices_dividing(jax.devices(), sizes, micro_batch)
+            devices = _devices_dividing(jax.devices(), sizes, rules, micro_batch)
         return cls(make_mesh(sizes, devices), rules)
 
     @classmethod
@@ -99,13 +101,15 @@ class Layout:
         return " × ".join(f"parallel.mesh.{axis}" for axis in self.rules[logical])
 
     def check(self, model: ModelConfig, micro_batch: int) -> None:
-        """Heads, MLP width and experts must split evenly over their mesh axes; so must each micro-batch.
+        """The model width (FSDP's axis), heads, MLP width and experts must split evenly over their mesh axes; so
+        must each micro-batch.
 
         (Other dimensions fall back to replication; for these it would leave the axis idle.)
         Raises ``ValueError``: one line naming both numbers.
         """
         mlp_field, mlp = ("model.expert_d_ff", model.expert_d_ff) if model.is_moe else ("model.d_ff", model.d_ff)
-        sizes = [("heads", "model.num_heads", model.num_heads), ("mlp", mlp_field, mlp)]
+        sizes = [("embed", "model.d_model", model.d_model), ("heads", "model.num_heads", model.num_heads),
+                 ("mlp", mlp_field, mlp)]
         if model.is_moe:
             sizes.append(("experts", "model.num_experts", model.num_experts))
         for logical, field, size in sizes:

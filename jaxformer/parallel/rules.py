@@ -55,6 +55,9 @@ def resolve_rules(overrides: Mapping[str, Any] | None = None) -> dict[str, tuple
     for name, value in (overrides or {}).items():
         if name not in DEFAULT_RULES:
             raise ValueError(f"parallel.rules.{name}: unknown logical axis (known: {', '.join(DEFAULT_RULES)})")
+        if not (value is None or isinstance(value, str)
+                or (isinstance(value, (list, tuple)) and all(isinstance(axis, str) for axis in value))):
+            raise ValueError(f"parallel.rules.{name} must be a mesh axis, a list of them or null, got {value!r}")
         axes = () if value is None else (value,) if isinstance(value, str) else tuple(value)
         for axis in axes:
             if axis not in MESH_AXES:

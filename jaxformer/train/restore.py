@@ -42,7 +42,8 @@ def restore_params(run_dir: Path, config: TrainConfig | None = None) -> tuple[in
     """``(step, params)`` of the run's newest readable checkpoint, read-only; None when it has none.
 
     The abstract training state (parameters and optimizer state) is rebuilt from the run's
-    config so Orbax restores exactly what training saved. Raises `CheckpointError` when
+    config so Orbax restores exactly what training saved, onto one device of this process
+    whatever the mesh that trained it. Raises `CheckpointError` when
     checkpoints exist but none can be read (they are left in place).
     """
     run_dir = Path(run_dir)
@@ -51,6 +52,9 @@ def restore_params(run_dir: Path, config: TrainConfig | None = None) -> tuple[in
     config = config or load_run_config(run_dir)
     _, abstract = jax.eval_shape(lambda: build_state(config.model, config.train.seed, make_optimizer(config.optimizer),
                                                     config.kernel))
+    # onto this process's first device, whatever mesh saved it (without a target Orbax wants the saving topology)
+    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    abstract = jax.tree.map(lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=device), abstract)
     checkpointer = Checkpointer(run_dir / "checkpoints", config.checkpoint.keep, read_only=True)
     try:
         step, state, _ = checkpointer.restore_latest(abstract)
