@@ -106,6 +106,27 @@ def test_gpt2_forward_cost_is_about_142_million_multiply_adds_per_token():
     assert flops.total / 2 / 1e6 == pytest.approx(142, abs=0.5)
 
 
+def test_a_sliding_window_bounds_the_causal_layers_attention_only():
+    """An encoder's layers see the whole sequence whatever ``sliding_window`` says (its outputs are the same); an
+    encoder–decoder's decoder self-attention is windowed, its encoder and cross-attention are not."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from jaxformer.models import apply, init_params
+
+    base = dict(d_model=32, num_heads=4, num_layers=1, vocab_size=64, max_seq_len=32)
+    per_layer = 4 * 32 * 32  # 2·2·seq_len·H·Dh over the whole sequence of 32
+    encoder = ModelConfig(family="encoder", sliding_window=4, **base)
+    assert forward_flops_per_token(encoder, 32).attention == per_layer
+    tokens = jnp.arange(32)[None] % 64
+    outputs = [apply(*init_params(cfg, 0), tokens) for cfg in (encoder, dataclasses.replace(encoder, sliding_window=None))]
+    for ours, unwindowed in zip(*(jax.tree.leaves(output) for output in outputs), strict=True):
+        np.testing.assert_array_equal(ours, unwindowed)
+    both = ModelConfig(family="encoder_decoder", num_encoder_layers=1, sliding_window=4, **base)
+    assert forward_flops_per_token(both, 32).attention == per_layer + per_layer // 8 + per_layer  # 4 of 32 keys
+
+
 def test_training_flops_exact_versus_6nd():
     cfg = get_preset("llama2-7b")
     train = training_flops(cfg, 1e12, 2048)

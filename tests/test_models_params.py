@@ -117,6 +117,27 @@ def test_moe_total_and_active_match_the_accounting():
     assert active == counted.active < counted.total
 
 
+def test_residual_projections_start_at_gpt2s_scale_for_the_depth_of_their_own_stack():
+    """N(0, 0.02²) weights; the projections into the residual stream 0.02/√(2·layers) with the layers of their own
+    stack: an encoder of 2 layers under a decoder of 8 is scaled for 2, the decoder (and its MoE experts) for 8."""
+    import numpy as np
+
+    from jaxformer.models import ModelConfig
+
+    cfg = ModelConfig(family="encoder_decoder", num_encoder_layers=2, num_layers=8, d_model=256, num_heads=4,
+                      vocab_size=64, max_seq_len=16, num_experts=4, experts_per_token=1, expert_d_ff=256)
+    stds: dict[tuple[str, str], list[float]] = {}
+    for path, leaf in jax.tree_util.tree_leaves_with_path(init_params(cfg, 0)[1]):
+        keys = [str(getattr(k, "key", k)) for k in path]
+        stds.setdefault((keys[0], keys[-2]), []).append(float(np.std(np.asarray(leaf))))
+    for (stack, name), values in stds.items():
+        if name in ("wo", "w_out_XFE"):
+            layers = cfg.num_encoder_layers if stack == "encoder" else cfg.num_layers
+            assert np.allclose(values, 0.02 / math.sqrt(2 * layers), rtol=0.03), (stack, name, values)
+        elif name in ("wq", "w_in_XEF", "router"):
+            assert np.allclose(values, 0.02, rtol=0.05), (stack, name, values)
+
+
 def test_every_parameter_names_its_axes():
     params = abstract_params(small("moe-8x-top2", num_shared_experts=1, use_bias=True))
     axes = logical_axes(params)

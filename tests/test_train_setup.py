@@ -119,6 +119,30 @@ def test_optimizer_is_adamw_at_unit_rate_with_clipping_and_no_decay_on_vectors()
     assert float(updates["scale"][0]) == 0.0  # no gradient, no decay on a vector
 
 
+def test_no_bias_is_decayed_whatever_its_rank_and_every_matrix_is():
+    """Attention's q/k/v biases are [H, D] and MoE experts' [X, F]: biases all the same (as transformers'
+    Trainer, which decays no parameter named "bias"), T5's relative-position table with them."""
+    from jaxformer.models import ModelConfig, init_params
+    from jaxformer.train.optimizer import decay_mask
+
+    configs = [ModelConfig(d_model=16, num_heads=2, num_layers=1, vocab_size=32, max_seq_len=8, use_bias=True,
+                           num_experts=2, experts_per_token=1),
+               ModelConfig(d_model=16, num_heads=2, num_layers=1, vocab_size=32, max_seq_len=8, use_bias=True,
+                           family="encoder_decoder", num_encoder_layers=1, position="relative_bias")]
+    decayed, kept = set(), set()
+    for config in configs:
+        params = init_params(config, 0)[1]
+        for path, flag in jax.tree_util.tree_leaves_with_path(decay_mask(params)):
+            (decayed if flag else kept).add(str(path[-2].key))
+    assert {"bq", "bk", "bv", "b_in_XF", "b_out_XE", "relative_bias", "bo", "b_in", "scale"} <= kept
+    assert decayed == {"tokens", "positions", "wq", "wk", "wv", "wo", "w_in", "w_out", "w_in_XEF", "w_out_XFE", "router"}
+    params = {"bq": jnp.ones((2, 2)), "w": jnp.ones((2, 2))}  # one step of zero gradient: only decay moves them
+    updates, _ = make_optimizer(OptimizerConfig(lr=1.0, weight_decay=0.5)).update(
+        jax.tree.map(jnp.zeros_like, params), make_optimizer(OptimizerConfig(lr=1.0, weight_decay=0.5)).init(params),
+        params)
+    assert float(updates["bq"][0, 0]) == 0.0 and float(updates["w"][0, 0]) == -0.5
+
+
 def _state(value: float):
     params = {"w": jnp.full((3, 2), value), "b": jnp.zeros(2)}
     return {"params": params, "opt_state": optax.adam(1e-3).init(params), "step": jnp.int32(value)}

@@ -3,9 +3,10 @@
 Conventions: one multiply–accumulate is 2 FLOPs. A token's forward pass multiplies
 every weight of every matrix it passes through once (embedding *lookups* are free, the
 output head is not) and, per self-attention layer, forms scores against ``seq_len``
-keys and mixes ``seq_len`` values: ``2 · 2 · seq_len · H·Dh`` FLOPs — the full context,
-as Kaplan et al. (2020) count it. Backward costs twice the forward, so training costs
-``3 ×`` forward per token; ``6·N·D`` is the usual approximation of that.
+keys and mixes ``seq_len`` values: ``2 · 2 · seq_len · H·Dh`` FLOPs — the full context
+(a causal layer's sliding window bounds it), the logits and reduce terms of Hoffmann et al.
+(2022, Appendix F), whose softmax is left out as elementwise work. Backward costs twice the
+forward, so training costs ``3 ×`` forward per token; ``6·N·D`` is the usual approximation of that.
 """
 
 from __future__ import annotations
@@ -43,9 +44,10 @@ def layer_matmul_weights(cfg: ModelConfig) -> int:
     return _attention_matmul_weights(cfg) + _ffn_matmul_weights(cfg)
 
 
-def attention_flops_per_token(cfg: ModelConfig, seq_len: int) -> int:
-    """Scores and value mixing of one token in one self-attention layer, in FLOPs."""
-    context = min(seq_len, cfg.sliding_window) if cfg.sliding_window else seq_len
+def attention_flops_per_token(cfg: ModelConfig, seq_len: int, *, causal: bool = True) -> int:
+    """Scores and value mixing of one token in one self-attention layer, in FLOPs; the sliding window applies to
+    causal layers only, as in `jaxformer.nn.attention` (an encoder's layers see the whole sequence)."""
+    context = min(seq_len, cfg.sliding_window) if cfg.sliding_window and causal else seq_len
     return 4 * context * cfg.num_heads * cfg.head_dim
 
 
@@ -65,8 +67,10 @@ def forward_flops_per_token(cfg: ModelConfig, seq_len: int) -> ForwardFlops:
     """Exact forward FLOPs per token (decoder tokens; encoder stacks at the same length)."""
     require_positive("seq_len/tokens", seq_len)
     self_attention_layers = cfg.num_layers + cfg.num_encoder_layers
+    causal_layers = 0 if cfg.family == "encoder" else cfg.num_layers
     matmul = self_attention_layers * layer_matmul_weights(cfg)
-    attention = self_attention_layers * attention_flops_per_token(cfg, seq_len)
+    attention = (causal_layers * attention_flops_per_token(cfg, seq_len)
+                 + (self_attention_layers - causal_layers) * attention_flops_per_token(cfg, seq_len, causal=False))
     if cfg.family == "encoder_decoder":  # cross-attention: projections and attention over the source
         matmul += cfg.num_layers * _attention_matmul_weights(cfg)
         attention += cfg.num_layers * 4 * seq_len * cfg.num_heads * cfg.head_dim
@@ -102,9 +106,9 @@ def training_flops(cfg: ModelConfig, tokens: float, seq_len: int) -> dict[str, f
 
 
 def kv_cache_bytes(cfg: ModelConfig, tokens: int, *, batch: int = 1, bytes_per_value: int = 2) -> int:
-    """``2 · layers · kv_heads · head_dim · tokens · bytes · batch`` (K and V of every layer).
-
-    A sliding window bounds the cached tokens at the window.
+    """``2 · layers · kv_heads · head_dim · tokens · bytes · batch``: the self-attention K and V of every decoder
+    layer that `jaxformer.models.KVCache` holds. A sliding window bounds the cached tokens at the window. (An
+    encoder–decoder also keeps its source's cross-attention K and V while it decodes, not counted here.)
     """
     require_positive("seq_len/tokens", tokens)
     cached = min(tokens, cfg.sliding_window) if cfg.sliding_window else tokens

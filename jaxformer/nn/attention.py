@@ -38,13 +38,13 @@ class Attention(nnx.Module):
     """
 
     def __init__(self, cfg: ModelConfig, *, causal: bool = False, cross: bool = False, rngs: nnx.Rngs,
-                 kernel: KernelConfig = KernelConfig()):
+                 kernel: KernelConfig = KernelConfig(), depth: int | None = None):
         E, H, K, D = cfg.d_model, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.cfg, self.kernel, self.cross, self.causal = cfg, kernel, cross, causal and not cross
         self.wq = params.normal(rngs, (E, H, D), ("embed", "heads", "head_dim"))
         self.wk = params.normal(rngs, (E, K, D), ("embed", "kv_heads", "head_dim"))
         self.wv = params.normal(rngs, (E, K, D), ("embed", "kv_heads", "head_dim"))
-        out_std = params.residual_std(cfg.num_layers)
+        out_std = params.residual_std(depth or cfg.num_layers)  # depth: the layers of its stack
         self.wo = params.normal(rngs, (H, D, E), ("heads", "head_dim", "embed"), std=out_std)
         bias = cfg.has_qkv_bias
         self.bq = params.zeros((H, D), ("heads", "head_dim")) if bias else None

@@ -41,13 +41,14 @@ class Block(nnx.Module):
     """
 
     def __init__(self, cfg: ModelConfig, *, causal: bool, cross: bool = False, rngs: nnx.Rngs,
-                 kernel: KernelConfig = KernelConfig()):
+                 kernel: KernelConfig = KernelConfig(), depth: int | None = None):
         self.position = cfg.norm_position
-        self.attention = Attention(cfg, causal=causal, rngs=rngs, kernel=kernel)
+        self.attention = Attention(cfg, causal=causal, rngs=rngs, kernel=kernel, depth=depth)
         self.attention_norms = _norms(cfg)
-        self.cross_attention = Attention(cfg, cross=True, rngs=rngs, kernel=kernel) if cross else None
+        self.cross_attention = Attention(cfg, cross=True, rngs=rngs, kernel=kernel, depth=depth) if cross else None
         self.cross_attention_norms = _norms(cfg) if cross else None
-        self.feed_forward = MoE(cfg, rngs=rngs) if cfg.is_moe else FeedForward(cfg, rngs=rngs, kernel=kernel)
+        self.feed_forward = (MoE(cfg, rngs=rngs, depth=depth) if cfg.is_moe
+                             else FeedForward(cfg, rngs=rngs, kernel=kernel, depth=depth))
         self.feed_forward_norms = _norms(cfg)
 
     def _residual(self, x_BTE: jax.Array, norms: nnx.List, sublayer: Callable) -> tuple[jax.Array, object]:
@@ -107,7 +108,8 @@ class Stack(nnx.Module):
 
     def __init__(self, cfg: ModelConfig, num_layers: int, *, causal: bool, cross: bool = False, rngs: nnx.Rngs,
                  kernel: KernelConfig = KernelConfig()):
-        self.blocks = nnx.List([Block(cfg, causal=causal, cross=cross, rngs=rngs, kernel=kernel)
+        # the residual projections' init scales with this stack's depth (an encoder's, not its decoder's)
+        self.blocks = nnx.List([Block(cfg, causal=causal, cross=cross, rngs=rngs, kernel=kernel, depth=num_layers)
                                 for _ in range(num_layers)])
         self.final_norm = Norm(cfg) if cfg.has_final_norm else None
         self.relative_bias = (params.normal(rngs, (cfg.relative_attention_num_buckets, cfg.num_heads),

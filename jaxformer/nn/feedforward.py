@@ -19,13 +19,15 @@ class FeedForward(nnx.Module):
     compute with ``kernel.matmul_impl``.
     """
 
-    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, kernel: KernelConfig = KernelConfig()):
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, kernel: KernelConfig = KernelConfig(),
+                 depth: int | None = None):
         E, Fh = cfg.d_model, cfg.d_ff
         self.matmul_impl = kernel.matmul_impl
         self.activation = cfg.activation
         self.w_in = params.normal(rngs, (E, Fh), ("embed", "mlp"))
         self.w_gate = params.normal(rngs, (E, Fh), ("embed", "mlp")) if cfg.is_gated else None
-        self.w_out = params.normal(rngs, (Fh, E), ("mlp", "embed"), std=params.residual_std(cfg.num_layers))
+        out_std = params.residual_std(depth or cfg.num_layers)  # depth: the layers of its stack
+        self.w_out = params.normal(rngs, (Fh, E), ("mlp", "embed"), std=out_std)
         self.b_in = params.zeros((Fh,), ("mlp",)) if cfg.use_bias else None
         self.b_gate = params.zeros((Fh,), ("mlp",)) if cfg.use_bias and cfg.is_gated else None
         self.b_out = params.zeros((E,), ("embed",)) if cfg.use_bias else None

@@ -11,10 +11,11 @@ from jaxformer.architecture import ModelConfig
 from jaxformer.nn import params
 
 
-def _expert_stack(cfg: ModelConfig, count: int, axis: str | None, rngs: nnx.Rngs) -> dict[str, nnx.Param | None]:
+def _expert_stack(cfg: ModelConfig, count: int, axis: str | None, rngs: nnx.Rngs,
+                  depth: int) -> dict[str, nnx.Param | None]:
     """``count`` FFNs of width ``cfg.expert_d_ff`` stacked on a leading axis named ``axis``."""
     E, Fh = cfg.d_model, cfg.expert_d_ff
-    out_std = params.residual_std(cfg.num_layers)
+    out_std = params.residual_std(depth)
     bias, gated = cfg.use_bias, cfg.is_gated
     return {
         "w_in_XEF": params.normal(rngs, (count, E, Fh), (axis, "embed", "mlp")),
@@ -44,12 +45,13 @@ class MoE(nnx.Module):
     other tokens in the batch and cached decoding equals the full forward.
     """
 
-    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, depth: int | None = None):
         self.cfg = cfg
         self.router = params.normal(rngs, (cfg.d_model, cfg.num_experts), ("embed", "experts"))
-        self.experts = nnx.Dict(_expert_stack(cfg, cfg.num_experts, "experts", rngs))
+        depth = depth or cfg.num_layers  # the layers of its stack, for the residual projections' init
+        self.experts = nnx.Dict(_expert_stack(cfg, cfg.num_experts, "experts", rngs, depth))
         shared = cfg.num_shared_experts
-        self.shared = nnx.Dict(_expert_stack(cfg, shared, None, rngs)) if shared else None
+        self.shared = nnx.Dict(_expert_stack(cfg, shared, None, rngs, depth)) if shared else None
 
     def __call__(self, x_BTE: jax.Array, *, drop_tokens: bool = False) -> tuple[jax.Array, jax.Array]:
         B, T, E = x_BTE.shape

@@ -9,7 +9,8 @@ context: placement happens when the caller shards the state (e.g. ``jax.jit`` wi
 ``out_shardings`` built from :func:`jaxformer.models.pure.logical_axes`).
 
 Initialisation follows GPT-2: weights ~ N(0, 0.02²), residual-output projections
-scaled by ``1/sqrt(2·layers)``, biases 0, norm scales 1.
+scaled by ``1/sqrt(2·layers)`` (the layers of their own stack: an encoder–decoder's encoder
+its own depth), biases 0, norm scales 1.
 """
 
 from __future__ import annotations

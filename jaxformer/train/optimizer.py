@@ -16,7 +16,8 @@ Warmup: ``warmup_tokens`` (when set) or ``warmup_fraction`` of the run's steps. 
 and the last one (the one that completes D tokens) is taken at exactly the final learning
 rate. A run that stops early therefore never reads a schedule that "had not finished" — the
 flaw Hoffmann et al. (2022) found in the first scaling-law fits, whose runs shared one
-schedule whatever their D.
+schedule whatever their D. (So ``final_lr_fraction: 0`` makes the last update a no-op; the
+default 0.1 is Hoffmann et al.'s.)
 
 The schedule is evaluated once on the host (`learning_rates`) and each step receives its
 learning rate as an argument, multiplying the AdamW update computed at unit learning rate
@@ -25,6 +26,8 @@ so one compiled program serves every run of a sweep with the same shapes.
 """
 
 from __future__ import annotations
+
+import re
 
 import jax
 import jax.numpy as jnp
@@ -70,9 +73,19 @@ def _cooldown(peak: float, end: float, steps: int, shape: str) -> optax.Schedule
     return cooldown
 
 
+# the names `jaxformer.nn` gives biases: b, bias, bq/bk/bv/bo, b_in…, …_bias (T5's relative-position table too,
+# as transformers' Trainer leaves every "bias" undecayed); attention and MoE biases are 2-D ([H, D], [X, F])
+_BIAS = re.compile(r"b|bias|b[qkvo]|b_.*|.*_bias")
+
+
 def decay_mask(params):
-    """Weight decay applies to matrices (embeddings included), not to norm scales or biases."""
-    return jax.tree.map(lambda p: p.ndim >= 2, params)
+    """Weight decay applies to matrices (embeddings included), not to norm scales (1-D) or biases (any rank)."""
+    def decayed(path, leaf) -> bool:
+        names = [str(getattr(key, "key", getattr(key, "name", key))) for key in path]
+        name = names[-2] if names[-1] == "value" and len(names) > 1 else names[-1]
+        return leaf.ndim >= 2 and not _BIAS.fullmatch(name)
+
+    return jax.tree_util.tree_map_with_path(decayed, params)
 
 
 def learning_rates(config: OptimizerConfig, total_steps: int, tokens_per_step: int | None = None) -> np.ndarray:
