@@ -38,7 +38,8 @@ class ModelConfig(Section):
       routed to ``experts_per_token``, plus ``num_shared_experts`` that see every token.
     router_aux_loss_weight: weight of the MoE load-balancing loss in the training objective
       (`jaxformer.train.step.next_token_loss`); the models return that loss unweighted.
-    sliding_window: if set, self-attention sees only the last ``sliding_window`` tokens.
+    sliding_window: if set, causal self-attention sees only the last ``sliding_window`` tokens (an encoder's
+      layers see the whole sequence).
     activation: ``gelu`` is the exact (erf) GELU, ``gelu_tanh`` its tanh approximation
       (GPT-2's ``gelu_new``), ``silu`` the ungated SiLU (Marian's ``swish``); gated: ``swiglu`` (a SiLU
       gate), ``geglu`` (an exact-GELU gate), ``geglu_tanh`` (a tanh-GELU gate: T5 v1.1's ``gated-gelu``).

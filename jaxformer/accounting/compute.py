@@ -116,8 +116,9 @@ def kv_cache_bytes(cfg: ModelConfig, tokens: int, *, batch: int = 1, bytes_per_v
 
 
 def attention_flop_share(cfg: ModelConfig, seq_len: int) -> float:
-    """Attention's fraction of one layer's forward FLOPs (embeddings and head excluded)."""
-    attention = attention_flops_per_token(cfg, seq_len)
+    """Attention's fraction of one layer's forward FLOPs (embeddings and head excluded; an encoder's layer, which
+    no window bounds, for the encoder family)."""
+    attention = attention_flops_per_token(cfg, seq_len, causal=cfg.family != "encoder")
     return attention / (2 * layer_matmul_weights(cfg) + attention)
 
 

@@ -11,7 +11,7 @@ doing the work jaxformer's run does:
 - ``steps = train.tokens / (batch_size · seq_len)`` optimizer steps of ``grad_accum``
   micro-batches, on the windows jaxformer's `Loader` cuts from the same training split
   (`prepare_data`: `prepare_dataset` once per distinct data section);
-- AdamW with the run's betas, eps and weight decay (matrices only, as jaxformer's
+- AdamW with the run's betas, eps and weight decay (matrices, not biases, as jaxformer's
   `decay_mask`), global-norm clipping, at the learning rate of jaxformer's own schedule
   array (`jaxformer.train.optimizer.learning_rates`) set before every update. Evaluating
   it costs a JAX compile per distinct run length (about a second each), which a PyTorch

@@ -46,11 +46,10 @@ def read_source(source: Path):
             tokenizer_json = byte_tokenizer_json()
         else:
             tokenizer_json = None
-        if config.model.init_from and (source / "hf.json").is_file():  # trained with a checkpoint's tokenizer
-            from jaxformer.hf import read_token_metadata
+        from jaxformer.hf import kept_token_metadata
 
-            return config.model, restored[1], tokenizer_json, *read_token_metadata(source)
-        return config.model, restored[1], tokenizer_json, {}, None
+        source_config, tokenizer_config = kept_token_metadata(source) or ({}, None)  # trained from a checkpoint
+        return config.model, restored[1], tokenizer_json, source_config, tokenizer_config
     from jaxformer.hf import read_checkpoint
 
     checkpoint = read_checkpoint(source)

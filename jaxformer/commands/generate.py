@@ -148,10 +148,11 @@ def run(args: argparse.Namespace) -> int:
         model, tokenizer, start_token, stop_tokens = load_hf(args.hf)
     else:
         model, tokenizer = load_model(args.source, args.preset, args.seed)
-        if args.source is not None and (Path(args.source) / "hf.json").is_file():  # trained from a checkpoint
-            from jaxformer.hf import read_token_metadata
+        if args.source is not None and Path(args.source).is_dir():
+            from jaxformer.hf import kept_token_metadata
 
-            stop_tokens = stop_tokens_of(read_token_metadata(args.source)[0])
+            kept = kept_token_metadata(args.source)  # a run trained from a checkpoint: its EOS
+            stop_tokens = stop_tokens_of(kept[0]) if kept else ()
     prompt = encode_text(args.prompt) if tokenizer is None else [int(t) for t in tokenizer.encode(args.prompt)]
     new_tokens = generate(model, prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                           top_k=args.top_k, top_p=args.top_p, seed=args.seed, start_token=start_token,

@@ -216,10 +216,19 @@ def read_token_metadata(path: str | Path) -> tuple[dict[str, Any], dict[str, Any
     or a run fine-tuned from a checkpoint: `copy_token_metadata`) answers with that."""
     path = _existing(path)
     with _reading(path):
-        if path.is_dir() and (path / IMPORTED_SOURCE).is_file():
-            return json.loads((path / IMPORTED_SOURCE).read_text()), _tokenizer_config(path)
-        hf_config, _, _, tokenizer_config, _ = _open(path)
-        return hf_config, tokenizer_config
+        if _gguf_file(path) is not None:  # its metadata is read; its tensors stay lazy
+            hf_config, _, _, tokenizer_config, _ = _open(path)
+            return hf_config, tokenizer_config
+        source = path / IMPORTED_SOURCE if (path / IMPORTED_SOURCE).is_file() else path / "config.json"
+        if not source.is_file():
+            raise FileNotFoundError(f"{path} is not a Hugging Face model directory (no config.json), "
+                                    "a .gguf file or an import-hf directory")
+        return json.loads(source.read_text()), _tokenizer_config(path)
+
+
+def kept_token_metadata(run_dir: str | Path) -> tuple[dict[str, Any], dict[str, Any] | None] | None:
+    """What `copy_token_metadata` kept in a run trained from a checkpoint with its tokenizer; None in other runs."""
+    return read_token_metadata(run_dir) if (Path(run_dir) / IMPORTED_SOURCE).is_file() else None
 
 
 def copy_token_metadata(source: str | Path, out: Path) -> None:

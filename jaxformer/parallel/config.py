@@ -44,7 +44,9 @@ def check_address(address: str, name: str) -> None:
     """One-line ``ValueError`` naming ``name`` unless ``address`` is ``host:port`` (``[v6 address]:port``),
     the port in 1–65535: JAX's coordinator otherwise fails with a traceback, a crash or a 5-minute wait."""
     host, _, port = str(address).rpartition(":")
-    if not host.strip("[]") or not port.isdigit() or not 1 <= int(port) <= 65535:
+    bracketed = host.startswith("[") and host.endswith("]")
+    if (not host.strip("[] ") or (":" in host and not bracketed) or not port.isdigit()
+            or not 1 <= int(port) <= 65535):
         raise ValueError(f"{name} must be host:port (a port in 1-65535), got {address!r}")
 
 

@@ -14,7 +14,7 @@ maps those names to mesh axes (MaxText's ``logical_axis_rules``). The defaults g
 
 A dimension whose size is not a multiple of its mesh axes' product is replicated instead
 (e.g. 2 KV heads on a tensor axis of 4: each device keeps both, as Megatron does for GQA).
-`jaxformer.parallel.layout` refuses that fallback for heads, MLP width and experts, where
+`jaxformer.parallel.layout` refuses that fallback for the model width, heads, MLP width and experts, where
 replicating would silently waste the axis. A mesh axis serves at most one dimension of a
 parameter (the first that claims it); axes of size 1 are left out of the specs.
 """

@@ -15,10 +15,10 @@ from jaxformer.train.config import TrainConfig
 
 
 def keep_token_metadata(config: TrainConfig, run_dir: Path) -> None:
-    """With the checkpoint's tokenizer (`checkpoint_tokenizer`): ``run_dir/hf.json`` and
-    ``run_dir/tokenizer_config.json`` of the checkpoint, so that the run's export and its samples end at the
+    """For a run with the checkpoint's tokenizer (`checkpoint_tokenizer`, which checked them): ``run_dir/hf.json``
+    and ``run_dir/tokenizer_config.json`` of the checkpoint, so that the run's export and its samples end at the
     checkpoint's EOS, with its chat template."""
-    if config.model.init_from and config.data.tokenizer == "bpe":
+    if config.model.init_from:
         from jaxformer.hf import copy_token_metadata
 
         copy_token_metadata(config.model.init_from, run_dir)
@@ -40,6 +40,9 @@ def checkpoint_tokenizer(config: TrainConfig) -> Path | None:
     if (size := Tokenizer.from_file(str(path)).get_vocab_size()) > config.model.vocab_size:
         raise ValueError(f"model.init_from: its tokenizer.json has {size:,} tokens, more than "
                          f"model.vocab_size={config.model.vocab_size:,}")
+    from jaxformer.hf import read_token_metadata
+
+    read_token_metadata(config.model.init_from)  # what `keep_token_metadata` copies, checked before any write
     return path
 
 

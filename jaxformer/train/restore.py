@@ -53,7 +53,7 @@ def restore_params(run_dir: Path, config: TrainConfig | None = None) -> tuple[in
     _, abstract = jax.eval_shape(lambda: build_state(config.model, config.train.seed, make_optimizer(config.optimizer),
                                                     config.kernel))
     # onto this process's first device, whatever mesh saved it (without a target Orbax wants the saving topology)
-    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
     abstract = jax.tree.map(lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=device), abstract)
     checkpointer = Checkpointer(run_dir / "checkpoints", config.checkpoint.keep, read_only=True)
     try:
