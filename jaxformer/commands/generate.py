@@ -148,7 +148,7 @@ def run(args: argparse.Namespace) -> int:
         model, tokenizer, start_token, stop_tokens = load_hf(args.hf)
     else:
         model, tokenizer = load_model(args.source, args.preset, args.seed)
-        if args.source is not None and Path(args.source).is_dir():
+        if args.source is not None:
             from jaxformer.hf import kept_token_metadata
 
             kept = kept_token_metadata(args.source)  # a run trained from a checkpoint: its EOS

@@ -140,13 +140,18 @@ def _open(path: Path) -> tuple[dict[str, Any], Mapping[str, np.ndarray], str | N
 
         hf_config, tensors, tokenizer_json, tokenizer_config = read_gguf(gguf_path)
         return hf_config, tensors, tokenizer_json, tokenizer_config, str(gguf_path)
-    config_path = path / "config.json"
-    if not config_path.is_file():
-        raise FileNotFoundError(f"{path} is not a Hugging Face model directory (no config.json), "
-                                "a .gguf file or an import-hf directory")
+    config_path = _config_file(path)
     tokenizer_path = path / TOKENIZER
     return (json.loads(config_path.read_text()), read_tensors(path),
             tokenizer_path.read_text() if tokenizer_path.is_file() else None, _tokenizer_config(path), str(path))
+
+
+def _config_file(path: Path) -> Path:
+    """A Hugging Face directory's ``config.json``; one line naming ``path`` when it has none."""
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"{path} is not a Hugging Face model directory (no config.json), "
+                                "a .gguf file or an import-hf directory")
+    return path / "config.json"
 
 
 def _tokenizer_config(path: Path) -> dict[str, Any] | None:
@@ -219,10 +224,7 @@ def read_token_metadata(path: str | Path) -> tuple[dict[str, Any], dict[str, Any
         if _gguf_file(path) is not None:  # its metadata is read; its tensors stay lazy
             hf_config, _, _, tokenizer_config, _ = _open(path)
             return hf_config, tokenizer_config
-        source = path / IMPORTED_SOURCE if (path / IMPORTED_SOURCE).is_file() else path / "config.json"
-        if not source.is_file():
-            raise FileNotFoundError(f"{path} is not a Hugging Face model directory (no config.json), "
-                                    "a .gguf file or an import-hf directory")
+        source = path / IMPORTED_SOURCE if (path / IMPORTED_SOURCE).is_file() else _config_file(path)
         return json.loads(source.read_text()), _tokenizer_config(path)
 
 
