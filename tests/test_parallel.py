@@ -21,6 +21,7 @@ import re
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import jax
@@ -225,6 +226,18 @@ def test_distributed_start_up_is_off_unless_asked_for_or_launched_by_slurm_or_mp
         load_config(None, ["parallel.distributed.num_processes=2", "parallel.distributed.process_id=2"])
 
 
+def test_a_process_whose_peers_never_connect_stops_after_the_initialization_timeout():
+    code = ("import sys; from jaxformer.parallel.config import DistributedConfig; "
+            "from jaxformer.parallel.distributed import initialize; "
+            "initialize(DistributedConfig(coordinator_address=sys.argv[1], num_processes=2, process_id=1, "
+            "initialization_timeout=2), {})")
+    started = time.perf_counter()  # process 1 of 2, and no coordinator at the address: JAX would wait 300 s
+    done = subprocess.run([sys.executable, "-c", code, f"127.0.0.1:{_free_port()}"], env=_env(1),
+                          capture_output=True, text=True, timeout=200)
+    # JAX's client ends the process itself (SIGABRT) when the deadline passes
+    assert done.returncode != 0 and time.perf_counter() - started < 60 and "DEADLINE_EXCEEDED" in done.stderr
+
+
 def test_one_device_mesh_product_mismatch_exits_2_before_anything_is_written(tmp_path, capsys):
     config = tmp_path / "run.yaml"
     config.write_text("{}\n")
@@ -238,7 +251,7 @@ def test_one_device_mesh_product_mismatch_exits_2_before_anything_is_written(tmp
 # one model and batch shape for the two-process run and its one-process reference
 TWO_PROCESS = ["model.d_model=32", "model.num_layers=1", "model.num_heads=4", "model.num_kv_heads=2",
                "model.max_seq_len=16", "data.corpus=synthetic-markov", "data.markov.bytes=60000",
-               "optimizer.lr=1e-2", "train.batch_size=8", "train.seq_len=16", "train.tokens=384",
+               "optimizer.lr=1e-2", "train.batch_size=8", "train.seq_len=16", "train.tokens=512",
                "train.eval_tokens=256", "train.peak_flops=1e12", "train.compilation_cache=", "logging.interval=1",
                "logging.progress=none", "logging.tensorboard=false"]
 
@@ -265,7 +278,9 @@ def test_two_processes_with_four_devices_each_train_like_one_process(tmp_path):
     config = tmp_path / "run.yaml"
     config.write_text("{}\n")
     port, shared = _free_port(), tmp_path / "two"
-    layout = ["parallel.mesh.data=2", "parallel.mesh.fsdp=2", "parallel.mesh.tensor=2",
+    # two saves (steps 2 and 4), the first under the overhead budget process 0's clock rules on
+    layout = ["checkpoint.interval=2", "checkpoint.max_overhead=1e9",
+              "parallel.mesh.data=2", "parallel.mesh.fsdp=2", "parallel.mesh.tensor=2",
               f"parallel.distributed.coordinator_address=127.0.0.1:{port}", "parallel.distributed.num_processes=2"]
     processes = [subprocess.Popen([sys.executable, "-m", "jaxformer.cli", "train", str(config), *TWO_PROCESS, *layout,
                                    f"parallel.distributed.process_id={i}", "--run-dir", str(shared)],
@@ -277,7 +292,8 @@ def test_two_processes_with_four_devices_each_train_like_one_process(tmp_path):
 
     rows = [[json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
             for run in (shared, tmp_path / "one")]
-    assert [row["step"] for row in rows[0]] == [1, 2, 3] == [row["step"] for row in rows[1]]
+    assert [row["step"] for row in rows[0]] == [1, 2, 3, 4] == [row["step"] for row in rows[1]]
+    assert sorted(int(p.name) for p in (shared / "checkpoints").iterdir()) == [2, 4]
     for two, one in zip(*rows):
         assert two["train_loss"] == pytest.approx(one["train_loss"], rel=TOLERANCE)
         assert two["grad_norm"] == pytest.approx(one["grad_norm"], rel=TOLERANCE)
@@ -285,14 +301,14 @@ def test_two_processes_with_four_devices_each_train_like_one_process(tmp_path):
                                                                                         rel=TOLERANCE)
     # the sharded checkpoint both processes wrote restores onto this single device (its digest checked)
     two, one = (_final_state(run) for run in (shared, tmp_path / "one"))
-    assert int(two["step"]) == 3
-    # AdamW's drift (module docstring) after three updates: measured 6e-5; the updates themselves moved
-    # each leaf by 0.9–71 % of its norm, so weights trained on other rows could not pass
+    assert int(two["step"]) == 4
+    # AdamW's drift (module docstring) after four updates: measured 6.9e-5; the updates themselves moved
+    # each leaf by far more (0.9–71 % of its norm after three), so weights trained on other rows could not pass
     assert max(_relative(np.asarray(a), np.asarray(b))
                for a, b in zip(jax.tree.leaves(two["params"]), jax.tree.leaves(one["params"]))) <= 1e-3
     # what generate and export-hf read of a run trained on another mesh (its 8 devices here, 1 in this process)
     step, params = restore_params(shared)
-    assert step == 3 and all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(params),
+    assert step == 4 and all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(params),
                                                                     jax.tree.leaves(two["params"])))
     assert main(["generate", str(shared), "--prompt", "ab", "--max-new-tokens", "2", "--temperature", "0"]) == 0
 

@@ -60,6 +60,9 @@ class DistributedConfig(Section):
       launch. With ``initialize: true`` and nothing else set, JAX detects the rest on Cloud
       TPU, SLURM and Open MPI.
     coordinator_address: ``host:port`` of process 0's coordinator service.
+    initialization_timeout: seconds each process waits for all of them to connect (JAX's default, 300; a
+      large job's processes may start minutes apart). JAX ends a process whose wait runs out (SIGABRT,
+      "DEADLINE_EXCEEDED").
     """
 
     SECTION = "parallel.distributed"
@@ -68,6 +71,7 @@ class DistributedConfig(Section):
     coordinator_address: str | None = None
     num_processes: int | None = setting(None, POSITIVE)
     process_id: int | None = setting(None, NON_NEGATIVE)
+    initialization_timeout: int = setting(300, POSITIVE)
 
     def check(self) -> None:
         if self.coordinator_address is not None:

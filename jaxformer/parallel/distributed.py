@@ -6,11 +6,15 @@ process feeds only the batch rows its own devices hold (`jaxformer.parallel.layo
 On CPU the processes exchange data through Gloo (``jax_cpu_collectives_implementation``,
 JAX's default), which is how the tests run two processes on one machine.
 
-This must run before anything touches a JAX backend (even ``jax.devices()``).
+`initialize` must run before anything touches a JAX backend (even ``jax.devices()``).
+`exchange` and `from_process_0` are how the processes agree on host-side values: through the
+coordination service's key-value store, never through an XLA collective, so that they cannot
+interleave with the programs the processes run (or with Orbax's barriers) in different orders.
 """
 
 from __future__ import annotations
 
+import collections
 import os
 from typing import Mapping
 
@@ -56,8 +60,37 @@ def initialize(config: DistributedConfig, environ: Mapping[str, str] = os.enviro
     if address is not None and not config.coordinator_address:
         check_address(address, "JAX_COORDINATOR_ADDRESS")
     try:
-        jax.distributed.initialize(coordinator_address=address, num_processes=processes, process_id=process_id)
+        jax.distributed.initialize(coordinator_address=address, num_processes=processes, process_id=process_id,
+                                   initialization_timeout=config.initialization_timeout)
     except (ValueError, RuntimeError) as error:  # RuntimeError: what the coordination service reports
         raise ValueError(f"parallel.distributed: {error} (set coordinator_address, num_processes and process_id, "
                          "or launch under SLURM, Open MPI or on a Cloud TPU slice)") from None
     return True
+
+
+EXCHANGE_TIMEOUT_MS = 30 * 60 * 1000  # a process that never arrives (it crashed) fails the others after this
+_exchanged: collections.Counter[str] = collections.Counter()
+
+
+def exchange(name: str, value: bytes) -> list[bytes]:
+    """Every process's ``value`` for this exchange, in process order (``[value]`` in a single process).
+
+    Every process must make the same exchanges in the same order: the n-th exchange named ``name``
+    in one process meets the n-th of that name in the others. Raises when a process has not arrived
+    within `EXCHANGE_TIMEOUT_MS`.
+    """
+    if jax.process_count() == 1:
+        return [value]
+    from jax._src import distributed  # the coordination-service client that Orbax's barriers use too
+
+    client, index = distributed.global_state.client, _exchanged[name]
+    _exchanged[name] += 1
+    key = f"jaxformer/{name}/{index}"
+    client.key_value_set_bytes(f"{key}/{jax.process_index()}", value)
+    return [client.blocking_key_value_get_bytes(f"{key}/{process}", EXCHANGE_TIMEOUT_MS)
+            for process in range(jax.process_count())]
+
+
+def from_process_0(name: str, value: int) -> int:
+    """Process 0's ``value`` in every process (``value`` itself in a single process)."""
+    return int(exchange(name, str(int(value)).encode())[0])

@@ -21,6 +21,7 @@ computed on the devices and does not depend on the sharding, so it checks such r
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import logging
 import shutil
@@ -32,6 +33,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
+
+from jaxformer.parallel.distributed import exchange
 
 
 
@@ -48,33 +51,54 @@ def _mix32(h: jax.Array) -> jax.Array:
     return h ^ (h >> 16)
 
 
-@jax.jit
-def _fingerprint(leaf: jax.Array) -> jax.Array:
-    """``[2]`` uint32: two sums over the leaf's elements of a hash of (bits, flat index), mod 2³².
+@functools.partial(jax.jit, static_argnames="shape")
+def _fingerprint(block: jax.Array, start: jax.Array, shape: tuple[int, ...]) -> jax.Array:
+    """``[2]`` uint32: two sums over ``block``'s elements of a hash of (bits, flat index), mod 2³².
 
-    Integer sums are exact in any order, so the result is the same however the leaf is
-    sharded — and each device reduces its own shards, so no host ever holds the state. One
-    program per leaf shape and dtype: a state's leaves share a few (a parameter and its two
-    AdamW moments, every layer's matrices), and so do the models of a sweep, where a program
-    over a whole state would compile anew for every model.
+    ``block`` is the part of a leaf of shape ``shape`` that begins at ``start`` (``[ndim]`` uint32;
+    the whole leaf when ``block.shape == shape``), and the index is the element's flat index in the
+    leaf. Integer sums are exact in any order, so the blocks' sums add up to the leaf's, however the
+    leaf is sharded. One program per block shape and dtype: a state's leaves share a few (a parameter
+    and its two AdamW moments, every layer's matrices), and so do the models of a sweep, where a
+    program over a whole state would compile anew for every model.
     """
-    x = leaf.astype(jnp.uint8) if leaf.dtype == jnp.bool_ else leaf
+    x = block.astype(jnp.uint8) if block.dtype == jnp.bool_ else block
     if x.dtype.itemsize not in (1, 2, 4):
         raise TypeError(f"cannot fingerprint a {x.dtype} array")
     bits = jax.lax.bitcast_convert_type(x, jnp.dtype(f"uint{8 * x.dtype.itemsize}")).astype(jnp.uint32)
     index = jnp.zeros(x.shape, jnp.uint32)
-    for axis, size in enumerate(x.shape):
-        index = index * jnp.uint32(size) + jax.lax.broadcasted_iota(jnp.uint32, x.shape, axis)
+    for axis, size in enumerate(shape):
+        index = index * jnp.uint32(size) + start[axis] + jax.lax.broadcasted_iota(jnp.uint32, x.shape, axis)
     return jnp.stack([jnp.sum(_mix32(bits + _mix32(index ^ jnp.uint32(seed))), dtype=jnp.uint32)
                       for seed in (0x9E3779B9, 0x7F4A7C15)])
 
 
+def _block_fingerprints(leaf: Any) -> list[jax.Array]:
+    """`_fingerprint` of each block of ``leaf`` this process holds once: its devices' shards with replica id 0.
+
+    Each device reduces its own shard, so no host ever holds the state, and no program spans
+    processes: the processes' sums meet through `exchange`, outside XLA, so that a save's collectives
+    cannot interleave in different orders with the programs and barriers around it.
+    """
+    if not isinstance(leaf, jax.Array):  # a host array: one block
+        return [_fingerprint(leaf, np.zeros(np.ndim(leaf), np.uint32), np.shape(leaf))]
+    return [_fingerprint(shard.data, np.array([s.start or 0 for s in shard.index], np.uint32), leaf.shape)
+            for shard in leaf.addressable_shards if shard.replica_id == 0]
+
+
 def state_digest(state: Any) -> str:
-    """SHA-256 over every leaf's dtype, shape and 64-bit content fingerprint (`_fingerprint`), in tree order."""
+    """SHA-256 over every leaf's dtype, shape and 64-bit content fingerprint (`_fingerprint`), in tree order.
+
+    The same in every process of a multi-process run, and for every sharding of the same values.
+    """
     leaves = jax.tree.leaves(state)
+    blocks = jax.device_get([_block_fingerprints(leaf) for leaf in leaves])
+    local = np.array([np.sum(np.array(b, np.uint64).reshape(-1, 2), axis=0) for b in blocks], np.uint64)
+    processes = [np.frombuffer(data, np.uint64).reshape(local.shape) for data in exchange("state-digest", local.tobytes())]
+    fingerprints = (np.sum(processes, axis=0) % 2**32).astype(np.uint32)
     digest = hashlib.sha256()
-    for leaf, fingerprint in zip(leaves, jax.device_get([_fingerprint(leaf) for leaf in leaves])):
-        digest.update(f"{leaf.dtype}{tuple(leaf.shape)}".encode() + np.asarray(fingerprint).tobytes())
+    for leaf, fingerprint in zip(leaves, fingerprints):
+        digest.update(f"{leaf.dtype}{tuple(np.shape(leaf))}".encode() + fingerprint.tobytes())
     return digest.hexdigest()
 
 

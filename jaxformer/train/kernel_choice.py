@@ -43,6 +43,7 @@ from jaxformer.configs import to_dict
 from jaxformer.files import read_cache, write_cache
 from jaxformer.functional import attention, fused_attention
 from jaxformer.parallel import Layout
+from jaxformer.parallel.distributed import from_process_0
 from jaxformer.parallel.rules import spec_for
 from jaxformer.runtime import compile_program
 from jaxformer.train.config import TrainConfig
@@ -204,13 +205,13 @@ def decide(path: Path, key: str, impls: list[str], timed, pick, field: str) -> t
         return impls[0], "only", {}, 0.0
     with _timing_lock(path, key):  # a worker that meets a call another is timing waits for its answer
         cached = read_cache(path).get(key)
-        if _from_process_0(cached is not None and set(cached["call_s"]) == set(impls)):
-            chosen = _from_process_0(impls.index(cached[field]) if jax.process_index() == 0 else 0)
+        if from_process_0("kernel-cached", cached is not None and set(cached["call_s"]) == set(impls)):
+            chosen = from_process_0("kernel-choice", impls.index(cached[field]) if jax.process_index() == 0 else 0)
             return impls[chosen], "cache", cached["call_s"] if cached else {}, time.perf_counter() - started
         # every process times the same global calls; process 0's timings decide for all
         call_s = timed()
         best = pick(call_s)
-        impl = impls[_from_process_0(impls.index(best))]
+        impl = impls[from_process_0("kernel-choice", impls.index(best))]
         cache = read_cache(path)  # re-read: another worker may have written meanwhile
         cache[key] = {field: impl, "call_s": call_s, "measured_at": time.time()}
         write_cache(path, cache)
@@ -234,11 +235,3 @@ def _timing_lock(path: Path, key: str) -> Iterator[None]:
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
-
-def _from_process_0(value: int | bool) -> int:
-    """Process 0's ``value`` in every process of a multi-process run, so that all compile the same program."""
-    if jax.process_count() == 1:
-        return int(value)
-    from jax.experimental import multihost_utils
-
-    return int(multihost_utils.broadcast_one_to_all(np.int32(value)))

@@ -33,6 +33,7 @@ import yaml
 
 from jaxformer.accounting import count_params, training_flops, training_flops_per_token
 from jaxformer.parallel import Layout, initialize as initialize_distributed
+from jaxformer.parallel.distributed import from_process_0
 from jaxformer.runtime import enable_compilation_cache, process_startup_s
 from jaxformer.files import write_json_atomic, write_text_atomic
 from jaxformer.train.checkpoint import Checkpointer
@@ -315,9 +316,11 @@ class _Run:
         self._timed("checkpoint_s", lambda: self.checkpointer.save(step, state, meta))
 
     def _saving_over_budget(self) -> bool:
-        """Whether saving has cost more than ``checkpoint.max_overhead`` of the training time so far."""
+        """Whether saving has cost more than ``checkpoint.max_overhead`` of the training time so far (process 0's
+        clock deciding for all processes: a save that only some of them begin would wait forever)."""
         budget = self.config.checkpoint.max_overhead
-        return budget is not None and self.times["checkpoint_s"] > budget * self.times["train_s"]
+        return budget is not None and bool(from_process_0(
+            "checkpoint-over-budget", self.times["checkpoint_s"] > budget * self.times["train_s"]))
 
     def _timed(self, what: str, work):
         start = time.perf_counter()
