@@ -80,7 +80,8 @@ def _block_fingerprints(leaf: Any) -> list[jax.Array]:
     processes: the processes' sums meet through `exchange`, outside XLA, so that a save's collectives
     cannot interleave in different orders with the programs and barriers around it.
     """
-    if not isinstance(leaf, jax.Array):  # a host array: one block
+    if not isinstance(leaf, jax.Array) or (leaf.is_fully_addressable and len(leaf.sharding.device_set) == 1):
+        # one block, as it is: a shard's data may carry another sharding than its leaf, and compile anew
         return [_fingerprint(leaf, np.zeros(np.ndim(leaf), np.uint32), np.shape(leaf))]
     return [_fingerprint(shard.data, np.array([s.start or 0 for s in shard.index], np.uint32), leaf.shape)
             for shard in leaf.addressable_shards if shard.replica_id == 0]
