@@ -12,18 +12,29 @@ from typing import BinaryIO, Callable
 def write_atomically(path: Path, write: Callable[[BinaryIO], object]) -> None:
     """Calls ``write(handle)`` on a temporary file beside ``path``, then renames it over ``path``.
 
-    On any error the temporary file is removed and ``path`` is left as it was.
+    On any error the temporary file is removed and ``path`` is left as it was; an ``OSError`` names ``path``
+    (a missing directory, a directory in its place), not the temporary file.
     """
     path = Path(path)
-    descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    except OSError as error:
+        raise _naming(error, path) from None
     try:
         with os.fdopen(descriptor, "wb") as handle:
             write(handle)
         os.chmod(temporary, 0o644)  # mkstemp creates 0600
         os.replace(temporary, path)
-    except BaseException:
+    except BaseException as error:
         os.unlink(temporary)
+        if isinstance(error, OSError):
+            raise _naming(error, path) from None
         raise
+
+
+def _naming(error: OSError, path: Path) -> OSError:
+    """``error`` about ``path`` (the same kind and errno), or ``error`` itself when it has no errno."""
+    return error if error.errno is None else type(error)(error.errno, error.strerror, str(path))
 
 
 def write_bytes_atomic(path: Path, payload: bytes) -> None:
@@ -39,8 +50,10 @@ def write_json_atomic(path: Path, payload: object, *, indent: int = 2) -> None:
 
 
 def load_json(path: Path) -> object:
-    """The JSON value in ``path``; a missing, binary or malformed file raises one line naming it."""
+    """The JSON value in ``path``; a missing, binary or malformed file, or a directory, raises one line naming it."""
     path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(f"{path} is a directory, not a JSON file")
     if not path.is_file():
         raise FileNotFoundError(f"file not found: {path}")
     try:
@@ -69,11 +82,13 @@ def load_jsonl(path: Path) -> list[object]:
 
 
 def read_cache(path: Path) -> dict:
-    """A per-machine cache file's entries (the matmul peak, kernel choices); {} when it is missing or unreadable."""
+    """A per-machine cache file's entries (the matmul peak, kernel choices); {} when it is missing, unreadable, not
+    JSON (binary, truncated) or not a JSON object. The entries themselves are the caller's to check."""
     try:
-        return json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError):
+        cache = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # json.JSONDecodeError and UnicodeDecodeError are ValueErrors
         return {}
+    return cache if isinstance(cache, dict) else {}
 
 
 def write_cache(path: Path, cache: dict) -> None:

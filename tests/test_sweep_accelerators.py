@@ -91,7 +91,6 @@ def test_a_pool_on_gpus_starts_each_worker_with_its_device(monkeypatch, tmp_path
     ({"CPU": 16.0, "GPU": 1.0}, 1, 1.0, 1),       # one GPU: one actor, not 16 of which 15 never start
     ({"CPU": 64.0, "GPU": 8.0}, 4, 0.5, 16),      # two actors per GPU, CPUs to spare
     ({"CPU": 8.0, "GPU": 8.0}, 2, 1.0, 4),        # CPUs run out first
-    ({"CPU": 2.0}, 4, 1.0, 1),                    # nothing fits: one actor, which Ray schedules when it can
 ])
 def test_ray_starts_only_the_actors_the_cluster_holds(resources, cpus, gpus_per_run, count):
     assert ray_actor_count(resources, cpus, gpus_per_run) == count

@@ -36,15 +36,14 @@ import shutil
 from pathlib import Path
 from typing import Callable
 
-import yaml
-
 from jaxformer.accounting import training_flops_per_token
 from jaxformer.configs import to_dict
 from jaxformer.files import write_json_atomic, write_text_atomic
 from jaxformer.sweep.plan import PlannedRun
-from jaxformer.sweep.runs import Outcome, RunPaths, read_json, run_lock
+from jaxformer.sweep.runs import TO_TRAIN, Outcome, RunPaths, read_json, run_lock, saved_config
 from jaxformer.train.checkpoint_config import has_checkpoints
-from jaxformer.train.config import TrainConfig, config_from_dict, resume_conflict
+from jaxformer.train.config import TrainConfig, config_from_dict, config_to_dict, resume_conflict
+
 
 def trunks_of(runs: list[PlannedRun]) -> list[PlannedRun]:
     """The trunks of the branches among ``runs`` (none when no run is a branch), in order of their first branch."""
@@ -163,7 +162,7 @@ def start_branch(sweep_dir: Path, run: PlannedRun) -> None:
     if trunk.state() != "done":
         why = read_json(trunk.status).get("reason", trunk.state())
         raise ValueError(f"its trunk {run.trunk} did not finish ({why})")
-    saved = yaml.safe_load((trunk.run_dir / "config.yaml").read_text())
+    saved = config_to_dict(config_from_dict(saved_config(trunk.run_dir / "config.yaml")))
     branch = config_from_dict(run.config)
     saved["train"]["tokens"], saved["optimizer"]["schedule"] = branch.train.tokens, branch.optimizer.schedule
     conflict = resume_conflict(saved, branch)
@@ -185,7 +184,7 @@ def train_branched(sweep_dir: Path, runs: list[PlannedRun], trunks: list[Planned
     initial, todo = {}, []
     for run in trunks + runs:
         state = RunPaths(sweep_dir, run.name).state()
-        initial[run.name] = "queued" if state == "partial" else state
+        initial[run.name] = "queued" if state in TO_TRAIN else state
         if state in wanted:
             todo.append(run.name)
     branches = {run.name: run for run in runs if run.trunk is not None}

@@ -5,23 +5,27 @@ training runs back to back, fed by a supervising thread from one `WorkQueue`; a 
 keeps the processes for every stage of a launch. ``ray``: the same workers as Ray actors, each
 asking for its CPUs (and GPUs), on a local Ray instance or an existing cluster (``ray_address``);
 the sweep directory must be on a filesystem every node sees. A worker that dies is replaced and
-its run resumed (`WarmWorker`); the other runs go on. Both take runs and groups of runs (a tuple
-of names: one request, trained together by one worker), each once its dependency has finished.
+its run resumed (`WarmWorker`), and so is a Ray actor (`run_ray`); the other runs go on. Both take runs and
+groups of runs (a tuple of names: one request, trained together by one worker), each once its dependency has
+finished.
 """
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import os
 import socket
 import threading
+import time
 from pathlib import Path
 from typing import Callable
 
 from jaxformer.runtime import HOST_DEVICES
 from jaxformer.sweep.accelerators import local_accelerators, worker_environment
 from jaxformer.sweep.queue import WorkQueue
-from jaxformer.sweep.runs import Outcome
-from jaxformer.sweep.worker import WarmWorker
+from jaxformer.sweep.runs import Outcome, RunPaths, run_lock
+from jaxformer.sweep.worker import ATTEMPTS, WarmWorker
 
 
 def thread_environment(threads: int) -> dict[str, str]:
@@ -100,8 +104,9 @@ def run_local(sweep_dir: Path, queue: WorkQueue, workers: int, threads: int,
         pool.close()
 
 
-def connect_ray(address: str | None, num_cpus: int | None):
-    """Starts or joins Ray; an unreachable address raises ``ValueError`` before any run starts."""
+def connect_ray(address: str | None, cpus: int | None):
+    """Joins the Ray cluster at ``address``, or starts a local instance of ``cpus`` CPUs (None: the machine's) and
+    the GPUs Ray finds; an unreachable address raises ``ValueError`` before any run starts."""
     try:
         import ray
     except ImportError:
@@ -112,10 +117,17 @@ def connect_ray(address: str | None, num_cpus: int | None):
         if address:
             ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
         else:
-            ray.init(num_cpus=num_cpus, ignore_reinit_error=True, log_to_driver=False, include_dashboard=False)
+            ray.init(num_cpus=cpus, ignore_reinit_error=True, log_to_driver=False, include_dashboard=False)
     except Exception as error:  # Ray raises ConnectionError, RuntimeError, … for a bad address
         raise ValueError(f"cannot reach Ray at --ray-address {address!r}: {str(error).splitlines()[0]}") from None
     return ray
+
+
+def local_ray_cpus(workers: int | None, threads: int) -> int:
+    """The CPUs a local Ray instance needs: room for ``workers`` actors of ``max(threads, 1)`` CPUs each (default:
+    the machine's cores, and room for one actor at least)."""
+    cpus = max(threads, 1)
+    return workers * cpus if workers else max(os.cpu_count() or 1, cpus)
 
 
 def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
@@ -143,28 +155,40 @@ class _RayWorker:
         self.worker.close()
 
 
-def ray_actor_count(resources: dict[str, float], cpus: int, gpus_per_run: float) -> int:
-    """How many actors of ``cpus`` CPUs and ``gpus_per_run`` GPUs the cluster's ``resources`` hold at once (at
-    least one): an actor that does not fit would wait for resources that the others never free, and its runs
-    with it."""
-    fits = [resources.get("CPU", 1) // cpus]
-    if gpus_per_run > 0:
-        fits.append(resources.get("GPU", 0) // gpus_per_run)
-    return max(1, int(min(fits)))
+def ray_actor_count(resources: dict[str, float], cpus: int, gpus_per_run: float, workers: int | None = None) -> int:
+    """How many actors of ``cpus`` CPUs and ``gpus_per_run`` GPUs to start: ``workers`` (default: as many as fit), at
+    most as many as the cluster's ``resources`` hold at once, since an actor that does not fit would wait for
+    resources that the others never free, and its runs with it. Raises ``ValueError`` when not even one fits."""
+    have_cpus, have_gpus = resources.get("CPU", 0.0), resources.get("GPU", 0.0)
+    if gpus_per_run > have_gpus:
+        raise ValueError(f"--gpus-per-run {gpus_per_run:g}: the Ray cluster has {have_gpus:g} GPUs")
+    if cpus > have_cpus:
+        raise ValueError(f"--threads {cpus}: each Ray actor asks for {cpus} CPUs, and the Ray cluster has "
+                         f"{have_cpus:g}")
+    fit = int(min([have_cpus // cpus] + ([have_gpus // gpus_per_run] if gpus_per_run > 0 else [])))
+    return min(workers, fit) if workers else fit
 
 
-def run_ray(ray, sweep_dir: Path, queue: WorkQueue, workers: int | None, threads: int,
-            gpus_per_run: float, on_event: Callable[[str, str, Outcome | None], None]) -> list[Outcome]:
-    """Trains ``queue``'s runs on Ray actors (``workers`` of them: default, as many as the cluster's CPUs and
-    GPUs allow), each asking for ``max(threads, 1)`` CPUs and ``gpus_per_run`` GPUs and keeping one warm worker."""
-    cpus = max(threads, 1)
-    count = workers or ray_actor_count(ray.cluster_resources(), cpus, gpus_per_run)
-    actor = ray.remote(num_cpus=cpus, num_gpus=gpus_per_run, max_restarts=0)(_RayWorker)
-    actors = [actor.remote(str(sweep_dir.resolve()), threads, slot) for slot in range(min(count, len(queue)))]
+def run_ray(ray, sweep_dir: Path, queue: WorkQueue, count: int, threads: int, gpus_per_run: float,
+            on_event: Callable[[str, str, Outcome | None], None]) -> list[Outcome]:
+    """Trains ``queue``'s runs on ``count`` Ray actors (`ray_actor_count`), each asking for ``max(threads, 1)`` CPUs
+    and ``gpus_per_run`` GPUs and keeping one warm worker.
+
+    An actor that dies (its process killed, its node lost) is replaced, and the group it was training goes to
+    the replacement, which resumes its runs from their checkpoints; a group whose actors die `ATTEMPTS` times is
+    recorded as failed. The other runs go on either way.
+    """
+    actor = ray.remote(num_cpus=max(threads, 1), num_gpus=gpus_per_run, max_restarts=0)(_RayWorker)
+    slots = itertools.count()
+
+    def start():
+        return actor.remote(str(sweep_dir.resolve()), threads, next(slots))
+
+    actors = [start() for _ in range(min(count, len(queue)))]
     for group in queue.waiting:
         for name in group:
             on_event(name, "submitted", None)
-    pending, idle, outcomes = {}, list(actors), []
+    pending, idle, outcomes = {}, list(actors), []  # pending: the task's reference -> (actor, group, attempt)
 
     def settle(finished: list[Outcome]) -> None:  # recorded in the queue already
         for outcome in finished:
@@ -179,13 +203,46 @@ def run_ray(ray, sweep_dir: Path, queue: WorkQueue, workers: int | None, threads
                 for name in group:
                     on_event(name, "running", None)
                 handle = idle.pop()
-                pending[handle.train_group.remote(group)] = handle
+                pending[handle.train_group.remote(group)] = (handle, group, 1)
         if not pending:
             break
         ready, _ = ray.wait(list(pending), num_returns=1)
-        idle.append(pending.pop(ready[0]))
-        trained = ray.get(ready[0])
+        handle, group, attempt = pending.pop(ready[0])
+        try:
+            trained = ray.get(ready[0])
+        except ray.exceptions.RayActorError as error:
+            actors.remove(handle)
+            handle = start()
+            actors.append(handle)
+            if attempt < ATTEMPTS:
+                _wait_released(sweep_dir, group)  # the dead actor's worker process, which Ray ends after it
+                pending[handle.train_group.remote(group)] = (handle, group, attempt + 1)
+                continue
+            trained = [_actor_died(sweep_dir, name, error) for name in group]
+        idle.append(handle)
         queue.finish(trained)
         settle(trained)
-    ray.get([handle.close.remote() for handle in actors])
+    for closed in [handle.close.remote() for handle in actors]:
+        with contextlib.suppress(ray.exceptions.RayActorError):  # an idle actor lost with its node: nothing to end
+            ray.get(closed)
     return outcomes
+
+
+def _actor_died(sweep_dir: Path, name: str, error: Exception) -> Outcome:
+    """The failed outcome (and status record) of a run whose Ray actors died `ATTEMPTS` times."""
+    message = str(error).partition("\n")[0]
+    reason = f"its Ray actor died {ATTEMPTS} times ({type(error).__name__}: {message})"
+    RunPaths(sweep_dir, name).record("failed", reason=reason)
+    return Outcome(name, "failed", reason)
+
+
+def _wait_released(sweep_dir: Path, names: tuple[str, ...], timeout_s: float = 60.0) -> None:
+    """Waits until no process holds the locks of the runs ``names`` (at most ``timeout_s``; a run still locked
+    then is answered ``busy`` by the worker that tries it)."""
+    deadline = time.monotonic() + timeout_s
+    for name in names:
+        while time.monotonic() < deadline:
+            with run_lock(RunPaths(sweep_dir, name)) as free:
+                if free:
+                    break
+            time.sleep(0.2)

@@ -17,14 +17,15 @@ from typing import Callable, Iterator
 from jaxformer.files import write_bytes_atomic
 from jaxformer.sweep.accelerators import keep_launcher_on_cpu, local_accelerators
 from jaxformer.sweep.branches import BranchCompute, train_branched, trunks_of
-from jaxformer.sweep.executors import LocalPool, connect_ray, run_local, run_ray
+from jaxformer.sweep.executors import LocalPool, connect_ray, local_ray_cpus, ray_actor_count, run_local, run_ray
 from jaxformer.sweep.plan import PlannedRun, plan_run, repeated_data_note
 from jaxformer.sweep.progress import SweepProgress
 from jaxformer.sweep.queue import Prepare, WorkQueue
 from jaxformer.sweep.directory import prepare_directory, write_configs, write_plan
 from jaxformer.sweep.results import collect, render
-from jaxformer.sweep.runs import RunPaths, read_json
+from jaxformer.sweep.runs import TO_TRAIN, RunPaths, final_record
 from jaxformer.sweep.spec import SweepSpec
+from jaxformer.train.checkpoint_config import has_checkpoints
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,15 +69,13 @@ def plan_table(runs: list[PlannedRun], *, workers: int, probe: bool, adapt_limit
     """
     trunks = trunks_of(runs)  # with branches: trained first, then each run from its trunk's fork (steps: from → to)
     estimates = _estimate_minutes(trunks + runs) if probe else {}
-    width = max([26] + [len(run.name) + 2 for run in trunks + runs])  # tuning runs' names are longer
-    steps = {run.name: f"{run.steps:,}" if run.fork_step is None else f"{run.fork_step:,}→{run.steps:,}"
-             for run in trunks + runs}
-    steps_width = max([8] + [len(text) + 2 for text in steps.values()])
-    lines = [f"{'run':<{width}}{'N':>10}{'D':>11}{'C':>10}{'D/N':>8}{'steps':>{steps_width}}{'est. min':>10}"]
+    cells = [("run", "N", "D", "C", "D/N", "steps", "est. min")]
     for run in trunks + runs:
         minutes = estimates.get(run.name)
-        lines.append(f"{run.name:<{width}}{run.N:>10,}{run.D:>11.3g}{run.C:>10.3g}{run.tokens_per_param:>8.1f}"
-                     f"{steps[run.name]:>{steps_width}}{'' if minutes is None else _minutes(minutes):>10}")
+        cells.append((run.name, f"{run.N:,}", f"{run.D:.3g}", f"{run.C:.3g}", f"{run.tokens_per_param:.1f}",
+                      f"{run.steps:,}" if run.fork_step is None else f"{run.fork_step:,}→{run.steps:,}",
+                      "" if minutes is None else _minutes(minutes)))
+    lines = _columns(cells)
     compute = BranchCompute.of(runs, trunks) if trunks else None
     total = compute.branched if compute else sum(run.C for run in runs)
     line = f"{len(runs)} runs" + (f" on {len(trunks)} trunks" if trunks else "") + f", total compute {total:.3g} FLOPs"
@@ -96,6 +95,14 @@ def plan_table(runs: list[PlannedRun], *, workers: int, probe: bool, adapt_limit
         lines.append(_together_line(len(names), together_groups(trunks + runs, names)))
     note = repeated_data_note(runs)
     return "\n".join(lines + ([note] if note else []))
+
+
+def _columns(rows: list[tuple[str, ...]]) -> list[str]:
+    """Rows of cells as lines: each column as wide as its widest cell and two spaces from the next, the first
+    left-aligned, the others right-aligned."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return ["  ".join(cell.ljust(width) if i == 0 else cell.rjust(width)
+                      for i, (cell, width) in enumerate(zip(row, widths))).rstrip() for row in rows]
 
 
 def _minutes(minutes: float) -> str:
@@ -175,19 +182,28 @@ def launch(spec: SweepSpec, runs: list[PlannedRun], out: Path, options: LaunchOp
         with worker_pool(options, out) as pool:
             return launch(spec, runs, out, options, report=report, pool=pool)
     keep_launcher_on_cpu()  # before any worker starts: this process's fits run while the workers hold them
-    ray = connect_ray(options.ray_address, options.workers) if options.executor == "ray" else None
+    workers, threads, why = choose_layout(options.workers, options.threads)
+    ray = actors = None
+    if options.executor == "ray":  # refused here, before anything is written, when not one actor fits
+        ray = connect_ray(options.ray_address, local_ray_cpus(options.workers, threads))
+        actors = ray_actor_count(ray.cluster_resources(), max(threads, 1), options.gpus_per_run, options.workers)
     own = len(runs)
     runs = prepare_directory(spec, runs, out)
     states = {run.name: RunPaths(out, run.name).state() for run in runs}
-    wanted = {"queued", "partial"} | ({"failed"} if options.retry_failed else set())
+    wanted = set(TO_TRAIN) | ({"failed"} if options.retry_failed else set())
     todo = [run.name for run in runs if states[run.name] in wanted]
-    initial = {name: ("queued" if state == "partial" else state) for name, state in states.items()}
-    workers, threads, why = choose_layout(options.workers, options.threads)
+    initial = {name: ("queued" if state in TO_TRAIN else state) for name, state in states.items()}
     report(f"sweep {spec.name}: {len(runs)} runs, {len(todo)} to train, {options.executor} executor → {out}")
-    report(f"layout: {workers if ray is None else 'Ray-scheduled'} processes × {threads or 'all'} threads ({why})")
+    report(f"layout: {workers if ray is None else actors} {'processes' if ray is None else 'Ray actors'} × "
+           f"{threads or 'all'} threads ({why})")
+    damaged = [name for name, state in states.items() if state == "damaged"]
+    if damaged:
+        report(f"{len(damaged)} runs hold a damaged final.json and train again, from their last checkpoint where "
+               f"they have one: {', '.join(damaged)}")
     note = repeated_data_note(runs)
     if note:
         report(note)
+
     def train(planned: list[PlannedRun], names: list[str], initial: dict[str, str], *,
               after: dict[str, str] | None = None, prepare: Prepare | None = None) -> list:
         """Trains ``names`` of ``planned``; ``after`` and ``prepare`` as `WorkQueue` takes them."""
@@ -199,7 +215,7 @@ def launch(spec: SweepSpec, runs: list[PlannedRun], out: Path, options: LaunchOp
                           compiled=pool.compiled if pool is not None else None)
         with progress:
             if ray is not None:
-                outcomes = run_ray(ray, out, queue, options.workers, threads, options.gpus_per_run, progress.event)
+                outcomes = run_ray(ray, out, queue, actors, threads, options.gpus_per_run, progress.event)
             elif len(items) == 1 and threads and lone_threads(out, names, workers, threads) > threads:
                 outcomes = run_local(out, queue, 1, workers * threads, progress.event)
             else:
@@ -238,7 +254,7 @@ def lone_threads(out: Path, names: list[str], workers: int, threads: int) -> int
     (``workers × threads``) when they start afresh, a worker's ``threads`` when one resumes from its checkpoints
     (a branch from its trunk's): the count it began with unless it began alone, since a reduction's sum order
     follows the thread count and a resume on another count is not bit-exact."""
-    resumes = any(RunPaths(out, name).state() == "partial" for name in names)
+    resumes = any(has_checkpoints(RunPaths(out, name).run_dir) for name in names)
     return threads if resumes else workers * threads
 
 
@@ -284,9 +300,9 @@ def _adapt(spec: SweepSpec, runs: list[PlannedRun], own: int, out: Path, train,
     count = spec.fit.params if spec.fit else spec.shape.count
 
     def points(planned: list[PlannedRun]) -> list[tuple[float, float]]:
-        finals = [(run, read_json(RunPaths(out, run.name).final)) for run in planned]
+        finals = [(run, final_record(RunPaths(out, run.name).final)) for run in planned]
         return [(run.N if count == "total" else run.N_non_embedding, float(final["val_loss"]))
-                for run, final in finals if "val_loss" in final]
+                for run, final in finals if final is not None]
 
     def add(proposals: list[Proposal]) -> dict[Proposal, list[tuple[float, float]]]:
         new: dict[Proposal, list[PlannedRun]] = {}

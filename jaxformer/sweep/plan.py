@@ -85,15 +85,17 @@ def plan_run(spec: SweepSpec, budget_or_tokens: float, target: float, seed: int,
     wanted = budget_or_tokens / per_token if isoflop else budget_or_tokens
     variables = {"N": params.total, "D": wanted, "C": wanted * per_token, "d_model": model.d_model,
                  "num_layers": model.num_layers, "seed": seed}
-    config = _run_config(spec, model, wanted, seed, variables)
-    steps = round(wanted / config.tokens_per_step)
+    # the tokens of one step (formulas may set its batch), from a config of at least one token: under one step the
+    # check below names the budget
+    step = _run_config(spec, model, max(wanted, 1), seed, variables).tokens_per_step
+    steps = round(wanted / step)
     if steps < 1:
         what = f"budget C={budget_or_tokens:.3g}" if isoflop else f"tokens D={budget_or_tokens:.3g}"
         raise ValueError(
             f"{what} is too small for params={target:.3g} (N={params.total:,}): {wanted:,.0f} tokens "
-            f"is less than one step of {config.tokens_per_step:,} tokens"
+            f"is less than one step of {step:,} tokens"
         )
-    tokens = steps * config.tokens_per_step
+    tokens = steps * step
     config = _run_config(spec, model, tokens, seed, variables)
     budget = budget_or_tokens if isoflop else None
     name = prefix + (f"C{_short(budget_or_tokens)}-N{params.total}" if isoflop

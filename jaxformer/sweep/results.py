@@ -7,10 +7,13 @@ import io
 import json
 from pathlib import Path
 
-from jaxformer.sweep.runs import RunPaths, read_json
+from jaxformer.sweep.runs import RunPaths, final_record, read_json
 
 COLUMNS = ("run", "status", "N", "N_non_embedding", "D", "C", "C_exact", "C_6nd", "flops_rule", "budget",
            "tokens_per_param", "loss", "train_loss", "val_bits_per_byte", "epochs", "seed", "wall_s", "reason")
+
+
+DAMAGED = "{final} holds no finished run's record (a JSON object with a finite val_loss); a relaunch trains it again"
 
 
 def load_plan(sweep_dir: Path) -> list[dict]:
@@ -25,14 +28,16 @@ def load_plan(sweep_dir: Path) -> list[dict]:
 
 
 def collect(sweep_dir: Path) -> list[dict]:
-    """One row per planned run; finished runs carry their measured losses (``loss`` = final validation loss)."""
+    """One row per planned run; finished runs carry their measured losses (``loss`` = final validation loss), failed
+    and damaged ones the reason."""
     sweep_dir = Path(sweep_dir)
     rows = []
     for planned in load_plan(sweep_dir):
         paths = RunPaths(sweep_dir, planned["name"])
         state = paths.state()
-        final = read_json(paths.final) if state == "done" else {}
+        final = (final_record(paths.final) if state == "done" else None) or {}
         status = read_json(paths.status)
+        reasons = {"failed": status.get("reason", ""), "damaged": DAMAGED.format(final=paths.final)}
         row = {
             "run": planned["name"], "status": state, "N": planned["N"], "N_non_embedding": planned["N_non_embedding"],
             "D": final.get("tokens", planned["D"]), "C": planned["C"], "C_exact": planned.get("C_exact"),
@@ -40,7 +45,7 @@ def collect(sweep_dir: Path) -> list[dict]:
             "tokens_per_param": planned["D"] / planned["N"], "loss": final.get("val_loss"),
             "train_loss": final.get("train_loss"), "val_bits_per_byte": final.get("val_bits_per_byte"),
             "epochs": final.get("epochs"), "seed": planned["seed"], "wall_s": final.get("wall_s", status.get("wall_s")),
-            "reason": status.get("reason", "") if state == "failed" else "",
+            "reason": reasons.get(state, ""),
         }
         rows.append(row)
     return rows

@@ -10,7 +10,9 @@ Layout of a sweep directory::
     logs/NAME.log                        the run's stdout and stderr
     locks/NAME.lock                      held while a process trains the run
 
-A run is *done* when ``runs/NAME/final.json`` exists, *failed* when its status record
+A run is *done* when ``runs/NAME/final.json`` holds a finished run's record (`final_record`: a JSON
+object with a finite ``val_loss``), *damaged* when that file exists but does not (cut short, emptied:
+the next launch trains the run again, from its last checkpoint if any), *failed* when its status record
 says so (until ``--retry-failed``), *partial* when it has checkpoints, else *queued*.
 The lock (``fcntl.flock``, released by the kernel if the holder dies) is what stops two
 launches on one directory from training the same run twice.
@@ -23,15 +25,18 @@ import copy
 import dataclasses
 import fcntl
 import json
+import math
 import os
 import time
 from pathlib import Path
 from typing import Iterator, Sequence
 
-import yaml
-
+from jaxformer.configs import load_yaml
 from jaxformer.files import write_json_atomic
 from jaxformer.train.checkpoint_config import has_checkpoints
+
+
+TO_TRAIN = ("queued", "partial", "damaged")  # the states a launch trains (a failed run too with --retry-failed)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,9 +63,9 @@ class RunPaths:
         return self.run_dir / "final.json"
 
     def state(self) -> str:
-        """``done``, ``failed``, ``partial`` or ``queued``."""
+        """``done``, ``damaged``, ``failed``, ``partial`` or ``queued``."""
         if self.final.is_file():
-            return "done"
+            return "done" if final_record(self.final) is not None else "damaged"
         if self.status.is_file() and read_json(self.status).get("status") == "failed":
             return "failed"
         if has_checkpoints(self.run_dir):
@@ -79,6 +84,24 @@ def read_json(path: Path) -> dict:
     except (OSError, ValueError):  # ValueError: not JSON, or not UTF-8
         return {}
     return value if isinstance(value, dict) else {}
+
+
+def final_record(path: Path) -> dict | None:
+    """The record in ``path`` (a run's final.json) when it is a finished run's: a JSON object with a finite
+    ``val_loss``; None when it is missing or damaged."""
+    record = read_json(path)
+    loss = record.get("val_loss")
+    finite = isinstance(loss, (int, float)) and not isinstance(loss, bool) and math.isfinite(loss)
+    return record if finite else None
+
+
+def saved_config(path: Path) -> dict:
+    """A run's config as a sweep saved it (``configs/NAME.yaml``, a trunk's ``config.yaml``); raises ``ValueError``
+    naming the file when it is empty or not a YAML mapping."""
+    config = load_yaml(path)
+    if not config:
+        raise ValueError(f"{path}: empty, not a run's config")
+    return config
 
 
 @contextlib.contextmanager
@@ -117,7 +140,8 @@ def changed_setting(sweep_dir: Path, runs: Sequence) -> str | None:
     that its planned one changes, as ``"NAME: FIELD was …, now …"``; None when every begun run is planned as it was.
 
     Runs not begun may change (they train under the new plan); settings a resume may change
-    (`jaxformer.train.config.RESUMABLE_CHANGES`: logging, checkpoints, kernels, layout) are not compared.
+    (`jaxformer.train.config.RESUMABLE_CHANGES`: logging, checkpoints, kernels, layout) are not compared. A begun
+    run's damaged ``configs/NAME.yaml`` raises ``ValueError`` naming it.
     """
     from jaxformer.train.config import config_from_dict, config_to_dict, resume_conflict
 
@@ -125,7 +149,11 @@ def changed_setting(sweep_dir: Path, runs: Sequence) -> str | None:
         paths = RunPaths(sweep_dir, run.name)
         if not paths.config.is_file() or paths.state() == "queued":
             continue
-        before = config_to_dict(config_from_dict(yaml.safe_load(paths.config.read_text())))
+        saved = saved_config(paths.config)
+        try:
+            before = config_to_dict(config_from_dict(saved))
+        except ValueError as error:
+            raise ValueError(f"{paths.config}: {error}") from None
         conflict = resume_conflict(before, config_from_dict(copy.deepcopy(run.config)))
         if conflict is not None:
             return f"{run.name}: {conflict.replace(' in the saved run', '')}"

@@ -66,7 +66,8 @@ def shape_for_params(target: float, base: ModelConfig, rule: ShapeRule) -> Model
     """The model of ``base``'s architecture whose exact N is nearest ``target`` under ``rule``.
 
     Raises ``ValueError`` when even ``min_layers`` layers of one head overshoot the target by more
-    than the tolerance (the rule would need fewer layers than ``min_layers``).
+    than the tolerance (the rule would need fewer layers than ``min_layers``), or when even ``max_layers``
+    layers of ``max_heads`` heads fall short of it by more than the tolerance (it would need more).
     """
     if target <= 0:
         raise ValueError(f"target params must be positive, got {target}")
@@ -83,6 +84,12 @@ def shape_for_params(target: float, base: ModelConfig, rule: ShapeRule) -> Model
         raise ValueError(
             f"shape rule gives too few layers for params={target:.4g}: {layers} of width {rule.head_dim} "
             f"already holds {smallest:,} parameters"
+        )
+    largest = max(_counted(_shape(base, rule.max_layers, heads, rule), rule) for heads in range(1, rule.max_heads + 1))
+    if largest < target * (1 - rule.tolerance):
+        raise ValueError(
+            f"shape rule cannot reach params={target:.4g}: {rule.max_layers} layers (shape.max_layers) of up to "
+            f"{rule.max_heads} heads (shape.max_heads) of width {rule.head_dim} hold at most {largest:,} parameters"
         )
     close = [cfg for cfg in candidates if abs(_counted(cfg, rule) / target - 1) <= rule.tolerance]
     if close:

@@ -151,6 +151,11 @@ class FitSpec:
     bootstrap_groups: list[str] = dataclasses.field(default_factory=list)
 
     def __post_init__(self) -> None:
+        if not self.approaches or len(set(self.approaches)) < len(self.approaches) \
+                or not all(approach in (1, 2, 3) for approach in self.approaches):
+            raise ValueError(f"fit.approaches must list distinct approaches of 1, 2 and 3, got {self.approaches}")
+        if self.bootstrap < 0 or self.bootstrap == 1:
+            raise ValueError(f"fit.bootstrap must be 0 (no intervals) or at least 2 resamples, got {self.bootstrap}")
         for field in self.bootstrap_groups:
             if field not in GROUP_FIELDS:
                 raise ValueError(f"fit.bootstrap_groups: {field!r} is not one of {', '.join(GROUP_FIELDS)}")
@@ -249,9 +254,6 @@ class SweepSpec:
             raise ValueError("the sweep's size and budget lists must not be empty")
         if not self.seeds:
             raise ValueError("seeds must list at least one seed")
-        for approach in self.fit.approaches if self.fit else []:
-            if approach not in (1, 2, 3):
-                raise ValueError(f"fit.approaches must be 1, 2 or 3, got {approach}")
         if self.isoflop and self.fit and self.fit.flops not in (None, self.isoflop.flops):
             raise ValueError(f"fit.flops must be isoflop.flops ({self.isoflop.flops!r}) or unset, got "
                              f"{self.fit.flops!r}: the runs of one IsoFLOP budget share its compute only as the "

@@ -18,6 +18,8 @@ import numpy as np
 
 from jaxformer.files import load_json, load_jsonl
 from jaxformer.scaling.table import RunTable, columns_table, find_column, records_to_columns
+from jaxformer.sweep.results import DAMAGED
+from jaxformer.sweep.runs import final_record
 
 CURVE_FILE = "metrics.jsonl"
 
@@ -50,6 +52,9 @@ def sweep_table(path: str | Path, *, params: str = "total", flops: str | None = 
     if planned is not None:  # the plan's runs only: a held-out run (`jaxformer.sweep.verify`) is not the sweep's
         budgets = {r["name"]: r.get("budget") for r in planned}
         run_dirs = [d for d in run_dirs if d.name in budgets]
+        damaged = [d / "final.json" for d in run_dirs if final_record(d / "final.json") is None]
+        if damaged:  # not a finished run's (`jaxformer.sweep.runs`), though its run finished once
+            raise ValueError(DAMAGED.format(final=damaged[0]))
         planned_rule = next((r["flops_rule"] for r in planned if r.get("flops_rule")), None)
         if flops is None:
             flops = planned_rule or "exact"

@@ -31,7 +31,7 @@ from jaxformer.scaling.bootstrap import percentiles, sample_laws
 from jaxformer.scaling.report import FitReport, jsonable
 from jaxformer.sweep.fit import pooled_seed_noise
 from jaxformer.sweep.plan import PlannedRun, plan_run
-from jaxformer.sweep.runs import RunPaths, read_json
+from jaxformer.sweep.runs import RunPaths, final_record
 from jaxformer.sweep.spec import SweepSpec
 
 TOLERANCE = 0.01  # the relative error within which a prediction counts as met
@@ -99,7 +99,7 @@ def compare_held_out(out: Path, repeats: list[PlannedRun], report: FitReport, sp
     N = run.N if spec.fit.params == "total" else run.N_non_embedding
     sigma, degrees = noise or (None, None)
     prediction = predict(report, N, run.D, sigma, len(repeats), degrees)
-    losses = [float(read_json(RunPaths(out, each.name).final)["val_loss"]) for each in repeats]
+    losses = [float(final_record(RunPaths(out, each.name).final)["val_loss"]) for each in repeats]  # done runs
     measured = float(np.mean(losses))
     error = measured / prediction["loss"] - 1
     return {"run": run.name, "runs": [each.name for each in repeats], "seeds": [each.seed for each in repeats],

@@ -2,10 +2,11 @@
 
 ``python -m jaxformer.sweep.worker`` reads requests, one per line, on stdin: a sweep directory and a run
 name, separated by a tab; it answers each run with one JSON line on stdout (an `Outcome`). A request of
-several names (each after a tab) is a group: the worker takes every run's lock, skips the finished ones and
-trains the others together as one program (`jaxformer.train.together`; alone when they cannot),
-with the group's output in its first run's log. An exception no attempt names fails the runs it was training
-(its traceback in the log, its line in their ``error.json``), not the process. Each run trains in this process
+several names (each after a tab) is a group: the worker takes every run's lock, skips the finished ones, removes
+a damaged ``final.json`` (`jaxformer.sweep.runs`: the run trains again) and trains the others together as one
+program (`jaxformer.train.together`; alone when they cannot), with the group's output in its first run's log.
+An exception no attempt names fails the runs it was training (its traceback in the log, its line in their
+``error.json``), not the process. Each run trains in this process
 (`jaxformer.train.attempt.attempt_run`) under the run's lock, with the process's output
 (file descriptors 1 and 2, so XLA's C++ logging too) appended to ``logs/NAME.log``. What a
 warm process keeps between runs is what makes short runs cheap: the imports, the JAX backend,
@@ -68,9 +69,11 @@ def train_group_here(sweep_dir: Path, names: Sequence[str]) -> list[Outcome]:
         for paths in (RunPaths(sweep_dir, name) for name in names):
             if not locks.enter_context(run_lock(paths)):
                 outcomes[paths.name] = Outcome(paths.name, "busy", "another launch holds its lock")
-            elif paths.final.is_file():
+            elif (state := paths.state()) == "done":
                 outcomes[paths.name] = Outcome(paths.name, "skipped")
             else:
+                if state == "damaged":  # replaced by the record of this attempt, never read as a finished run's
+                    paths.final.unlink()
                 todo.append(paths)
         if todo:
             for paths in todo:

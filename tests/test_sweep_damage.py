@@ -1,0 +1,146 @@
+"""A damaged sweep directory, built here without training: a final.json cut short or emptied is no finished run (the
+table says so, a fit refuses it and a relaunch trains the run again, replacing the file); a damaged saved config is
+refused in one line naming it."""
+
+import dataclasses
+import json
+
+import pytest
+import yaml
+
+from jaxformer.cli import main
+from jaxformer.sweep.branches import start_branch
+from jaxformer.sweep.directory import write_plan
+from jaxformer.sweep.launch import LaunchOptions, launch
+from jaxformer.sweep.plan import plan_runs
+from jaxformer.sweep.results import collect
+from jaxformer.sweep.runs import RunPaths
+from jaxformer.sweep.spec import load_spec
+from jaxformer.sweep.table import sweep_table
+from jaxformer.sweep.worker import train_group_here
+from sweep_helpers import TINY, variant
+
+FINISHED = {"params": 8240, "tokens": 20224, "val_loss": 3.25, "train_loss": 3.5}
+DAMAGED = {
+    "cut short": '{"params": 8240, "tokens": 20224, "val_lo',
+    "emptied": "",
+    "an empty object": "{}",
+    "no object": "[3.25]",
+    "a non-finite loss": '{"val_loss": NaN}',
+    "a loss as text": '{"val_loss": "3.25"}',
+    "a loss as a boolean": '{"val_loss": true}',
+}
+
+
+def sweep_dir(tmp_path, spec_path=TINY):
+    """A sweep directory as a launch prepares it (spec's plan.json and configs), no run begun."""
+    spec = load_spec(spec_path)
+    runs, out = plan_runs(spec), tmp_path / "out"
+    (out / "configs").mkdir(parents=True)
+    write_plan(spec, runs, out)
+    return spec, runs, out
+
+
+def write_final(out, name: str, text: str) -> None:
+    paths = RunPaths(out, name)
+    paths.run_dir.mkdir(parents=True, exist_ok=True)
+    paths.final.write_text(text)
+
+
+@pytest.mark.parametrize("damage", DAMAGED)
+def test_a_damaged_final_json_is_no_finished_run_in_the_table(tmp_path, damage):
+    _, runs, out = sweep_dir(tmp_path)
+    write_final(out, runs[0].name, json.dumps(FINISHED))
+    write_final(out, runs[1].name, DAMAGED[damage])
+    assert [RunPaths(out, run.name).state() for run in runs] == ["done", "damaged", "queued", "queued"]
+    finished, damaged, *_ = collect(out)
+    assert (finished["status"], finished["loss"], finished["D"], finished["reason"]) == ("done", 3.25, 20224, "")
+    assert (damaged["status"], damaged["loss"], damaged["train_loss"], damaged["D"]) == ("damaged", None, None, 9984)
+    assert damaged["reason"] == (f"{RunPaths(out, runs[1].name).final} holds no finished run's record (a JSON object "
+                                 "with a finite val_loss); a relaunch trains it again")
+    with pytest.raises(ValueError) as error:  # what `jaxformer fit` reads: refused in the same words
+        sweep_table(out)
+    assert str(error.value) == damaged["reason"]
+
+
+class InProcessPool:
+    """A pool of one worker in this process (`train_group_here`), for `launch`."""
+
+    compiled: set[str] = set()
+
+    def run(self, sweep_dir, queue, on_event):
+        outcomes = []
+        while (taken := queue.take(wait=False)) is not None:
+            group, settled = taken
+            trained = train_group_here(sweep_dir, group) if group else []
+            queue.finish(trained)
+            for outcome in settled + trained:
+                on_event(outcome.name, "finished", outcome)
+            outcomes += settled + trained
+        return outcomes
+
+
+def test_a_relaunch_trains_the_damaged_and_missing_runs_replacing_their_final_json(tmp_path, monkeypatch):
+    """Each damaged final.json is removed before its run trains again (never read as a finished run's, nor merged
+    into the new one); the finished run is not trained, and results.csv holds every run's loss."""
+    from jaxformer.train.attempt import Attempt
+
+    spec, runs, out = sweep_dir(tmp_path)
+    write_final(out, runs[0].name, json.dumps(FINISHED))
+    write_final(out, runs[1].name, DAMAGED["cut short"])
+    write_final(out, runs[2].name, DAMAGED["an empty object"])
+    trained = []
+
+    def attempt_together(config_paths, overrides, run_dirs):  # the worker's training, as a run writes final.json
+        attempts = []
+        for run_dir in run_dirs:
+            assert not (run_dir / "final.json").exists()
+            record = {"tokens": next(run.D for run in runs if run.name == run_dir.name), "val_loss": 3.0 - len(trained)}
+            run_dir.mkdir(parents=True, exist_ok=True)
+            (run_dir / "final.json").write_text(json.dumps(record))
+            trained.append(run_dir.name)
+            attempts.append(Attempt("done", record))
+        return attempts
+
+    monkeypatch.setattr("jaxformer.train.attempt.attempt_together", attempt_together)
+    lines = []
+    result = launch(spec, runs, out, LaunchOptions(workers=1, threads=1), report=lines.append, pool=InProcessPool())
+    assert trained == [run.name for run in runs[1:]]
+    assert lines[0] == f"sweep tiny: 4 runs, 3 to train, local executor → {out}"
+    assert lines[2] == (f"2 runs hold a damaged final.json and train again, from their last checkpoint where they "
+                        f"have one: {runs[1].name}, {runs[2].name}")
+    assert result.failed == [] and [row["status"] for row in result.rows] == ["done"] * 4
+    table = (out / "results.csv").read_text().splitlines()
+    assert [line.split(",")[:2] + [line.split(",")[11]] for line in table[1:]] == [
+        [runs[0].name, "done", "3.25"], [runs[1].name, "done", "3.0"], [runs[2].name, "done", "2.0"],
+        [runs[3].name, "done", "1.0"]]
+
+
+@pytest.mark.parametrize("text, problem", [
+    ("model: {d_model: [32\n", "invalid YAML (while parsing a flow sequence)"),
+    ("", "empty, not a run's config"),
+    ("a run's config\n", "expected a mapping at the top level, got str"),
+    ("train: {bogus: 1}\n", "unknown config key 'train.bogus'"),
+])
+def test_a_begun_runs_damaged_config_is_refused_in_one_line_naming_it(tmp_path, capsys, text, problem):
+    _, runs, out = sweep_dir(tmp_path)
+    for run in runs:  # every run begun (done): a relaunch would train none
+        write_final(out, run.name, json.dumps(FINISHED))
+    config = RunPaths(out, runs[1].name).config
+    config.write_text(text)
+    assert main(["sweep", str(TINY), "--out", str(out), "--workers", "1"]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith(f"jaxformer sweep: error: {config}: {problem}") and error.count("\n") == 1, error
+    assert config.read_text() == text and not (out / "results.csv").exists()
+
+
+def test_a_trunks_damaged_config_fails_its_branch_naming_the_file(tmp_path):
+    base = {**yaml.safe_load(TINY.read_text())["base"],
+            "optimizer": {"schedule": "wsd", "warmup_tokens": 1024, "cooldown_fraction": 0.2}}
+    _, runs, out = sweep_dir(tmp_path, variant(tmp_path, "branched", base=base, branches=True))
+    branch = runs[0]
+    trunk = RunPaths(out, branch.trunk)
+    write_final(out, trunk.name, json.dumps(FINISHED))
+    (trunk.run_dir / "config.yaml").write_text("model: {d_model: [32\n")
+    with pytest.raises(ValueError, match=r"^\S+/runs/trunk-N8240-s0/config.yaml: invalid YAML \(while parsing"):
+        start_branch(out, dataclasses.replace(branch))
