@@ -33,8 +33,10 @@ def write_atomically(path: Path, write: Callable[[BinaryIO], object]) -> None:
 
 
 def _naming(error: OSError, path: Path) -> OSError:
-    """``error`` about ``path`` (the same kind and errno), or ``error`` itself when it has no errno."""
-    return error if error.errno is None else type(error)(error.errno, error.strerror, str(path))
+    """``error`` about ``path`` (the same kind and errno) when it named the temporary file beside it (or nothing);
+    ``error`` itself otherwise (no errno, or another file: one the ``write`` callback read)."""
+    about_temporary = error.filename is None or Path(str(error.filename)).name.startswith(f".{path.name}.")
+    return type(error)(error.errno, error.strerror, str(path)) if error.errno and about_temporary else error
 
 
 def write_bytes_atomic(path: Path, payload: bytes) -> None:

@@ -7,6 +7,7 @@ import re
 import pytest
 
 from jaxformer.cli import main
+from jaxformer.files import write_atomically
 from jaxformer.models.presets import get_preset
 from jaxformer.sweep.directory import write_plan
 from jaxformer.sweep.launch import plan_table
@@ -72,3 +73,6 @@ def test_results_output_errors_name_the_users_path_and_leave_no_temporary_file(t
     assert main(["results", str(tmp_path / "out"), "--output", str(directory), "--force"]) == 2
     assert capsys.readouterr().err == f"jaxformer results: error: [Errno 21] Is a directory: '{directory}'\n"
     assert sorted(path.name for path in tmp_path.iterdir()) == ["dd", "out"] and not any(directory.iterdir())
+    with pytest.raises(FileNotFoundError) as raised:  # an error about another file (one the writer reads) is kept
+        write_atomically(tmp_path / "y.png", lambda handle: open(tmp_path / "font.ttf", "rb"))
+    assert raised.value.filename == str(tmp_path / "font.ttf") and sorted(p.name for p in tmp_path.iterdir()) == ["dd", "out"]

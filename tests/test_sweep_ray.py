@@ -11,7 +11,7 @@ import pytest
 from jaxformer.cli import main
 from jaxformer.sweep.executors import local_ray_cpus, ray_actor_count, run_ray
 from jaxformer.sweep.queue import WorkQueue
-from jaxformer.sweep.runs import Outcome
+from jaxformer.sweep.runs import Outcome, RunPaths
 from sweep_helpers import variant
 
 
@@ -67,7 +67,7 @@ class FakeRay:
     exceptions = SimpleNamespace(RayActorError=ActorDied)
 
     def __init__(self, deaths: dict[str, int]) -> None:
-        self.deaths, self.actors, self.requests, self.closed = dict(deaths), [], [], []
+        self.deaths, self.actors, self.requests, self.closed, self.killed = dict(deaths), [], [], [], []
 
     def remote(self, **options):
         self.options = options
@@ -88,6 +88,9 @@ class FakeRay:
                 raise ActorDied(f"The actor died unexpectedly before finishing this task.\n\tclass_name: _RayWorker")
         return [Outcome(name, "done") for name in group]
 
+    def kill(self, actor):
+        self.killed.append(actor.slot)
+
     @staticmethod
     def wait(references, num_returns):
         return references[:num_returns], references[num_returns:]
@@ -104,15 +107,19 @@ def test_a_dead_ray_actor_is_replaced_and_its_group_resumed_by_the_new_one(tmp_p
     assert sorted((o.name, o.status) for o in outcomes) == [("a", "done"), ("b", "done"), ("c", "done"), ("d", "done")]
     assert ray.options == {"num_cpus": 3, "num_gpus": 0.0, "max_restarts": 0}
     assert [slot for slot, group in ray.requests if group == ("b", "c")] == [0, 2]  # actor 0 died; its replacement 2
-    assert sorted(ray.closed) == [1, 2]  # the live actors are ended, the dead one is not asked
+    assert sorted(ray.closed) == [1, 2] and ray.killed == [0]  # the live actors are ended, the dead one killed
     assert ("b", "finished") in events and ("c", "finished") in events
 
 
 def test_a_group_whose_actors_die_twice_is_recorded_failed_and_the_others_train(tmp_path):
     ray = FakeRay({"b": 2})
-    outcomes = run_ray(ray, tmp_path, WorkQueue([("b", "c"), "a"]), 1, 1, 0.0, lambda *event: None)
+    finished = RunPaths(tmp_path, "e")  # finished before its actor died: still done
+    finished.run_dir.mkdir(parents=True)
+    (finished.run_dir / "final.json").write_text('{"val_loss": 2.5}')
+    outcomes = run_ray(ray, tmp_path, WorkQueue([("b", "c", "e"), "a"]), 1, 1, 0.0, lambda *event: None)
     by_name = {outcome.name: outcome for outcome in outcomes}
     assert by_name["a"].status == "done" and len(ray.actors) == 3  # one actor, replaced twice
+    assert by_name["e"].status == "done" and not (tmp_path / "status" / "e.json").exists()
     reason = "its Ray actor died 2 times (ActorDied: The actor died unexpectedly before finishing this task.)"
     for name in ("b", "c"):
         assert (by_name[name].status, by_name[name].reason) == ("failed", reason)

@@ -182,6 +182,31 @@ def test_checkpoints_keep_last_k_and_fall_back_past_a_corrupt_latest(tmp_path, c
     assert _restore(tmp_path / "fresh", abstract) is None
 
 
+def test_a_step_one_process_cannot_read_is_skipped_by_every_process(tmp_path, monkeypatch, capsys):
+    """Process 1 of two (its answers through `exchange` played here; it holds no blocks) fails to read step 3 and
+    reads step 2: this process skips step 3 too, and both digests of step 2 match — the processes stay in step."""
+    from jaxformer.train import checkpoint
+
+    checkpointer = Checkpointer(tmp_path / "checkpoints", keep=2)
+    for step in (2, 3):
+        checkpointer.save(step, _state(step), {"loader": {"position": 8 * step}})
+    checkpointer.close()
+    peer = iter([b"", b"\x01" + np.zeros((len(jax.tree.leaves(_state(0))), 2), np.uint64).tobytes()])
+    calls = []
+
+    def exchange(name, value):
+        calls.append(name)
+        return [value, next(peer)] if name == "restore" else [value, value]
+
+    monkeypatch.setattr(checkpoint, "exchange", exchange)
+    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), _state(0))
+    step, state, _ = _restore(tmp_path / "checkpoints", abstract)
+    assert step == 2 and float(state["params"]["w"][0, 0]) == 2.0
+    assert calls == ["restore", "set-aside", "restore"]
+    assert "checkpoint step 3 is unreadable (process 1 could not read it)" in capsys.readouterr().err
+    assert (tmp_path / "corrupt_checkpoints" / "3").is_dir()
+
+
 def test_an_asynchronous_save_keeps_the_state_it_was_given_while_training_donates_it(tmp_path):
     checkpointer = Checkpointer(tmp_path / "checkpoints", keep=3, asynchronous=True)
     step_fn = jax.jit(lambda state: jax.tree.map(lambda x: x + 1, state), donate_argnums=0)

@@ -212,6 +212,7 @@ def run_ray(ray, sweep_dir: Path, queue: WorkQueue, count: int, threads: int, gp
             trained = ray.get(ready[0])
         except ray.exceptions.RayActorError as error:
             actors.remove(handle)
+            ray.kill(handle)  # one only unreachable (ActorUnavailableError) would keep its resources, and its run
             handle = start()
             actors.append(handle)
             if attempt < ATTEMPTS:
@@ -229,11 +230,18 @@ def run_ray(ray, sweep_dir: Path, queue: WorkQueue, count: int, threads: int, gp
 
 
 def _actor_died(sweep_dir: Path, name: str, error: Exception) -> Outcome:
-    """The failed outcome (and status record) of a run whose Ray actors died `ATTEMPTS` times."""
-    message = str(error).partition("\n")[0]
-    reason = f"its Ray actor died {ATTEMPTS} times ({type(error).__name__}: {message})"
-    RunPaths(sweep_dir, name).record("failed", reason=reason)
-    return Outcome(name, "failed", reason)
+    """The outcome of a run of a group whose Ray actors died `ATTEMPTS` times: ``done`` when it finished before,
+    ``busy`` when another launch holds it, else ``failed`` (with its status record)."""
+    paths = RunPaths(sweep_dir, name)
+    with run_lock(paths) as free:
+        if not free:
+            return Outcome(name, "busy", "another launch holds its lock")
+        if paths.state() == "done":
+            return Outcome(name, "done")
+        message = str(error).partition("\n")[0]
+        reason = f"its Ray actor died {ATTEMPTS} times ({type(error).__name__}: {message})"
+        paths.record("failed", reason=reason)
+        return Outcome(name, "failed", reason)
 
 
 def _wait_released(sweep_dir: Path, names: tuple[str, ...], timeout_s: float = 60.0) -> None:

@@ -87,20 +87,34 @@ def _block_fingerprints(leaf: Any) -> list[jax.Array]:
             for shard in leaf.addressable_shards if shard.replica_id == 0]
 
 
+def _local_sums(leaves: list[Any]) -> np.ndarray:
+    """``[leaves, 2]`` uint64: per leaf, the sums of the `_fingerprint` s of the blocks this process holds once."""
+    blocks = jax.device_get([_block_fingerprints(leaf) for leaf in leaves])
+    return np.array([np.sum(np.array(b, np.uint64).reshape(-1, 2), axis=0) for b in blocks], np.uint64).reshape(-1, 2)
+
+
+def _digest(leaves: list[Any], sums: list[np.ndarray]) -> str:
+    """SHA-256 over every leaf's dtype, shape and fingerprint: ``sums``, every process's `_local_sums`, added."""
+    fingerprints = (np.sum(sums, axis=0) % 2**32).astype(np.uint32)
+    digest = hashlib.sha256()
+    for leaf, fingerprint in zip(leaves, fingerprints):
+        digest.update(f"{leaf.dtype}{tuple(np.shape(leaf))}".encode() + fingerprint.tobytes())
+    return digest.hexdigest()
+
+
+def _exchange_sums(name: str, local: np.ndarray | None) -> list[np.ndarray | None]:
+    """Every process's `_local_sums` (None from a process that has none: it could not read the state)."""
+    received = exchange(name, b"" if local is None else b"\x01" + local.tobytes())
+    return [np.frombuffer(data[1:], np.uint64).reshape(-1, 2) if data else None for data in received]
+
+
 def state_digest(state: Any) -> str:
     """SHA-256 over every leaf's dtype, shape and 64-bit content fingerprint (`_fingerprint`), in tree order.
 
     The same in every process of a multi-process run, and for every sharding of the same values.
     """
     leaves = jax.tree.leaves(state)
-    blocks = jax.device_get([_block_fingerprints(leaf) for leaf in leaves])
-    local = np.array([np.sum(np.array(b, np.uint64).reshape(-1, 2), axis=0) for b in blocks], np.uint64)
-    processes = [np.frombuffer(data, np.uint64).reshape(local.shape) for data in exchange("state-digest", local.tobytes())]
-    fingerprints = (np.sum(processes, axis=0) % 2**32).astype(np.uint32)
-    digest = hashlib.sha256()
-    for leaf, fingerprint in zip(leaves, fingerprints):
-        digest.update(f"{leaf.dtype}{tuple(np.shape(leaf))}".encode() + fingerprint.tobytes())
-    return digest.hexdigest()
+    return _digest(leaves, _exchange_sums("state-digest", _local_sums(leaves)))
 
 
 class Checkpointer:
@@ -155,18 +169,27 @@ class Checkpointer:
         _ignore_reads_outliving_their_loop()
         steps, unreadable = self.steps(), []
         for step in reversed(steps):
+            failure = local = None
             try:
                 restored = self.manager.restore(
                     step,
                     args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state), meta=ocp.args.JsonRestore()),
                 )
                 state, meta = restored["state"], dict(restored["meta"])
-                if state_digest(state) != meta.get("digest"):
-                    raise ValueError("array contents do not match the digest saved with them")
+                local = _local_sums(jax.tree.leaves(state))
             except Exception as error:  # noqa: BLE001 — any failure to read a step means: try the previous one
-                unreadable.append((step, f"{type(error).__name__}: {(str(error).splitlines() or [''])[0][:200]}"))
+                failure = f"{type(error).__name__}: {(str(error).splitlines() or [''])[0][:200]}"
+            # one exchange per step in every process, whatever this one met, so that all judge each step alike
+            sums = _exchange_sums("restore", local)
+            missing = [process for process, each in enumerate(sums) if each is None]
+            if failure is None and missing:
+                failure = f"process {missing[0]} could not read it"
+            if failure is None and _digest(jax.tree.leaves(state), sums) != meta.get("digest"):
+                failure = "ValueError: array contents do not match the digest saved with them"
+            if failure is not None:
+                unreadable.append((step, failure))
                 if not self.read_only:
-                    self._set_aside(*unreadable[-1])
+                    self._set_aside(step, failure)
                 continue
             if unreadable and self.read_only:  # one line for all the skipped steps
                 print(f"warning: checkpoint steps {[s for s, _ in unreadable]} are unreadable ({unreadable[0][1]}); "
@@ -186,12 +209,13 @@ class Checkpointer:
         print(f"warning: checkpoint step {step} is unreadable ({reason}); moving it to {self._corrupt_dir()} "
               "and falling back to the previous one", file=sys.stderr)
         source = self.directory / str(step)
-        if source.exists():
+        if source.exists() and jax.process_index() == 0:  # one process moves it, for all
             target = self._corrupt_dir() / str(step)
             target.parent.mkdir(parents=True, exist_ok=True)
             if target.exists():
                 shutil.rmtree(target)
             shutil.move(str(source), str(target))
+        exchange("set-aside", b"")  # the others reload once it has moved
         self.manager.reload()
 
     def close(self) -> None:
