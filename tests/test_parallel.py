@@ -226,6 +226,32 @@ def test_distributed_start_up_is_off_unless_asked_for_or_launched_by_slurm_or_mp
         load_config(None, ["parallel.distributed.num_processes=2", "parallel.distributed.process_id=2"])
 
 
+DIGESTS = """
+import json, jax, numpy as np
+from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+from jaxformer.train import checkpoint
+mesh = jax.make_mesh((2, 2, 2), ("a", "b", "c"), axis_types=(AxisType.Auto,) * 3)
+rng = np.random.default_rng(0)
+state = {"w": rng.standard_normal((12, 8)).astype(np.float32), "step": np.int32(7), "bf": rng.standard_normal((4, 6, 10)).astype("bfloat16"),
+         "mask": rng.standard_normal(5) > 0, "i8": rng.integers(-100, 100, (8, 4)).astype(np.int8)}
+layouts = [{"w": P("a", ("b", "c")), "bf": P(None, "c", "a"), "i8": P(("c", "a"))},  # split, partly replicated
+           {"w": P(None, "b"), "bf": P(), "i8": P("b", "c")}, {"w": P(("c", "b")), "bf": P("b"), "i8": P(None, ("a", "b"))}]
+placed = [{k: jax.device_put(v, NamedSharding(mesh, layout.get(k, P()))) for k, v in state.items()} for layout in layouts]
+digests = [checkpoint.state_digest(state)] + [checkpoint.state_digest(leaves) for leaves in placed]
+kinds = {(x.shape, str(x.dtype), x.sharding.spec) for leaves in placed for x in leaves.values()}
+print(json.dumps({"digests": digests, "programs": checkpoint._sharded_fingerprint._cache_size(), "kinds": len(kinds)}))
+"""
+
+
+def test_the_state_digest_is_the_same_for_every_sharding_and_compiles_once_per_leaf_layout():
+    """Each device reduces its own shard in one SPMD program per leaf layout (not one program per device)."""
+    done = subprocess.run([sys.executable, "-c", DIGESTS], env=_env(8), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout.splitlines()[-1])
+    assert len(set(result["digests"])) == 1 and len(result["digests"]) == 4
+    assert result["programs"] == result["kinds"] == 11  # one per leaf shape, dtype and layout, for all 8 devices
+
+
 def test_a_process_whose_peers_never_connect_stops_after_the_initialization_timeout():
     code = ("import sys; from jaxformer.parallel.config import DistributedConfig; "
             "from jaxformer.parallel.distributed import initialize; "

@@ -33,6 +33,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
+from jax.sharding import NamedSharding, PartitionSpec
 
 from jaxformer.parallel.distributed import exchange
 
@@ -51,16 +52,13 @@ def _mix32(h: jax.Array) -> jax.Array:
     return h ^ (h >> 16)
 
 
-@functools.partial(jax.jit, static_argnames="shape")
-def _fingerprint(block: jax.Array, start: jax.Array, shape: tuple[int, ...]) -> jax.Array:
+def _block_sums(block: jax.Array, start: jax.Array, shape: tuple[int, ...]) -> jax.Array:
     """``[2]`` uint32: two sums over ``block``'s elements of a hash of (bits, flat index), mod 2³².
 
     ``block`` is the part of a leaf of shape ``shape`` that begins at ``start`` (``[ndim]`` uint32;
     the whole leaf when ``block.shape == shape``), and the index is the element's flat index in the
     leaf. Integer sums are exact in any order, so the blocks' sums add up to the leaf's, however the
-    leaf is sharded. One program per block shape and dtype: a state's leaves share a few (a parameter
-    and its two AdamW moments, every layer's matrices), and so do the models of a sweep, where a
-    program over a whole state would compile anew for every model.
+    leaf is sharded.
     """
     x = block.astype(jnp.uint8) if block.dtype == jnp.bool_ else block
     if x.dtype.itemsize not in (1, 2, 4):
@@ -73,8 +71,37 @@ def _fingerprint(block: jax.Array, start: jax.Array, shape: tuple[int, ...]) -> 
                       for seed in (0x9E3779B9, 0x7F4A7C15)])
 
 
+# one program per leaf shape and dtype (and sharding): a state's leaves share a few (a parameter and its two AdamW
+# moments, every layer's matrices), and so do the models of a sweep, where a program over a whole state would compile
+# anew for every model
+_fingerprint = jax.jit(_block_sums, static_argnames="shape")
+
+
+@functools.partial(jax.jit, static_argnames="sharding")
+def _sharded_fingerprint(leaf: jax.Array, sharding: NamedSharding) -> jax.Array:
+    """``[devices, 2]`` uint32: row d the `_block_sums` of device d's shard of ``leaf`` (laid out by ``sharding``),
+    zeros where that shard is a replica of another (an index other than 0 on a mesh axis the leaf is not split over).
+
+    One SPMD program for every device, with no collective: each device reduces its own shard.
+    """
+    mesh = sharding.mesh
+    parts = [p if isinstance(p, tuple) else (p,) if p else () for p in sharding.spec]
+    parts += [()] * (leaf.ndim - len(parts))
+    unsplit = tuple(axis for axis in mesh.axis_names if not any(axis in p for p in parts))
+
+    def local(block):
+        start = [jax.lax.axis_index(p).astype(jnp.uint32) * jnp.uint32(size) if p else jnp.uint32(0)
+                 for p, size in zip(parts, block.shape)]
+        sums = _block_sums(block, jnp.stack(start) if start else jnp.zeros(0, jnp.uint32), leaf.shape)
+        replica = jax.lax.axis_index(unsplit) != 0 if unsplit else False
+        return jnp.where(replica, jnp.uint32(0), sums)[None]
+
+    return jax.shard_map(local, mesh=mesh, in_specs=sharding.spec, out_specs=PartitionSpec(mesh.axis_names),
+                         check_vma=False)(leaf)
+
+
 def _block_fingerprints(leaf: Any) -> list[jax.Array]:
-    """`_fingerprint` of each block of ``leaf`` this process holds once: its devices' shards with replica id 0.
+    """Sums of ``leaf``'s blocks that this process holds once (its devices' shards that are no replica of another).
 
     Each device reduces its own shard, so no host ever holds the state, and no program spans
     processes: the processes' sums meet through `exchange`, outside XLA, so that a save's collectives
@@ -83,6 +110,8 @@ def _block_fingerprints(leaf: Any) -> list[jax.Array]:
     if not isinstance(leaf, jax.Array) or (leaf.is_fully_addressable and len(leaf.sharding.device_set) == 1):
         # one block, as it is: a shard's data may carry another sharding than its leaf, and compile anew
         return [_fingerprint(leaf, np.zeros(np.ndim(leaf), np.uint32), np.shape(leaf))]
+    if isinstance(leaf.sharding, NamedSharding):
+        return [shard.data for shard in _sharded_fingerprint(leaf, leaf.sharding).addressable_shards]
     return [_fingerprint(shard.data, np.array([s.start or 0 for s in shard.index], np.uint32), leaf.shape)
             for shard in leaf.addressable_shards if shard.replica_id == 0]
 
