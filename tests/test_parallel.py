@@ -252,6 +252,37 @@ def test_the_state_digest_is_the_same_for_every_sharding_and_compiles_once_per_l
     assert result["programs"] == result["kinds"] == 11  # one per leaf shape, dtype and layout, for all 8 devices
 
 
+CHOICE = """
+import json, sys
+from pathlib import Path
+from jaxformer.parallel.config import DistributedConfig
+from jaxformer.parallel.distributed import initialize
+process, address, cache = int(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
+initialize(DistributedConfig(coordinator_address=address, num_processes=2, process_id=process), {})
+from jaxformer.train.kernel_choice import decide, fastest, on_every_process
+timed = lambda: {"naive": 1.0, "fused": 0.5 if process == 0 else 2.0}  # process 0's timings decide
+measured = decide(cache, "KEY", ["naive", "fused"], timed, fastest, "attention_impl")[:2]
+only = on_every_process(["naive", "fused"] if process == 0 else ["naive"])  # a host without the fused kernel
+print(json.dumps([measured, only]))
+"""
+
+
+def test_two_processes_on_one_host_choose_a_kernel_together_without_waiting_for_each_other(tmp_path):
+    """Both take the same cache file: only process 0 takes its timing lock (process 1 waiting on it while process 0
+    waits for process 1 was a deadlock), and the candidates are those every process has."""
+    address = f"127.0.0.1:{_free_port()}"
+    processes = [subprocess.Popen([sys.executable, "-c", CHOICE, str(i), address, str(tmp_path / "kernel.json")],
+                                  env=_env(1), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                 for i in range(2)]
+    try:
+        outputs = [p.communicate(timeout=60) for p in processes]
+    finally:
+        for p in processes:
+            p.kill()
+    assert [p.returncode for p in processes] == [0, 0], outputs[0][1][-1500:] + outputs[1][1][-1500:]
+    assert [json.loads(out.splitlines()[-1]) for out, _ in outputs] == [[["fused", "measured"], ["naive"]]] * 2
+
+
 def test_a_process_whose_peers_never_connect_stops_after_the_initialization_timeout():
     code = ("import sys; from jaxformer.parallel.config import DistributedConfig; "
             "from jaxformer.parallel.distributed import initialize; "

@@ -43,7 +43,7 @@ from jaxformer.configs import to_dict
 from jaxformer.files import read_cache, write_cache
 from jaxformer.functional import attention, fused_attention
 from jaxformer.parallel import Layout
-from jaxformer.parallel.distributed import from_process_0
+from jaxformer.parallel.distributed import exchange, from_process_0
 from jaxformer.parallel.rules import spec_for
 from jaxformer.runtime import compile_program
 from jaxformer.train.config import TrainConfig
@@ -192,6 +192,7 @@ def choose(config: TrainConfig, path: str | Path | None = None) -> tuple[TrainCo
     if config.kernel.attention_impl != "auto":
         return config, KernelChoice(config.kernel.attention_impl, "set")
     impls, reason = candidates(config)
+    impls = on_every_process(impls)
     impl, source, call_s, seconds = decide(KERNEL_FILE if path is None else Path(path), call_key(config), impls,
                                            lambda: measure(config, impls), fastest, "attention_impl")
     return with_impl(config, impl), KernelChoice(impl, source, call_s, reason, seconds)
@@ -203,11 +204,17 @@ def decide(path: Path, key: str, impls: list[str], timed, pick, field: str) -> t
     started = time.perf_counter()
     if len(impls) == 1:
         return impls[0], "only", {}, 0.0
-    with _timing_lock(path, key):  # a worker that meets a call another is timing waits for its answer
+    # a worker that meets a call another is timing waits for its answer; in a multi-process run process 0 alone
+    # takes the lock (its peers on the same host would wait for it while it waits for them)
+    with _timing_lock(path, key) if jax.process_index() == 0 else contextlib.nullcontext():
         cached = read_cache(path).get(key)
-        if from_process_0("kernel-cached", cached is not None and set(cached["call_s"]) == set(impls)):
+        # an entry for other candidates, or one not written by this function (a corrupt file), is measured again
+        usable = (isinstance(cached, dict) and cached.get(field) in impls and isinstance(cached.get("call_s"), dict)
+                  and set(cached["call_s"]) == set(impls)
+                  and all(isinstance(seconds, (int, float)) for seconds in cached["call_s"].values()))
+        if from_process_0("kernel-cached", usable):
             chosen = from_process_0("kernel-choice", impls.index(cached[field]) if jax.process_index() == 0 else 0)
-            return impls[chosen], "cache", cached["call_s"] if cached else {}, time.perf_counter() - started
+            return impls[chosen], "cache", cached["call_s"] if usable else {}, time.perf_counter() - started
         # every process times the same global calls; process 0's timings decide for all
         call_s = timed()
         best = pick(call_s)
@@ -216,6 +223,12 @@ def decide(path: Path, key: str, impls: list[str], timed, pick, field: str) -> t
         cache[key] = {field: impl, "call_s": call_s, "measured_at": time.time()}
         write_cache(path, cache)
     return impl, "measured", call_s, time.perf_counter() - started
+
+
+def on_every_process(impls: list[str]) -> list[str]:
+    """The candidates of ``impls`` that every process has (a host may lack the fused kernel), in process 0's order."""
+    lists = [json.loads(data) for data in exchange("kernel-candidates", json.dumps(impls).encode())]
+    return [impl for impl in lists[0] if all(impl in other for other in lists)]
 
 
 @contextlib.contextmanager

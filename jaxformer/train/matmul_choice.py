@@ -31,7 +31,7 @@ from jaxformer.parallel import Layout
 from jaxformer.parallel.rules import spec_for
 from jaxformer.train.config import TrainConfig
 from jaxformer.train import kernel_choice
-from jaxformer.train.kernel_choice import CALLS, MARGIN, REPEATS, KernelChoice, decide, time_programs
+from jaxformer.train.kernel_choice import CALLS, MARGIN, REPEATS, KernelChoice, decide, on_every_process, time_programs
 from jaxformer.train.kernel_choice import choose as choose_attention
 from jaxformer.train.peak import machine_key
 
@@ -106,6 +106,7 @@ def choose(config: TrainConfig, path: str | Path | None = None) -> tuple[TrainCo
     if config.kernel.matmul_impl != "auto":
         return config, MatmulChoice(config.kernel.matmul_impl, "set")
     impls, reason = candidates(config)
+    impls = on_every_process(impls)
     path = kernel_choice.KERNEL_FILE if path is None else Path(path)
     impl, source, call_s, seconds = decide(path, call_key(config), impls, lambda: measure(config, impls), fastest,
                                            "matmul_impl")
