@@ -34,6 +34,10 @@ class KernelConfig(Section):
     which reaches the CPU's bf16 units and has its own fp32 kernels; machines without the kernel use XLA.
     ``auto``: a training run times both on its projection and keeps the faster
     (`jaxformer.train.matmul_choice`).
+
+    Forward-mode derivatives (``jax.jvp``, ``jax.jacfwd``) of a model need attention_impl ``naive`` or ``xla``
+    and matmul_impl ``xla``: ``blockwise``, ``fused`` and ``onednn`` define their gradients by ``jax.custom_vjp``,
+    which JAX has no forward mode for. ``jax.vmap`` and reverse mode to any order work with every implementation.
     """
 
     SECTION = "kernel"

@@ -83,6 +83,18 @@ def test_jit_vmap_and_grad_agree_with_eager():
     assert grad.shape == q.shape and bool(jnp.isfinite(grad).all())
 
 
+@pytest.mark.parametrize("impl", ["xla", "onednn"])
+def test_dense_with_an_empty_axis_is_what_jnp_matmul_gives(impl):
+    """An empty contraction sums nothing (zeros); no rows or no columns give an empty result; gradients keep shapes."""
+    for x_shape, w_shape, in_axes, out_shape in (((4, 0), (0, 5), 1, (4, 5)), ((2, 3, 0, 2), (0, 2, 5), 2, (2, 3, 5)),
+                                                 ((0, 8), (8, 5), 1, (0, 5)), ((2, 0, 3), (3, 4), 1, (2, 0, 4))):
+        x, w = jnp.ones(x_shape), jnp.ones(w_shape)
+        out = F.dense(x, w, in_axes=in_axes, impl=impl)
+        assert out.shape == out_shape and bool((out == 0).all())
+        grads = jax.grad(lambda x, w: F.dense(x, w, in_axes=in_axes, impl=impl).sum(), argnums=(0, 1))(x, w)
+        assert [g.shape for g in grads] == [x_shape, w_shape] and all(bool((g == 0).all()) for g in grads)
+
+
 def test_head_counts_that_do_not_divide_name_both_counts():
     q = jnp.zeros((1, 4, 6, 8))
     kv = jnp.zeros((1, 4, 4, 8))

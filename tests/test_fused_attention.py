@@ -13,7 +13,7 @@ import pytest
 import jaxformer.functional as F
 from jaxformer.functional import fused_attention
 from jaxformer.functional.extension import cpu_flags
-from model_helpers import run_python, train_losses
+from model_helpers import run_python, tiny, train_losses
 
 TOL = 1e-5  # fp32: the kernel re-associates the sums and uses a polynomial exp
 
@@ -28,9 +28,10 @@ def kernel():
 
 
 def _inputs(B, T, S, H, K, D, seed=0):
-    key_q, key_k, key_v, key_g = jax.random.split(jax.random.key(seed), 4)
-    return (jax.random.normal(key_q, (B, T, H, D)), jax.random.normal(key_k, (B, S, K, D)),
-            jax.random.normal(key_v, (B, S, K, D)), jax.random.normal(key_g, (B, T, H, D)))
+    """q, k, v and an output cotangent, from numpy's generator (jax.random compiles a program per shape)."""
+    rng = np.random.default_rng(seed)
+    return tuple(jnp.asarray(rng.standard_normal(shape, np.float32))
+                 for shape in ((B, T, H, D), (B, S, K, D), (B, S, K, D), (B, T, H, D)))
 
 
 def _targets(fn, *args) -> set[str]:
@@ -55,6 +56,9 @@ CASES = {
     "causal_gqa_d48": ((1, 70, 70, 4, 2, 48), dict(causal=True)),
     "bidirectional_mha_d96": ((1, 20, 20, 2, 2, 96), dict()),
     "causal_mha_d128": ((1, 70, 70, 2, 2, 128), dict(causal=True)),
+    # a saturated softmax (one key takes every row): dq = dk = 0 exactly by the reference, as by the kernel only when
+    # its Δ = rowsum(dO∘O) rounds as its dP does (else the scale multiplies the rounding: 1e-2 here)
+    "saturated_causal_cross_d8": ((1, 9, 70, 2, 1, 8), dict(causal=True, scale=1e4)),
 }
 
 
@@ -152,6 +156,115 @@ def test_train_step_with_fused_attention_equals_naive(kernel):
         assert calls == (impl == "fused")
     np.testing.assert_allclose(losses["fused"], losses["naive"], rtol=1e-5)
     assert losses["naive"][-1] < losses["naive"][0]  # the steps train
+
+
+@needs_kernel
+def test_vmap_and_jacrev_equal_naive(kernel):
+    """``jax.vmap`` runs the kernel once on the batch the mapped axis folds into, whichever operands are mapped."""
+    q, k, v, _ = _inputs(2, 7, 9, 4, 2, 8)
+
+    def attend(impl):
+        return lambda q, k, v: F.attention(q, k, v, impl=impl, causal=True, q_offset=2)
+
+    def sin_sum(f):
+        return lambda *args: jnp.sum(jnp.sin(f(*args)))
+
+    transforms = {
+        "vmap": lambda f: jax.vmap(f)(q, k, v),
+        "vmap of grad": lambda f: jax.vmap(jax.grad(sin_sum(f), argnums=(0, 1, 2)))(q, k, v),
+        "grad of vmap, k and v unmapped": lambda f: jax.grad(sin_sum(jax.vmap(f, in_axes=(0, None, None))),
+                                                             argnums=(0, 1, 2))(q, k[0], v[0]),
+        "jacrev": lambda f: jax.jacrev(f, argnums=(0, 1, 2))(q[:1, :3], k[:1], v[:1]),
+    }
+    fused, naive = (jax.jit(lambda impl=impl: {name: transform(attend(impl)) for name, transform in transforms.items()})
+                    for impl in ("fused", "naive"))
+    assert _targets(fused) == {fused_attention.FORWARD_TARGET, fused_attention.BACKWARD_TARGET}
+    got, want = fused(), naive()
+    for name in transforms:
+        for got_leaf, want_leaf in zip(jax.tree.leaves(got[name]), jax.tree.leaves(want[name])):
+            np.testing.assert_allclose(got_leaf, want_leaf, atol=TOL, rtol=0, err_msg=name)
+
+
+@needs_kernel
+def test_second_derivatives_equal_naive(kernel):
+    """grad of grad, and jvp of grad (a Hessian-vector product), differentiate the kernel's calls as their plain-JAX
+    references. (Forward mode of the attention itself is not JAX's to give: jvp of a custom_vjp raises.)"""
+    q, k, v, cotangent = _inputs(2, 7, 9, 4, 2, 8)
+
+    def grads(impl):
+        loss = lambda q, k, v: jnp.sum(jnp.sin(F.attention(q, k, v, impl=impl, causal=True, q_offset=2)) * cotangent)
+        return jax.grad(loss, argnums=(0, 1, 2))
+
+    def derivatives(impl):
+        grad_of_grad = jax.grad(lambda *x: sum(jnp.sum(jnp.sin(g)) for g in grads(impl)(*x)), argnums=(0, 1, 2))
+        return {"grad of grad": grad_of_grad(q, k, v),
+                "jvp of grad": jax.jvp(grads(impl), (q, k, v), (cotangent, 0.5 * k, -v))}
+
+    fused, naive = (jax.jit(lambda impl=impl: derivatives(impl)) for impl in ("fused", "naive"))
+    assert _targets(fused) == {fused_attention.FORWARD_TARGET, fused_attention.BACKWARD_TARGET}
+    got, want = fused(), naive()
+    for name in got:
+        for got_leaf, want_leaf in zip(jax.tree.leaves(got[name]), jax.tree.leaves(want[name])):
+            np.testing.assert_allclose(got_leaf, want_leaf, atol=TOL, rtol=0, err_msg=name)
+
+
+@needs_kernel
+def test_vmap_of_a_model_with_fused_attention_equals_naive(kernel):
+    """`jaxformer.models.pure.apply` under ``jax.vmap`` (stacked micro-batches), fused as naive. The parameters are
+    drawn by numpy into the model's shapes (its own initialiser compiles a program per shape)."""
+    from flax import nnx
+
+    from jaxformer.kernel import KernelConfig
+    from jaxformer.models import build_model
+    from jaxformer.models.pure import apply
+
+    rng = np.random.default_rng(0)
+    stacked = jnp.asarray(rng.integers(0, 32, (3, 2, 9)), jnp.int32)
+    params, logits = None, {}
+    for impl in ("naive", "fused"):
+        model = nnx.eval_shape(lambda: build_model(tiny(), rngs=nnx.Rngs(0), kernel=KernelConfig(attention_impl=impl)))
+        graphdef, shapes = nnx.split(model)
+        if params is None:
+            params = jax.tree.map(lambda x: jnp.asarray(rng.normal(0.0, 0.3, x.shape).astype(x.dtype)), shapes)
+        run = jax.jit(jax.vmap(lambda t: apply(graphdef, params, t)[0]))
+        assert (fused_attention.FORWARD_TARGET in str(jax.make_jaxpr(run)(stacked))) == (impl == "fused")
+        logits[impl] = run(stacked)
+    np.testing.assert_allclose(logits["fused"], logits["naive"], atol=TOL, rtol=0)
+
+
+@needs_kernel
+def test_a_damaged_library_in_the_cache_is_built_again(tmp_path, kernel):
+    """An empty file where the cache keeps the kernel (a copy cut short) is deleted, built once more and used, with
+    no warning. The build here copies the library this process loaded (the other tests compile it for real)."""
+    done = run_python("""
+        import shutil, warnings
+        from pathlib import Path
+        import jax, numpy as np
+        import jaxformer.functional as F
+        from jaxformer.functional import fused_attention
+        from jaxformer.functional.extension import Extension
+        builds = []
+
+        def build(self, path, extra_flags=()):
+            builds.append(path)
+            shutil.copy(GOOD, path)
+            return path
+
+        Extension.build = build
+        path = fused_attention.EXTENSION.library_path()
+        path.parent.mkdir(parents=True)
+        path.write_bytes(b"")
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert fused_attention.fused_available()
+        assert builds == [path] and path.read_bytes() == Path(GOOD).read_bytes()
+        q = jax.numpy.asarray(np.random.default_rng(0).standard_normal((1, 5, 2, 8), np.float32))
+        assert fused_attention.FORWARD_TARGET in str(jax.make_jaxpr(lambda q: F.attention(q, q, q, impl="fused"))(q))
+        np.testing.assert_allclose(F.attention(q, q, q, impl="fused"), F.attention(q, q, q), atol=1e-5)
+        print("rebuilt ok")
+    """.replace("GOOD", repr(fused_attention.loaded_path())),
+        {"JAXFORMER_EXT_CACHE": str(tmp_path / "ext"), fused_attention.LIBRARY_ENV: ""})
+    assert "rebuilt ok" in done.stdout
 
 
 def test_missing_library_falls_back_to_the_plain_path_with_one_warning(tmp_path):

@@ -172,3 +172,37 @@ def test_the_timed_call_is_the_runs_attention_forward_and_backward():
     for impl, program in programs.items():
         for got, want in zip(program(q, k, v, cotangent), expected):
             np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=2e-5, atol=2e-5, err_msg=impl)
+
+
+@pytest.mark.parametrize("content", [
+    b"\xff\xfe\x00garbage", b"[]", b"null", b'{"KEY": {"attention_impl": "fu',
+    json.dumps({"KEY": "fused"}).encode(),
+    json.dumps({"KEY": {"call_s": {"naive": 1, "fused": 2}}}).encode(),
+    json.dumps({"KEY": {"attention_impl": "xla", "call_s": {"naive": 1, "fused": 2}}}).encode(),
+    json.dumps({"KEY": {"attention_impl": "fused", "call_s": [1, 2]}}).encode(),
+    json.dumps({"KEY": {"attention_impl": "fused", "call_s": {"naive": "1", "fused": 2}}}).encode(),
+], ids=["binary", "list", "null", "truncated", "entry-not-object", "no-choice", "choice-not-a-candidate",
+        "timings-not-object", "timing-not-a-number"])
+def test_a_corrupt_cache_is_measured_again_and_rewritten(tmp_path, content):
+    path = tmp_path / "kernel.json"
+    path.write_bytes(content)
+    timed = {"naive": 1.0, "fused": 0.5}
+    impl, source, call_s, _ = kernel_choice.decide(path, "KEY", ["naive", "fused"], lambda: timed,
+                                                   kernel_choice.fastest, "attention_impl")
+    assert (impl, source, call_s) == ("fused", "measured", timed)
+    saved = json.loads(path.read_text())
+    assert list(saved) == ["KEY"] and saved["KEY"]["attention_impl"] == "fused" and saved["KEY"]["call_s"] == timed
+    assert kernel_choice.decide(path, "KEY", ["naive", "fused"], None, None, "attention_impl")[:3] == (
+        "fused", "cache", timed)  # the rewritten entry is read back: nothing is timed
+
+
+@pytest.mark.parametrize("content", [b"\xff\xfe\x00garbage", b"[]", json.dumps({"KEY": "fast"}).encode()])
+def test_a_corrupt_peak_cache_is_probed_again(tmp_path, monkeypatch, content):
+    from jaxformer.train import peak
+
+    path = tmp_path / "peak.json"
+    path.write_bytes(content)
+    monkeypatch.setattr(peak, "machine_key", lambda dtype: "KEY")
+    monkeypatch.setattr(peak, "probe_matmul_peak", lambda dtype, impl: 5e9)
+    assert peak.machine_peak_flops("float32", path) == 5e9
+    assert json.loads(path.read_text()) == {"KEY": 5e9}

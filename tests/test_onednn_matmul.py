@@ -112,6 +112,47 @@ def test_dense_routes_bf16_and_fp32_products(kernel):
         F.dense(x, w, in_axes=2, impl="mkl")
 
 
+def test_vmap_and_second_derivatives_equal_the_xla_path(kernel):
+    """fp32 ``dense``: vmapped (one call on the folded rows when only the input is mapped, one call per entry
+    otherwise), per-example gradients, jacrev, grad of grad and jvp of grad (the calls differentiated as
+    ``jnp.matmul``) equal XLA's."""
+    rng = np.random.default_rng(0)
+    x, w = jnp.asarray(rng.standard_normal((3, 5, 8), np.float32)), jnp.asarray(rng.standard_normal((8, 6), np.float32))
+    ws = jnp.stack([w, 2 * w, -w])
+
+    def sin_sum(f):
+        return lambda x, w: jnp.sum(jnp.sin(f(x, w)))
+
+    transforms = {
+        "vmap of inputs": lambda f: jax.vmap(f, in_axes=(0, None))(x, w),
+        "vmap of inputs and weights": lambda f: jax.vmap(f)(x, ws),
+        "vmap of weights": lambda f: jax.vmap(f, in_axes=(None, 0))(x[0], ws),
+        "vmap of grad": lambda f: jax.vmap(jax.grad(sin_sum(f), argnums=(0, 1)))(x, ws),
+        "jacrev": lambda f: jax.jacrev(f, argnums=(0, 1))(x[0], w),
+        "grad of grad": lambda f: jax.grad(lambda x, w: jnp.sum(jnp.sin(jax.grad(sin_sum(f), argnums=1)(x, w))),
+                                           argnums=(0, 1))(x, w),
+        "jvp of grad": lambda f: jax.jvp(jax.grad(sin_sum(f), argnums=(0, 1)), (x, w), (0.5 * x, -w)),
+    }
+    onednn, xla = (jax.jit(lambda impl=impl: {name: transform(lambda x, w: F.dense(x, w, impl=impl))
+                                              for name, transform in transforms.items()}) for impl in ("onednn", "xla"))
+    assert onednn_matmul.TARGET in str(jax.make_jaxpr(onednn)())
+    got, want = onednn(), xla()
+    for name in transforms:
+        for got_leaf, want_leaf in zip(jax.tree.leaves(got[name]), jax.tree.leaves(want[name])):
+            scale = max(1.0, float(jnp.max(jnp.abs(want_leaf))))  # oneDNN's fp32 sums are XLA's to rounding
+            np.testing.assert_allclose(got_leaf, want_leaf, rtol=0, atol=1e-5 * scale, err_msg=name)
+
+
+def test_empty_contractions_and_batches_give_zeros_through_the_kernel(kernel):
+    """A zero-length contraction (``x [4, 0]``, ``w [0, 5]``) is an empty sum; no rows, no columns: empty results."""
+    for x_shape, w_shape, in_axes in (((4, 0), (0, 5), 1), ((2, 3, 0, 2), (0, 2, 5), 2), ((0, 8), (8, 5), 1),
+                                      ((4, 8), (8, 0), 1)):
+        x, w = jnp.ones(x_shape), jnp.ones(w_shape)
+        onednn = lambda x, w, in_axes=in_axes: F.dense(x, w, in_axes=in_axes, impl="onednn")  # noqa: E731
+        assert _targets(onednn, x, w), x_shape
+        np.testing.assert_array_equal(onednn(x, w), jnp.tensordot(x, w, in_axes))
+
+
 @pytest.mark.parametrize("dtype, rtol", [("bfloat16", 1e-2), ("float32", 1e-5)])
 def test_train_steps_equal_the_xla_path(kernel, dtype, rtol):
     """A model trained four steps with each impl: the same losses (to bf16 precision for bf16 compute, fp32's

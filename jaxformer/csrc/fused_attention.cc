@@ -24,6 +24,10 @@
 #include <string>
 #include <vector>
 
+#if defined(__FMA__)
+#include <immintrin.h>
+#endif
+
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -65,6 +69,16 @@ inline v8 load8(const float* p) {
 }
 inline void store8(float* p, v8 x) { std::memcpy(p, &x, sizeof(x)); }
 inline v8 splat(float x) { return v8{x, x, x, x, x, x, x, x}; }
+
+// a·b + c, rounded once where the CPU has FMA. The score dots and the backward's Δ both use it, so that they
+// round alike whatever the compiler would contract (see `backward`).
+inline v8 fmadd8(v8 a, v8 b, v8 c) {
+#if defined(__FMA__)
+  return _mm256_fmadd_ps(a, b, c);
+#else
+  return a * b + c;
+#endif
+}
 
 // exp(x), Cephes' single-precision polynomial on x - n·ln 2; inputs are clamped to [-86, 88]
 // (exp(-86) ~ 4e-38: masked entries are zeroed by the callers, not by underflow).
@@ -131,7 +145,7 @@ inline void tile_dots_rows(const float* a, int64_t lda, const float* Mt, int64_t
       for (int c = 0; c < kHalf; ++c) m[c] = load8(row + 8 * c);
       for (int r = 0; r < R; ++r) {
         const float ar = a[r * lda + d];
-        for (int c = 0; c < kHalf; ++c) acc[r][c] += ar * m[c];
+        for (int c = 0; c < kHalf; ++c) acc[r][c] = fmadd8(splat(ar), m[c], acc[r][c]);
       }
     }
     for (int r = 0; r < R; ++r)
@@ -321,12 +335,15 @@ void backward(const Shape& s, const float* q, const float* k, const float* v, co
         const int64_t h = kh * G + g;
         pack_rows(q, s, T, s.H, b, h, s.scale, Q.data() + g * T * Dp);
         pack_rows(dout, s, T, s.H, b, h, 1.0f, dO.data() + g * T * Dp);
-        for (int64_t i = 0; i < T; ++i) {  // Δ_i = Σ_d dO_id·O_id
+        // Δ_i = Σ_d dO_id·O_id, summed as `tile_dots_rows` sums dP_ij = Σ_d dO_id·V_jd (same order, same
+        // multiply-adds): where the softmax saturates (O_i = V_j, P_ij = 1) dP_ij - Δ_i is exactly 0, as the
+        // reference's softmax gradient gives, not a rounding error that the scale multiplies into dq and dk
+        for (int64_t i = 0; i < T; ++i) {
           const float* o = out + ((b * T + i) * s.H + h) * s.D;
           const float* g_row = dout + ((b * T + i) * s.H + h) * s.D;
-          float acc = 0.0f;
-          for (int64_t d = 0; d < s.D; ++d) acc += o[d] * g_row[d];
-          delta[g * T + i] = acc;
+          v8 acc = splat(0.0f);
+          for (int64_t d = 0; d < s.D; ++d) acc = fmadd8(splat(g_row[d]), splat(o[d]), acc);
+          delta[g * T + i] = acc[0];
         }
       }
       std::fill(dQ.begin(), dQ.end(), 0.0f);

@@ -39,7 +39,8 @@ def dense(x: jax.Array, w: jax.Array, *, in_axes: int = 1, preferred_element_typ
       impl: ``xla`` (``jnp.matmul``) or ``onednn``: bf16 or fp32 operands on a CPU go through
         oneDNN's matmul (`jaxformer.functional.onednn_matmul`); anything it does not take (mixed
         dtypes, a bf16 result of fp32 operands), or a machine where it is unavailable, computes with
-        ``jnp.matmul``.
+        ``jnp.matmul``. ``onednn`` has no forward mode (``jax.jvp``, ``jax.jacfwd`` raise: its gradient is a
+        ``jax.custom_vjp``); ``jax.vmap`` and derivatives of its gradient work.
 
     Returns ``[..., *O]``: ``y[n, o] = Σ_i x[n, i]·w[i, o]``.
     """
@@ -49,7 +50,7 @@ def dense(x: jax.Array, w: jax.Array, *, in_axes: int = 1, preferred_element_typ
     check_matmul_impl(impl)
     lead = x.shape[:x.ndim - in_axes]
     fan_in = math.prod(in_shape)
-    x_NI, w_IO = x.reshape(-1, fan_in), w.reshape(fan_in, -1)
+    x_NI, w_IO = x.reshape(math.prod(lead), fan_in), w.reshape(fan_in, math.prod(out_shape))  # no -1: sizes may be 0
     out_dtype = jnp.dtype(preferred_element_type or jnp.result_type(x, w))
     if impl == "onednn" and onednn_matmul.supports(x_NI, w_IO, out_dtype):
         y_NO = onednn_matmul.matmul(x_NI, w_IO, out_dtype)

@@ -16,6 +16,11 @@
 All four agree on the semantics: query ``i`` sits at position ``i + q_offset``, key ``j`` at
 ``j``; rows with no visible key return zeros.
 
+All four work under ``jax.jit``, ``jax.vmap`` and reverse mode to any order (grad of grad). ``blockwise`` and
+``fused`` give their gradients by ``jax.custom_vjp``, which JAX cannot differentiate in forward mode:
+``jax.jvp`` and ``jax.jacfwd`` of them raise ``TypeError`` (a jvp of their gradient works); forward mode
+needs ``naive`` or ``xla``.
+
 Causal self-attention can also be cut into blocks of ``query_block_size`` queries (any
 ``impl``): each block attends only to the keys up to its last query, so the score tiles above
 the diagonal, fully masked, are never computed — ``(n + 1) / 2n`` of the work for ``n``

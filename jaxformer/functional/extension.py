@@ -4,7 +4,8 @@ Build: the source is compiled with ``$CXX`` (default ``g++``) against ``jax.ffi.
 extension's own include and library directories, e.g. oneDNN's), into ``$JAXFORMER_EXT_CACHE`` (default
 ``~/.cache/jaxformer/ext``) under a name keyed by the source, the jaxlib version, the compiler, its flags
 and the CPU's flags, so an upgrade of jaxlib or a different machine builds afresh. The library is written
-to a temporary name and renamed, so concurrent processes never load a half-written file. An environment
+to a temporary name and renamed, so concurrent processes never load a half-written file; a file in the cache
+that does not load as the kernel (truncated, emptied) is deleted and built once more. An environment
 variable per extension names a prebuilt library to load instead (no build).
 
 If the build or the load fails, :meth:`Extension.available` is False, one warning says why
@@ -110,19 +111,29 @@ class Extension:
             if os.path.exists(temporary):
                 os.unlink(temporary)
 
-    def _load(self) -> None:
-        if os.environ.get(self.library_env):
-            path = Path(os.environ[self.library_env])
-        else:
-            extra = tuple(self.link_flags())
-            path = self.library_path(extra)
-            if not path.exists():
-                self.build(path, extra)
+    def _open(self, path: Path) -> ctypes.CDLL:
+        """The library at ``path``, checked to be this kernel's version; raises if it is missing or not a library."""
         self._state["path"] = str(path)
         library = ctypes.cdll.LoadLibrary(str(path))  # OSError when missing or not a library
         version = getattr(library, f"jaxformer_{self.name}_version")()
         if version != self.abi_version:
             raise RuntimeError(f"{path} is version {version} of the kernel, this jaxformer needs {self.abi_version}")
+        return library
+
+    def _load(self) -> None:
+        if os.environ.get(self.library_env):
+            library = self._open(Path(os.environ[self.library_env]))
+        else:
+            extra = tuple(self.link_flags())
+            path = self.library_path(extra)
+            library = None
+            if path.exists():
+                try:
+                    library = self._open(path)
+                except (OSError, AttributeError, RuntimeError):  # a damaged file in the cache: built afresh
+                    path.unlink(missing_ok=True)
+            if library is None:
+                library = self._open(self.build(path, extra))
         for target, symbol in self.targets.items():
             jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(library, symbol)), platform="cpu")
             if self.batch_partitionable:

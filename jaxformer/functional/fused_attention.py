@@ -9,7 +9,10 @@ which on XLA:CPU are separate single-threaded loops over the whole score matrix.
 Scope: fp32 or bf16 q, k, v ``[B, T, H, D]`` / ``[B, S, K, D]`` (``H % K == 0``, ``D <= 128``, values'
 head dim equal to the keys'), causal or not, a static ``q_offset >= 0``, any scale. bf16 inputs are
 computed in fp32 (as PyTorch's CPU flash attention accumulates bf16 in fp32) and the output and
-gradients rounded back to bf16. Everything else (masks from key lengths, windows, ALiBi and T5
+gradients rounded back to bf16. The kernel's sums are the plain path's to fp32 rounding, which the scale
+multiplies in dq and dk: a huge scale (1e3 and more) on a row whose softmax is almost but not quite one key
+leaves differences of that order (as between XLA's jitted and eager plain path); a fully saturated row gives
+dq and dk below 1e-30 where the plain path gives 0. Everything else (masks from key lengths, windows, ALiBi and T5
 biases, other dtypes, a traced offset, other backends) is left to the plain path by
 :func:`jaxformer.functional.attention`.
 
@@ -17,6 +20,13 @@ Build: the kernel is compiled on first use (`jaxformer.functional.extension`);
 ``$JAXFORMER_FUSED_ATTENTION_LIB`` names a prebuilt library to load instead (no build). If the
 build or the load fails, :func:`fused_available` is False, one warning says why
 (:func:`unavailable_reason`), and ``impl="fused"`` computes with the plain path.
+
+Transforms: under ``jax.vmap`` each call folds the mapped axis into its batch axis (unmapped operands
+broadcast) and runs once. The gradient is the backward kernel (a ``jax.custom_vjp``); both calls are
+differentiated through plain-JAX transcriptions of what they compute (:func:`_reference_forward`,
+:func:`_reference_backward`), so that a gradient can be differentiated again (grad of grad, jvp of grad), with
+XLA's score-sized arrays. Forward mode of the attention itself (``jax.jvp``, ``jax.jacfwd``) raises ``TypeError``:
+JAX has none for a ``custom_vjp`` function; ``impl="naive"`` or ``"xla"`` give it.
 
 Sharding: both calls are wrapped in ``custom_partitioning`` so that a data-parallel ``jit``
 runs them on each device's share of the batch (without it XLA gathers the whole batch onto
@@ -33,6 +43,7 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.custom_batching import custom_vmap
 
 from jaxformer.functional.dot_product import validate_qkv
 from jaxformer.functional.extension import Extension
@@ -120,9 +131,87 @@ def _split_by_batch(ffi_fn, num_arrays: int, rule: str):
     return wrapped
 
 
-_forward_call = _split_by_batch(_forward_ffi, 3, "b t h d, b s k d, b s k d -> b t h d, b h t")
-_backward_call = _split_by_batch(
-    _backward_ffi, 6, "b t h d, b s k d, b s k e, b t h e, b t h e, b h t -> b t h d, b s k d, b s k e")
+def _foldable(call, num_arrays: int):
+    """``call(*arrays, scale, causal, q_offset)`` that ``jax.vmap`` runs as one call on a larger batch.
+
+    The rule broadcasts the unmapped operands, folds the mapped axis into the leading batch axis that every
+    operand and result has, calls the kernel once and unfolds the results: exact, as batch entries never mix.
+    """
+    @functools.cache
+    def with_statics(scale: float, causal: bool, q_offset: int) -> custom_vmap:
+        @custom_vmap
+        def run(*arrays):
+            return call(*arrays, scale, causal, q_offset)
+
+        @run.def_vmap
+        def fold(axis_size, in_batched, *arrays):
+            arrays = [x if batched else jnp.broadcast_to(x, (axis_size, *x.shape))
+                      for x, batched in zip(arrays, in_batched)]
+            outs = run(*(x.reshape(axis_size * x.shape[1], *x.shape[2:]) for x in arrays))
+            return tuple(y.reshape(axis_size, y.shape[0] // axis_size, *y.shape[1:]) for y in outs), (True,) * len(outs)
+
+        return run
+
+    return lambda *args: with_statics(*args[num_arrays:])(*args[:num_arrays])
+
+
+def _differentiable(call, reference, num_arrays: int):
+    """``call(*arrays, scale, causal, q_offset)`` whose derivatives are those of ``reference`` (same arguments,
+    same results, in plain JAX): what a second derivative, or a forward-mode one of a gradient, takes."""
+    @functools.partial(jax.custom_jvp, nondiff_argnums=tuple(range(num_arrays, num_arrays + 3)))
+    def kernel(*args):
+        return call(*args)
+
+    @kernel.defjvp
+    def jvp(scale, causal, q_offset, arrays, tangents):
+        _, tangents_out = jax.jvp(lambda *xs: reference(*xs, scale, causal, q_offset), arrays, tangents)
+        return kernel(*arrays, scale, causal, q_offset), tangents_out
+
+    return kernel
+
+
+def _scores(q, k, scale: float, causal: bool, q_offset: int) -> jax.Array:
+    """``[B, K, G, T, S]`` scaled scores of ``q [B, T, H, D]`` (query head ``h = kh·G + g``) and ``k [B, S, K, D]``,
+    the keys a causal row does not see at -inf."""
+    B, T, H, D = q.shape
+    S, K = k.shape[1], k.shape[2]
+    scores = jnp.einsum("btkgd,bskd->bkgts", q.reshape(B, T, K, H // K, D), k) * scale
+    if not causal:
+        return scores
+    return jnp.where(jnp.arange(T)[:, None] + q_offset >= jnp.arange(S)[None, :], scores, -jnp.inf)
+
+
+def _reference_forward(q, k, v, scale, causal, q_offset):
+    """The forward kernel's ``(out [B, T, H, D], lse [B, H, T])`` in plain JAX."""
+    B, T, H, _ = q.shape
+    scores = _scores(q, k, scale, causal, q_offset)
+    lse = jax.nn.logsumexp(scores, axis=-1)
+    out = jnp.einsum("bkgts,bskd->btkgd", jnp.exp(scores - lse[..., None]), v)
+    return out.reshape(B, T, H, v.shape[-1]), lse.reshape(B, H, T)
+
+
+def _reference_backward(q, k, v, out, d_out, lse, scale, causal, q_offset):
+    """The backward kernel's ``(dq, dk, dv)`` in plain JAX, from the same operands (``Δ = rowsum(dO∘O)``)."""
+    B, T, H, D = q.shape
+    K = k.shape[2]
+    p = jnp.exp(_scores(q, k, scale, causal, q_offset) - lse.reshape(B, K, H // K, T)[..., None])
+    q, out, d_out = (x.reshape(B, T, K, H // K, x.shape[-1]) for x in (q, out, d_out))
+    delta = jnp.einsum("btkge,btkge->bkgt", d_out, out)
+    d_scores = p * (jnp.einsum("btkge,bske->bkgts", d_out, v) - delta[..., None]) * scale
+    dq = jnp.einsum("bkgts,bskd->btkgd", d_scores, k).reshape(B, T, H, D)
+    return dq, jnp.einsum("bkgts,btkgd->bskd", d_scores, q), jnp.einsum("bkgts,btkge->bske", p, d_out)
+
+
+def _kernel_call(ffi_fn, reference, num_arrays: int, rule: str):
+    """``ffi_fn(*arrays, scale, causal, q_offset)`` split by batch over a mesh, one call under ``jax.vmap``, and
+    differentiated as ``reference``."""
+    return _differentiable(_foldable(_split_by_batch(ffi_fn, num_arrays, rule), num_arrays), reference, num_arrays)
+
+
+_forward_call = _kernel_call(_forward_ffi, _reference_forward, 3, "b t h d, b s k d, b s k d -> b t h d, b h t")
+_backward_call = _kernel_call(
+    _backward_ffi, _reference_backward, 6,
+    "b t h d, b s k d, b s k e, b t h e, b t h e, b h t -> b t h d, b s k d, b s k e")
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))

@@ -17,8 +17,12 @@ computes with ``jnp.matmul``; so does it for a dtype oneDNN has no matmul for on
 Sharding: each call is wrapped in ``custom_partitioning`` with the rule ``i r, r j -> i j``: rows
 ``i`` and columns ``j`` keep their shardings, and a sharded contraction ``r`` (the weight gradient's
 ``B·T`` under data parallelism, a row-parallel weight under tensor parallelism) is summed locally in
-fp32 and then ``psum``-ed over its mesh axes. ``jax.vmap`` of these calls is not supported (the
-primitive has no batching rule); a caller that vmaps keeps ``impl="xla"``.
+fp32 and then ``psum``-ed over its mesh axes.
+
+Transforms: under ``jax.vmap`` a mapped input against one weight is one call on the folded rows, any other
+mapping one call per entry (``lax.map``). A gradient can be differentiated again (grad of grad, jvp of grad):
+each call's own derivatives are ``jnp.matmul``'s. Forward mode of :func:`matmul` itself (``jax.jvp``,
+``jax.jacfwd``) raises ``TypeError`` (JAX has none for a ``custom_vjp`` function); ``impl="xla"`` gives it.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.custom_batching import custom_vmap
 
 from jaxformer.functional.extension import Extension
 
@@ -124,7 +129,8 @@ def _axes(entry) -> tuple[str, ...]:
 
 @functools.cache
 def _partitioned(trans_a: bool, trans_b: bool, out_dtype):
-    """``_ffi`` with fixed transposes and result dtype, split over a mesh by the module docstring's rule."""
+    """``_ffi`` with fixed transposes and result dtype, split over a mesh by the module docstring's rule, with a vmap
+    rule (:func:`_vmappable`) and ``jnp.matmul``'s derivatives (:func:`_differentiable`)."""
     from jax.experimental.custom_partitioning import custom_partitioning
     from jax.sharding import NamedSharding, PartitionSpec
 
@@ -172,7 +178,44 @@ def _partitioned(trans_a: bool, trans_b: bool, out_dtype):
     rule = f"{' '.join(a_factors)}, {' '.join(b_factors)} -> i j"
     wrapped.def_partition(partition=partition, infer_sharding_from_operands=infer, sharding_rule=rule,
                           reduction_factors=("r",))
-    return wrapped
+    return _differentiable(_vmappable(wrapped, trans_a), trans_a, trans_b, out_dtype)
+
+
+def _vmappable(call, trans_a: bool) -> custom_vmap:
+    """``call(a, b)`` (2-D operands) with a ``jax.vmap`` rule: where only ``a``'s rows are mapped (a batch of inputs
+    against one weight), one call on the mapped axis folded into the rows; otherwise one call per mapped entry
+    (``lax.map``). Either computes each output entry's own sum (to rounding: oneDNN may block a larger call
+    differently)."""
+    @custom_vmap
+    def batchable(a, b):
+        return call(a, b)
+
+    @batchable.def_vmap
+    def rule(axis_size, in_batched, a, b):
+        a_batched, b_batched = in_batched
+        if a_batched and not b_batched and not trans_a:
+            out = batchable(a.reshape(axis_size * a.shape[1], a.shape[2]), b)
+            return out.reshape(axis_size, a.shape[1], out.shape[1]), True
+        return jax.lax.map(lambda i: batchable(a[i] if a_batched else a, b[i] if b_batched else b),
+                           jnp.arange(axis_size)), True
+
+    return batchable
+
+
+def _differentiable(call, trans_a: bool, trans_b: bool, out_dtype):
+    """``call(a, b)`` whose derivatives are ``jnp.matmul``'s (the plain path's): what a second derivative of
+    :func:`matmul`, or a forward-mode one of its gradient, takes."""
+    @jax.custom_jvp
+    def product(a, b):
+        return call(a, b)
+
+    @product.defjvp
+    def jvp(operands, tangents):
+        def reference(a, b):
+            return jnp.matmul(a.T if trans_a else a, b.T if trans_b else b, preferred_element_type=out_dtype)
+        return product(*operands), jax.jvp(reference, operands, tangents)[1]
+
+    return product
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
@@ -181,7 +224,7 @@ def _matmul(x, w, out_dtype):
 
 
 def _matmul_fwd(x, w, out_dtype):
-    return _matmul(x, w, out_dtype), (x, w)
+    return _partitioned(False, False, out_dtype)(x, w), (x, w)
 
 
 def _matmul_bwd(out_dtype, residuals, dy):

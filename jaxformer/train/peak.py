@@ -98,6 +98,8 @@ def machine_peak_flops(dtype: str = "float32", path: Path = PEAK_FILE, impl: str
     """
     key = machine_key(dtype) + ("" if impl == "xla" else f" | {impl}")
     cache = read_cache(path)
+    if not isinstance(cache.get(key), (int, float)):  # missing, or not a peak (a corrupt file): probed
+        cache.pop(key, None)
     if key not in cache or (cache[key] < at_least and (str(path), key) not in _REPROBED):
         if key in cache:
             _REPROBED.add((str(path), key))

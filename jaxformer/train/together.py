@@ -143,7 +143,8 @@ def _train_claimed(configs: Sequence[TrainConfig], run_dirs: list[Path], stacked
         enable_compilation_cache(configs[0].train.compilation_cache)
         chosen = [choose_kernels(configs[i]) for i in todo]  # `auto`: one measurement, then the machine's cache
         stacking = stacked or default_stacking()
-        if stacking == "vmap":  # the oneDNN call has no batching rule: vmapped runs multiply with XLA
+        if stacking == "vmap":  # vmapped runs multiply with XLA: a vmapped oneDNN call (its weights mapped) takes
+            # the runs one after another, which no matmul choice timed
             chosen = [(_xla_matmul(config), attention,
                        dataclasses.replace(matmul, matmul_impl="xla", reason="runs trained together by vmap"))
                       if config.kernel.matmul_impl == "onednn" else (config, attention, matmul)
