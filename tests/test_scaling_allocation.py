@@ -1,6 +1,7 @@
 """Closed-form compute-optimal allocation against direct minimisation along iso-FLOP lines."""
 
 import dataclasses
+import re
 
 import numpy as np
 import pytest
@@ -111,3 +112,57 @@ def test_fit_records_the_tables_flops_per_token_and_load_law_reads_it_back(tmp_p
     (tmp_path / "fit.json").write_text(json.dumps(jsonable(report.to_dict())))
     _, loaded = load_law(tmp_path / "fit.json")
     assert loaded == report.approach3.law and float(loaded.n_opt(1e21)) == float(report.approach3.law.n_opt(1e21))
+
+
+def test_a_law_whose_exponents_sum_to_zero_has_nan_exponents_not_a_division_error():
+    """All-equal losses fit alpha = beta = 0: a, b, G and the allocation are nan (a used to raise ZeroDivisionError)."""
+    flat = ParametricLaw(E=3.0, A=1.0, B=1.0, alpha=0.0, beta=0.0)
+    assert np.isnan([flat.a, flat.b, flat.G]).all()
+    assert np.isnan(allocate(flat, 1e20).N).all()
+    resampled = ParametricLaw(E=np.array([3.0, 3.0]), A=np.ones(2), B=np.ones(2), alpha=np.array([0.0, 0.3]),
+                              beta=np.array([0.0, 0.3]))
+    np.testing.assert_array_equal(resampled.a, [np.nan, 0.5])
+    np.testing.assert_array_equal(resampled.b, [np.nan, 0.5])
+
+
+@pytest.mark.parametrize(
+    "fit, message",
+    [
+        ({"flops_per_token": {"k": "6", "p": 1}}, "flops_per_token.k must be a number, got '6'"),
+        ({"flops_per_token": {"k": 0, "p": 1}}, "flops_per_token.k must be positive and finite, got 0.0"),
+        ({"flops_per_token": {"k": 6, "p": -1}}, "flops_per_token.p must be positive and finite, got -1.0"),
+        ({"flops_per_token": None}, "flops_per_token must be an object with k and p, got None"),
+        ({"approach2": {"power_laws": {"k_N": -1, "a": 0.5, "k_D": 0.1, "b": 0.5}}},
+         "approach2.power_laws.k_N must be positive and finite, got -1.0"),
+        ({"approach1": {"power_laws": {"k_N": 1, "a": 0.5, "k_D": float("inf"), "b": 0.5}}},
+         "approach1.power_laws.k_D must be positive and finite, got inf"),
+        ({"approach2": {"power_laws": {"k_N": 1, "a": float("nan"), "k_D": 0.1, "b": 0.5}}},
+         "approach2.power_laws.a must be finite, got nan"),
+    ],
+)
+def test_load_law_refuses_a_bad_flop_count_or_power_law_in_one_line(tmp_path, fit, message):
+    import json
+
+    from jaxformer.scaling.allocation import load_law
+
+    if "approach1" not in fit and "approach2" not in fit:
+        fit = {"approach3": {"params": PRESETS["epoch"].to_dict()}, **fit}
+    path = tmp_path / "fit.json"
+    path.write_text(json.dumps(fit))
+    with pytest.raises(ValueError, match=f"fit.json: {re.escape(message)}$"):
+        load_law(path)
+
+
+def test_budgets_are_labelled_apart_however_close():
+    """Per-budget keys (tokens_per_param@C, N_opt@C): three significant figures unless two budgets would collide
+    (1e21 and 1.004e21 were both "1e+21", the second's interval overwriting the first's)."""
+    from jaxformer.scaling.allocation import budget_labels
+    from jaxformer.scaling.bootstrap import law_quantities
+
+    assert budget_labels([5.76e23, 1e21]) == ["5.76e+23", "1e+21"]
+    assert budget_labels([1e21, 1.004e21]) == ["1e+21", "1.004e+21"]
+    assert budget_labels([1e21, np.nextafter(1e21, 2e21)]) == ["1e+21", "1.0000000000000001e+21"]
+    law = PRESETS["epoch"]
+    got = law_quantities(law, [1e21, 1.004e21])
+    for C, key in ((1e21, "tokens_per_param@1e+21"), (1.004e21, "tokens_per_param@1.004e+21")):
+        assert got[key] == pytest.approx(float(law.d_opt(C) / law.n_opt(C)), rel=1e-12)

@@ -158,12 +158,138 @@ def test_fit_approach2_wild_bootstrap_on_the_long_study(capsys):
 
 
 def test_a_law_whose_loss_rises_with_n_has_no_allocation_and_says_so(tmp_path, capsys):
-    """Loss rising with N (here 2.1 at N = 10 to 2.7 at 1e7, D fixed) fits alpha < 0: the law has no compute-optimal
-    split, so G and the tokens per parameter are nan and a line says why (the power of a negative base was complex)."""
+    """Loss rising with N (here 2.1 at N = 10 to 2.7 at 1e7, D 1e6 or 2e6) fits alpha < 0: the law has no
+    compute-optimal split, so G and the tokens per parameter are nan and a line says why (the power of a negative
+    base was complex)."""
     table = tmp_path / "rising.csv"
-    table.write_text("N,D,loss\n" + "".join(f"1e{k},1e6,{2.0 + 0.1 * k:.1f}\n" for k in range(1, 8)))
+    table.write_text("N,D,loss\n" + "".join(f"1e{k},{1 + k % 2}e6,{2.0 + 0.1 * k:.1f}\n" for k in range(1, 8)))
     code, out, err = run(capsys, "fit", str(table), "--bootstrap", "0", "--approach", "3")
     assert code == 0, err
     assert float(re.search(r"\n  alpha\s+(\S+)", out).group(1)) < 0
     assert re.search(r"\n  G\s+nan\n", out) and re.search(r"tokens_per_param@\S+\s+nan", out)
     assert "no compute-optimal allocation: the fitted loss does not fall with both N and D" in out
+
+
+def _sweep_csv(path: Path, budgets=np.logspace(18, 21, 5), curves: bool = False) -> Path:
+    """A synthetic IsoFLOP sweep as a table file: one row per run, or per evaluation (long form) with ``curves``."""
+    t = isoflop_sweep(PRESETS["chinchilla"], budgets, sizes=7, curve_points=10)
+    if curves:
+        rows = [f"r{r},{t.N[r]},{tokens},{loss},{t.budget[r]}"
+                for r, tokens, loss in zip(t.curve_run, t.curve_tokens, t.curve_loss)]
+        path.write_text("run,params,tokens,loss,budget\n" + "\n".join(rows) + "\n")
+    else:
+        path.write_text("params,tokens,loss,budget\n" + "".join(f"{n},{d},{l},{b}\n"
+                                                              for n, d, l, b in zip(t.N, t.D, t.loss, t.budget)))
+    return path
+
+
+@pytest.mark.parametrize(
+    "option, message",
+    [
+        (["--level", "1.5"], "argument --level: must be a finite number above 0 and below 1, got 1.5"),
+        (["--level", "0"], "argument --level: must be a finite number above 0 and below 1, got 0"),
+        (["--seed", "-1"], "argument --seed: must be an integer at least 0, got -1"),
+        (["--bootstrap", "1000000000000"], r"argument --bootstrap: must be an integer in \[0, 100000\], got 1000000000000"),
+    ],
+)
+def test_bad_options_exit_2_before_the_fit(tmp_path, capsys, option, message):
+    with pytest.raises(SystemExit) as exited:
+        main(["fit", str(_sweep_csv(tmp_path / "runs.csv")), *option])
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and len(err.splitlines()) == 1 and re.search(message, err), err
+
+
+@pytest.mark.parametrize(
+    "rows, message",
+    [
+        (["1e8,2e9,3.1"] * 8, r"more distinct \(N, D\) points than its 5 parameters, got 1 in 8 runs"),
+        ([f"1e8,{d},{3 + 1 / (i + 1)}" for i, d in enumerate(np.logspace(9, 11, 8))], "runs at 2 or more sizes N"),
+        ([f"{n},{d},3.0" for n, d in zip(np.logspace(7, 9, 8), np.logspace(9, 11, 8)[::-1])],
+         "losses that differ between runs, got 3 in every run"),
+    ],
+)
+def test_runs_that_cannot_determine_approach_3_exit_2(tmp_path, capsys, rows, message):
+    path = tmp_path / "runs.csv"
+    path.write_text("params,tokens,loss\n" + "\n".join(rows) + "\n")
+    rc, out, err = run(capsys, "fit", str(path), "--bootstrap", "50")
+    assert rc == 2 and out == "" and len(err.splitlines()) == 1 and re.search(message, err), err
+
+
+def test_plots_that_cannot_be_written_are_refused_before_the_fit_or_leave_no_figure(tmp_path, capsys, monkeypatch):
+    """--plots naming a file stops before the fit; a directory where a figure goes is found after the fit, whose
+    results are printed first, and before any figure is written (isoflop.png and .svg used to be left behind)."""
+    table = _sweep_csv(tmp_path / "runs.csv")
+    (tmp_path / "file").write_text("")
+    with monkeypatch.context() as patched:
+        patched.setattr("jaxformer.commands.fit.fit_table", lambda *a, **k: pytest.fail("the fit ran"))
+        rc, out, err = run(capsys, "fit", str(table), "--plots", str(tmp_path / "file" / "figs"))
+    assert rc == 2 and out == "" and err == f"jaxformer fit: error: --plots {tmp_path}/file/figs: {tmp_path}/file is a " \
+                                            "file, not a directory\n"
+    figures = tmp_path / "figs"
+    (figures / "n_opt.png").mkdir(parents=True)
+    rc, out, err = run(capsys, "fit", str(table), "--approach", "2", "--bootstrap", "0", "--plots", str(figures))
+    assert rc == 2 and err == f"jaxformer fit: error: {figures}/n_opt.png is a directory, where a figure goes\n"
+    assert "Approach 2 (IsoFLOP parabolas)" in out
+    assert sorted(p.name for p in figures.iterdir()) == ["n_opt.png"]
+
+
+def test_excluding_the_highest_losses_of_a_long_form_table_keeps_approach_1(tmp_path, capsys):
+    table = _sweep_csv(tmp_path / "curves.csv", curves=True)
+    rc, out, err = run(capsys, "fit", str(table), "--approach", "1", "--bootstrap", "0", "--exclude-highest-loss", "1",
+                       "--json")
+    assert rc == 0, err
+    fit = json.loads(out)
+    assert fit["runs"] == 34 and fit["approach1"]["power_laws"]["a"] == pytest.approx(PRESETS["chinchilla"].a, abs=0.03)
+
+
+def test_close_budgets_get_a_key_each(tmp_path, capsys):
+    rc, out, err = run(capsys, "fit", str(_sweep_csv(tmp_path / "runs.csv", budgets=[1e19, 1.004e19, 1e20, 1e21])),
+                       "--approach", "2", "--bootstrap", "20", "--json")
+    assert rc == 0, err
+    stats = json.loads(out)["approach2"]["bootstrap"]
+    assert {"N_opt@1e+19", "N_opt@1.004e+19", "N_opt@1e+20", "N_opt@1e+21"} <= set(stats)
+
+
+def test_a_point_outside_its_interval_is_one_warning_line(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr("jaxformer.scaling.report.FitReport.outside_intervals",
+                        lambda self: ["Approach 2: a 0.381 [1.5, 1.5]", "Approach 2: b 0.619 [-0.5, -0.5]"])
+    rc, out, err = run(capsys, "fit", str(_sweep_csv(tmp_path / "runs.csv")), "--approach", "2", "--bootstrap", "20")
+    assert rc == 0 and err == ("warning: point estimates outside their 95% bootstrap intervals (the resamples mostly "
+                               "ended at another optimum): Approach 2: a 0.381 [1.5, 1.5]; Approach 2: b 0.619 "
+                               "[-0.5, -0.5]\n")
+
+
+@pytest.mark.parametrize(
+    "law, message",
+    [
+        ({"E": 1, "A": 1e10, "B": 1, "alpha": 0.01, "beta": 0.01},  # G = 1e500
+         r"law.json \(law\): no finite compute-optimal allocation at 1e\+21 FLOPs \(N_opt inf, D_opt 0\)"),
+        ({"approach3": {"params": PRESETS["epoch"].to_dict()}, "flops_per_token": {"k": "6", "p": 1}},
+         "law.json: flops_per_token.k must be a number, got '6'"),
+        (None, "is a directory, not a JSON file"),
+    ],
+)
+def test_allocate_refuses_a_law_without_a_finite_allocation_in_one_line(tmp_path, capsys, law, message):
+    path = tmp_path / "law.json"
+    path.mkdir() if law is None else path.write_text(json.dumps(law))
+    rc, out, err = run(capsys, "allocate", "--flops", "1e21", "--law", str(path), "--json")
+    assert rc == 2 and out == "" and len(err.splitlines()) == 1 and re.search(message, err), err
+
+
+def test_allocate_below_one_parameter_warns_and_prints_short_numbers(capsys):
+    rc, out, err = run(capsys, "allocate", "--flops", "1e-300")
+    assert rc == 0
+    assert err == ("warning: at 1e-300 FLOPs the optimum is N_opt 1.965e-136, D_opt 8.482e-166: under one parameter, "
+                   "so no model trains on this budget\n")
+    assert out.splitlines()[2].split() == ["1e-300", "1.965e-136", "8.482e-166", "4.317e-30", "1.2429e+49"]
+
+
+def test_the_fit_notebook_removes_its_temporary_directory():
+    """The notebook's synthetic sweep goes to a TemporaryDirectory that its last cell removes (mkdtemp left one)."""
+    import nbformat
+
+    notebook = nbformat.read(Path(__file__).resolve().parents[1] / "notebooks" / "fit_scaling_laws.ipynb", as_version=4)
+    code = [cell.source for cell in notebook.cells if cell.cell_type == "code"]
+    assert not any("mkdtemp" in source for source in code)
+    assert any("workspace = tempfile.TemporaryDirectory()" in source for source in code)
+    assert code[-1].rstrip().endswith("workspace.cleanup()")

@@ -157,3 +157,49 @@ def test_a_fit_does_not_depend_on_the_order_of_the_runs():
         fit.pop("source")
     assert fits[0] == fits[1]
     np.testing.assert_array_equal(listed.canonical().N, table.canonical().N)
+
+
+def test_a_byte_order_mark_is_not_part_of_the_first_column_name(tmp_path):
+    path = tmp_path / "excel.csv"
+    path.write_bytes("params,tokens,loss\n1e6,2e7,3\n2e6,2e7,2.9\n".encode("utf-8-sig"))
+    t = load_table(path)
+    np.testing.assert_array_equal(t.N, [1e6, 2e6])
+    np.testing.assert_array_equal(t.loss, [3.0, 2.9])
+
+
+@pytest.mark.parametrize(
+    "name, text, message",
+    [
+        # the row as the file numbers its data rows, not as counted among the finished runs
+        ("results.csv", "params,tokens,loss,status\n1e6,2e7,,failed\n1e6,2e7,,running\n2e6,2e7,-3,done\n",
+         "column 'loss' row 2: -3.0 is not positive and finite"),
+        ("results.csv", "params,tokens,loss,status\n1e6,2e7,,failed\n2e6,x,3,done\n", "column 'tokens' row 1: 'x' is not"),
+        ("runs.jsonl", '{"params": 1e6, "tokens": 2e7, "loss": 3}\n{"params": true, "tokens": 2e7, "loss": 3}\n',
+         "column 'params' row 1: True is not a number"),
+        ("runs.csv", "params,tokens,params,loss\n1e6,2e7,2e6,3\n", "the header names column 'params' twice"),
+        ("runs.csv", "params,tokens,loss\n1e6,2e7,3\n1e308,1e308,3\n",
+         r"C = 6ND is inf for N=1e\+308, D=1e\+308: out of floating-point range"),
+        ("runs.csv", "params,flops,loss\n1e300,1e-30,3\n", r"D = C/\(6N\) is 0.0 for C=1e-30, N=1e\+300"),
+    ],
+)
+def test_bad_rows_and_headers_raise_one_line_naming_them(tmp_path, name, text, message):
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(ValueError, match=message) as info:
+        load_table(path)
+    assert "\n" not in str(info.value)
+
+
+def test_excluding_runs_keeps_the_other_runs_curves(tmp_path):
+    """`--exclude-highest-loss` on a long-form table: the kept runs keep their curve points, renumbered, so
+    Approach 1 still has curves (it used to be skipped, "the runs carry no training curves")."""
+    source = isoflop_sweep(PRESETS["chinchilla"], [1e18, 1e19], sizes=5, curve_points=6)
+    kept = source.exclude_highest_loss(2)
+    dropped = np.argsort(source.loss)[-2:]
+    assert len(kept) == 8 and kept.has_curves and len(kept.curve_loss) == 8 * 6
+    for r in range(len(kept)):
+        original = int(np.flatnonzero((source.N == kept.N[r]) & (source.D == kept.D[r]))[0])
+        assert original not in dropped
+        np.testing.assert_array_equal(kept.curve_loss[kept.curve_run == r], source.curve_loss[source.curve_run == original])
+        np.testing.assert_array_equal(kept.curve_tokens[kept.curve_run == r],
+                                      source.curve_tokens[source.curve_run == original])

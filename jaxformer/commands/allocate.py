@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
-from jaxformer.scaling.allocation import PRESETS, allocate, load_law
+import numpy as np
+
+from jaxformer.scaling.allocation import PRESETS, Allocation, allocate, load_law
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -31,14 +34,27 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError("--approach selects a fit inside --law FIT.json")
         name, law = args.preset or "chinchilla", PRESETS[args.preset or "chinchilla"]
     result = allocate(law, args.flops)
+    _check(result, f"{args.law} ({name})" if args.law else name)
     if args.json:
-        print(json.dumps({"law": name, **law.to_dict(), "allocation": result.rows()}, indent=1))
+        print(json.dumps({"law": name, **law.to_dict(), "allocation": result.rows()}, indent=1, allow_nan=False))
         return 0
     header = f"{'FLOPs':>10} {'N_opt':>10} {'D_opt':>10} {'D/N':>7} {'loss':>7}"
     print(f"law: {name} ({', '.join(f'{k}={v:.4g}' for k, v in law.to_dict().items() if v is not None)})")
     print(header)
     for row in result.rows():
-        loss = "n/a" if row["loss"] is None else f"{row['loss']:.4f}"
-        print(f"{row['flops']:10.3g} {row['N_opt']:10.4g} {row['D_opt']:10.4g} {row['tokens_per_param']:7.2f} "
+        loss = "n/a" if row["loss"] is None else f"{row['loss']:.5g}"
+        print(f"{row['flops']:10.3g} {row['N_opt']:10.4g} {row['D_opt']:10.4g} {row['tokens_per_param']:7.4g} "
               f"{loss:>7}")
     return 0
+
+
+def _check(result: Allocation, source: str) -> None:
+    """Refuses an allocation that is not a positive finite N and D (one line naming the budget); warns, one line
+    per budget on stderr, where the optimum is under one parameter or one token (a budget below any model's)."""
+    for C, N, D in zip(result.C, result.N, result.D):
+        if not (np.isfinite([N, D]).all() and N > 0 and D > 0):
+            raise ValueError(f"{source}: no finite compute-optimal allocation at {C:g} FLOPs (N_opt {N:g}, "
+                             f"D_opt {D:g})")
+        if N < 1 or D < 1:
+            print(f"warning: at {C:g} FLOPs the optimum is N_opt {N:.4g}, D_opt {D:.4g}: under one "
+                  f"{'parameter' if N < 1 else 'token'}, so no model trains on this budget", file=sys.stderr)

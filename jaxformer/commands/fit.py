@@ -25,6 +25,7 @@ from jaxformer.scaling.table import load_table
 
 # every file is written before run returns and no thread is left working: `jaxformer.cli` skips teardown
 EXIT_AT_ONCE = True
+MAX_RESAMPLES = 100_000  # Approach 3 holds resamples × starts × runs weights in memory: 0.8 GB at 240 runs
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -35,9 +36,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a sweep directory's C: exact training FLOPs or 6ND (default: as the sweep planned)")
     parser.add_argument("--approach", default="all", choices=APPROACHES,
                         help="1 loss envelope, 2 IsoFLOP parabolas, 3 parametric law, all (default)")
-    parser.add_argument("--bootstrap", type=integer(0), default=4000, metavar="N", help="resamples for intervals (0: none)")
-    parser.add_argument("--level", type=float, default=0.95, help="confidence level of the percentile intervals")
-    parser.add_argument("--seed", type=int, default=0, help="bootstrap seed")
+    parser.add_argument("--bootstrap", type=integer(0, MAX_RESAMPLES), default=4000, metavar="N",
+                        help="resamples for intervals (0: none)")
+    parser.add_argument("--level", type=number(above=0, below=1), default=0.95,
+                        help="confidence level of the percentile intervals")
+    parser.add_argument("--seed", type=integer(0), default=0, help="bootstrap seed")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--plots", metavar="DIR", help="write isoflop/contour/n_opt/residuals .png and .svg here")
     parser.add_argument("--exclude-highest-loss", type=int, default=0, metavar="K",
@@ -64,6 +67,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.plots:
+        _check_plots(Path(args.plots))
     group_by = args.bootstrap_groups.split(",") if args.bootstrap_groups else ()
     if Path(args.results).is_dir():  # a sweep hands its runs over as a table
         from jaxformer.sweep.table import sweep_table
@@ -79,11 +84,22 @@ def run(args: argparse.Namespace) -> int:
     report = fit_table(table, args.approach, resamples=args.bootstrap, seed=args.seed, level=args.level,
                        budgets=args.budgets, budget_tol=args.budget_tol, bootstrap_starts=args.bootstrap_starts,
                        keep_edges=args.keep_edges, resample2=args.approach2_resample)
-    if args.plots:
-        paths = report.write_plots(args.plots)
-        print(f"wrote {len(paths)} figures to {args.plots}", file=sys.stderr)
+    outside = report.outside_intervals()
+    if outside:
+        print(f"warning: point estimates outside their {100 * args.level:g}% bootstrap intervals (the resamples "
+              f"mostly ended at another optimum): {'; '.join(outside)}", file=sys.stderr)
     if args.json:
-        print(json.dumps(jsonable(report.to_dict()), indent=1))
+        print(json.dumps(jsonable(report.to_dict()), indent=1, allow_nan=False))
     else:
         print(report.text())
+    if args.plots:  # after the results: a figure that cannot be written does not lose them
+        paths = report.write_plots(args.plots)
+        print(f"wrote {len(paths)} figures to {args.plots}", file=sys.stderr)
     return 0
+
+
+def _check_plots(directory: Path) -> None:
+    """``--plots`` must be a directory, or a path whose nearest existing part is one: checked before the fit."""
+    existing = next(path for path in (directory, *directory.parents) if path.exists())
+    if not existing.is_dir():
+        raise ValueError(f"--plots {directory}: {existing} is a file, not a directory")

@@ -43,6 +43,13 @@ class FlopsPerToken:
         p, log_k = np.polyfit(np.log(N), np.log(per_token), 1)
         return cls(k=float(np.exp(log_k)), p=float(p))
 
+    @classmethod
+    def from_dict(cls, d, source: str = "flops_per_token") -> "FlopsPerToken":
+        """From ``{"k": …, "p": …}`` (`to_dict`); anything but two positive finite numbers raises one line."""
+        if not (isinstance(d, dict) and set(d) == {"k", "p"}):
+            raise ValueError(f"{source} must be an object with k and p, got {shown(d)}")
+        return cls(**{name: _positive_number(d[name], f"{source}.{name}") for name in ("k", "p")})
+
     def to_dict(self) -> dict:
         return asdict(self)
 
@@ -91,13 +98,16 @@ class ParametricLaw:
         return self.E + self.A / N**self.alpha + self.B / D**self.beta
 
     @property
-    def a(self) -> float:
-        """N_opt ∝ C^a."""
-        return self.beta / (self.alpha + self.flops.p * self.beta)
+    def a(self):
+        """N_opt ∝ C^a; nan where α + pβ ≤ 0 (the loss does not fall along the iso-FLOP lines' optimum)."""
+        denominator = np.asarray(self.alpha + self.flops.p * self.beta, np.float64)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            a = np.where(denominator > 0, self.beta / denominator, np.nan)
+        return float(a) if np.ndim(a) == 0 else a
 
     @property
-    def b(self) -> float:
-        """D_opt ∝ C^b."""
+    def b(self):
+        """D_opt ∝ C^b; nan where ``a`` is."""
         return 1.0 - self.flops.p * self.a
 
     @property
@@ -110,9 +120,10 @@ class ParametricLaw:
     def G(self):
         """N_opt = G·(C/k)^a; nan for a law without an optimum (`has_optimum`)."""
         p = self.flops.p
-        with np.errstate(divide="ignore", invalid="ignore"):
-            ratio = np.where(self.has_optimum, self.alpha * self.A / (p * self.beta * self.B), np.nan)
-            G = ratio ** (1.0 / (self.alpha + p * self.beta))
+        alpha, beta = np.asarray(self.alpha, np.float64), np.asarray(self.beta, np.float64)
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            ratio = np.where(self.has_optimum, alpha * self.A / (p * beta * self.B), np.nan)
+            G = ratio ** (1.0 / (alpha + p * beta))
         return float(G) if np.ndim(G) == 0 else G
 
     def n_opt(self, C) -> np.ndarray:
@@ -183,13 +194,18 @@ def load_law(path: str | Path, approach: str | None = None) -> tuple[str, Law]:
         raise ValueError(f"{path}: approach{approach}.{key} is missing or not an object (`jaxformer fit --json` writes it)")
     try:
         if approach == "3":
-            flops = FlopsPerToken(**data["flops_per_token"]) if "flops_per_token" in data else SIX_ND
+            flops = (FlopsPerToken.from_dict(data["flops_per_token"], f"{path}: flops_per_token")
+                     if "flops_per_token" in data else SIX_ND)
             return "approach 3", replace(ParametricLaw.from_dict(fit[key], f"{path}: approach3.params"), flops=flops)
         laws = {name: None if value is None and name in ("k_L", "gamma") else  # the loss law is optional
-                _number(value, f"{path}: approach{approach}.power_laws.{name}") for name, value in fit[key].items()}
+                (_positive_number if name in POSITIVE else _finite_number)(
+                    value, f"{path}: approach{approach}.power_laws.{name}") for name, value in fit[key].items()}
         return f"approach {approach}", PowerLawAllocation(**laws)
     except TypeError as error:  # fields the dataclasses do not have, or lack
         raise ValueError(f"{path}: approach{approach}: {error}") from None
+
+
+POSITIVE = ("k_N", "k_D", "k_L")  # a power law's coefficients: N_opt, D_opt and L_opt are positive
 
 
 def _number(value, name: str) -> float:
@@ -197,6 +213,31 @@ def _number(value, name: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"{name} must be a number, got {shown(value)}")
     return float(value)
+
+
+def _finite_number(value, name: str) -> float:
+    value = _number(value, name)
+    if not np.isfinite(value):
+        raise ValueError(f"{name} must be finite, got {value!r}")
+    return value
+
+
+def _positive_number(value, name: str) -> float:
+    value = _number(value, name)
+    if not (np.isfinite(value) and value > 0):
+        raise ValueError(f"{name} must be positive and finite, got {value!r}")
+    return value
+
+
+def budget_labels(budgets) -> list[str]:
+    """Each FLOP budget as a label (the key of a per-budget quantity): three significant figures (``5.76e+23``), or
+    as many more as tell every two distinct budgets apart (1e21 and 1.004e21: ``1e+21``, ``1.004e+21``)."""
+    values = [float(C) for C in budgets]
+    for digits in range(3, 17):
+        labels = [f"{C:.{digits}g}" for C in values]
+        if len(set(labels)) == len(set(values)):
+            return labels
+    return [f"{C:.17g}" for C in values]  # 17 significant figures tell any two doubles apart
 
 
 @dataclass(frozen=True)
@@ -223,5 +264,6 @@ def allocate(law: Law, flops) -> Allocation:
     bad = np.flatnonzero(~(np.isfinite(C) & (C > 0)))
     if bad.size:
         raise ValueError(f"flops must be positive and finite, got {float(C[bad[0]])!r}")
-    N, D = law.n_opt(C), law.d_opt(C)
-    return Allocation(C, N, D, D / N, law.loss_opt(C))
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore", under="ignore"):  # a law without an optimum
+        N, D = law.n_opt(C), law.d_opt(C)
+        return Allocation(C, N, D, D / N, law.loss_opt(C))

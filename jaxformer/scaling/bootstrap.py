@@ -20,8 +20,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from jaxformer.scaling import lbfgs
-from jaxformer.scaling.allocation import FlopsPerToken, ParametricLaw
-from jaxformer.scaling.parametric import ParametricFit, log_data, value_and_grad
+from jaxformer.scaling.allocation import FlopsPerToken, ParametricLaw, budget_labels
+from jaxformer.scaling.parametric import POLISH, ParametricFit, log_data, value_and_grad
 from jaxformer.scaling.table import RunTable
 
 REFERENCE_BUDGET = 5.76e23  # Chinchilla's training compute, FLOPs
@@ -36,6 +36,14 @@ class Interval:
 
     def to_dict(self) -> dict:
         return {"value": self.value, "se": self.se, "ci": [self.low, self.high]}
+
+    @property
+    def outside(self) -> bool:
+        """Whether the point estimate lies outside its own interval (the resamples mostly ended elsewhere), by more
+        than 1e-6 of their size: the precision of a solver stopping on a reduction of 1e-12 (`POLISH`)."""
+        values = np.array([self.value, self.low, self.high])
+        slack = 1e-6 * np.max(np.abs(values))
+        return bool(np.isfinite(values).all() and not self.low - slack <= self.value <= self.high + slack)
 
 
 @dataclass(frozen=True)
@@ -57,11 +65,12 @@ class BootstrapResult:
 
 
 def law_quantities(law: ParametricLaw, budgets) -> dict[str, np.ndarray]:
-    """Parameters and derived quantities; the law's fields may be ``[B]`` arrays (one per resample)."""
+    """Parameters and derived quantities (the tokens per parameter at each budget keyed by `budget_labels`); the
+    law's fields may be ``[B]`` arrays (one per resample)."""
     out = {"E": law.E, "A": law.A, "B": law.B, "alpha": law.alpha, "beta": law.beta, "a": law.a, "b": law.b,
            "G": law.G}
-    for C in budgets:
-        out[f"tokens_per_param@{C:.3g}"] = law.d_opt(C) / law.n_opt(C)
+    for C, label in zip(budgets, budget_labels(budgets)):
+        out[f"tokens_per_param@{label}"] = law.d_opt(C) / law.n_opt(C)
     return {k: np.asarray(v, np.float64) for k, v in out.items()}
 
 
@@ -110,10 +119,9 @@ def bootstrap_parametric(table: RunTable, fit: ParametricFit, *, resamples: int 
     x0 = np.concatenate([fit.x[None], fit.best_starts(max(starts - 1, 0))])  # [K, 5]
     K = len(x0)
     counts = resample_counts(len(table), resamples, seed, table.group)
-    # Tighter than scipy's default tests: a resample starts next to its optimum, where an
-    # absolute reduction test of 2.2e-9 (objective ~1e-3) would stop after a step or two.
+    # a resample starts next to its optimum, as the point fit's polish does: the same tests
     sol = lbfgs.minimize(value_and_grad, np.tile(x0, (resamples, 1)), np.repeat(counts, K, axis=0),
-                         log_data(table, fit.delta), ftol=1e-12, gtol=1e-8)
+                         log_data(table, fit.delta), **POLISH)
     f = np.where(np.isfinite(sol.f), sol.f, np.inf).reshape(resamples, K)
     best = np.argmin(f, axis=1)
     pick = np.arange(resamples) * K + best

@@ -32,7 +32,7 @@ from typing import Literal
 
 import numpy as np
 
-from jaxformer.scaling.allocation import SIX_ND, FlopsPerToken, PowerLawAllocation
+from jaxformer.scaling.allocation import SIX_ND, FlopsPerToken, PowerLawAllocation, budget_labels
 from jaxformer.scaling.bootstrap import Interval, resample_counts, summarize
 from jaxformer.scaling.powerlaw import allocation_from_optima, power_law_samples
 from jaxformer.scaling.table import RunTable
@@ -53,6 +53,7 @@ class Profile:
     n_opt: float
     loss_opt: float
     bracketed: bool
+    label: str  # the budget as the table's budgets are told apart (`budget_labels`): its key in the bootstrap
 
     def curve(self, N) -> np.ndarray:
         u = np.log(np.asarray(N, np.float64)) - self.center
@@ -166,26 +167,28 @@ def fit_isoflop(table: RunTable, *, budget_tol: float = 0.1, resamples: int = 0,
     if resample not in RESAMPLE:
         raise ValueError(f"Approach 2 resamples {', '.join(RESAMPLE)}, got {resample!r}")
     warnings, profiles, groups = [], [], []
-    for idx in group_budgets(table, budget_tol):
-        C = float(table.budget[idx[0]]) if table.budget is not None else float(np.exp(np.log(table.C[idx]).mean()))
+    grouped = group_budgets(table, budget_tol)
+    budgets = [float(table.budget[idx[0]]) if table.budget is not None else float(np.exp(np.log(table.C[idx]).mean()))
+               for idx in grouped]
+    for idx, C, label in zip(grouped, budgets, budget_labels(budgets)):
         sizes = np.unique(table.N[idx])
         if len(sizes) < 3:
-            warnings.append(f"budget C={C:.3g}: {len(sizes)} distinct sizes, need 3 for a parabola; skipped")
+            warnings.append(f"budget C={label}: {len(sizes)} distinct sizes, need 3 for a parabola; skipped")
             continue
         coeffs, center, n_opt, loss_opt = parabola_minimum(table.N[idx], table.loss[idx])
         if not np.isfinite(n_opt):
-            warnings.append(f"budget C={C:.3g}: the parabola opens downward (no minimum); skipped")
+            warnings.append(f"budget C={label}: the parabola opens downward (no minimum); skipped")
             continue
         bracketed = minimum_edge(table.N[idx], table.loss[idx], n_opt) is None
         if not bracketed:
-            warnings.append(f"budget C={C:.3g}: minimum at the edge of the sampled sizes "
+            warnings.append(f"budget C={label}: minimum at the edge of the sampled sizes "
                             f"(N_opt={n_opt:.3g}, sizes {sizes[0]:.3g}..{sizes[-1]:.3g}); "
                             f"{'kept' if keep_edges else 'left out of the power laws'}; widen the size range")
-        profiles.append(Profile(C, table.N[idx], table.loss[idx], coeffs, center, n_opt, loss_opt, bracketed))
+        profiles.append(Profile(C, table.N[idx], table.loss[idx], coeffs, center, n_opt, loss_opt, bracketed, label))
         groups.append(idx)
     used = [k for k, p in enumerate(profiles) if p.bracketed or keep_edges]
     if len(used) < 2:
-        found = ", ".join(f"C={profiles[k].budget:.3g}" for k in used) or "none"
+        found = ", ".join(f"C={profiles[k].label}" for k in used) or "none"
         # every other budget's reason (too few sizes, no minimum, a minimum at an edge), so the user knows what to change
         raise ValueError(f"Approach 2 needs IsoFLOP profiles (3+ sizes) at 2 or more budgets, got {len(used)} "
                          f"({found})" + "".join(f"; {w}" for w in warnings))
@@ -253,6 +256,6 @@ def _bootstrap(table, profiles, groups, allocation, resamples, seed, level, resa
     point = {"a": allocation.a, "b": allocation.b, "k_N": allocation.k_N}
     for k, p in enumerate(profiles):
         if p.bracketed or keep_edges:  # the budgets of the point fit's power laws
-            samples[f"N_opt@{p.budget:.3g}"] = n_opt[valid, k]
-            point[f"N_opt@{p.budget:.3g}"] = p.n_opt
+            samples[f"N_opt@{p.label}"] = n_opt[valid, k]
+            point[f"N_opt@{p.label}"] = p.n_opt
     return summarize(point, samples, level), samples, int(valid.sum())

@@ -9,7 +9,7 @@ once per slot (the trial point of a backtracking Armijo line search), a slot who
 finished writes its result and loads the next job from the queue. The work done is the sum
 of the jobs' evaluations (as with a Python loop over scipy calls) plus the idle slots of the
 last few jobs, with every evaluation vectorised over the slots, and the whole thing is one
-compiled program. A modest pool (128 slots) keeps both the tail and the per-step cost small
+compiled program. A modest pool (64 slots) keeps both the tail and the per-step cost small
 on a CPU.
 
 The L-BFGS direction (two-loop recursion, memory 10) is Optax's ``scale_by_lbfgs``, its
@@ -20,8 +20,16 @@ curvature resets the memory, and a direction that does not descend is replaced b
 steepest-descent step.
 
 With several devices (the `jaxformer` command makes each core an XLA:CPU device) each runs
-its own pool over a round-robin share of the jobs; the compiled programs are kept by
-``programs.load_or_compile`` while JAX's persistent compilation cache is on.
+its own pool, of the same number of slots, over a round-robin share of the jobs; the compiled
+programs are kept by ``programs.load_or_compile`` while JAX's persistent compilation cache is on.
+
+A job's result is the same bits whatever the number of jobs or devices and the slot it runs in.
+XLA compiles the objective's sums over the runs differently for some widths of the pool (the
+matrix-vector products of one or four slots are not those of two or 128), and XLA:CPU's YNNPACK
+fusions, which the `jaxformer` command turns off and ``JAXFORMER_TUNE=0`` or a library user does
+not, change them for wide pools: so the pool is ``slots`` wide on every device, never narrowed to
+fewer jobs (slots without a job idle), and the program is compiled without those fusions in any
+process.
 
 Status codes (``Solution.status``): 0 gradient below ``gtol``, 1 relative reduction below
 ``ftol`` (scipy's ``factr`` test) — these two count as converged —, 2 the line search could
@@ -45,6 +53,7 @@ from jaxformer.scaling import programs
 STATUS = ("gradient", "reduction", "line search", "max iterations", "non-finite start")
 CONVERGED = (0, 1)
 MEMORY = 10  # L-BFGS pairs kept
+NO_YNN_FUSION = {"xla_cpu_experimental_ynn_fusion_type": ""}  # the same program in every process (see above)
 
 # value_and_grad(x_Q, row, data) -> (f, g_Q) for one slot
 ValueAndGrad = Callable[[jax.Array, jax.Array, Any], tuple[jax.Array, jax.Array]]
@@ -72,11 +81,12 @@ def minimize(
     rows_UY: np.ndarray,
     data: Any,
     *,
-    slots: int = 128,
+    slots: int = 64,
     max_iter: int = 1000,
     gtol: float = 1e-5,
     ftol: float = 2.2e-9,
     devices: int | None = None,
+    pad_to: int | None = None,
 ) -> Solution:
     """Minimises ``value_and_grad(x, rows_UY[j], data)`` from ``x0_UQ[j]`` for every job j.
 
@@ -88,31 +98,39 @@ def minimize(
     (``jax.enable_x64``), so global JAX state is left alone.
 
     With several local devices (XLA:CPU makes one per core when told to, as the `jaxformer`
-    command does) the jobs are dealt out round-robin, each device running its own pool, of
-    ``slots / devices`` slots, over its share; ``devices`` caps how many are used (default: all,
-    at most one per ``slots`` jobs). A job's result does not depend on the device or slot it ran in.
+    command does) the jobs are dealt out round-robin, each device running its own pool of
+    ``slots`` slots over its share; ``devices`` caps how many are used (default: all, but no more
+    than ⌈jobs / slots⌉). A job's result does not depend on the number of jobs or devices, nor on
+    the device or slot it ran in (the module's docstring says why the pool's width is fixed).
+
+    ``pad_to`` runs the jobs in the program of a call with that many (the others idle): the
+    tolerances are arguments of the program, not part of it, so a few jobs polished more tightly
+    (the point fit's best start, `parametric.fit_parametric`) take no compilation of their own.
     """
     x0_UQ = np.asarray(x0_UQ)
     if x0_UQ.ndim != 2 or len(x0_UQ) == 0:
         raise ValueError(f"x0 must be a non-empty [jobs, params] array, got shape {x0_UQ.shape}")
     J = len(x0_UQ)
-    n_dev = max(1, min(jax.local_device_count() if devices is None else devices, J // max(slots, 1)))
-    rows_UY = np.asarray(rows_UY)
-    if n_dev > 1:
-        x0_UQ, rows_UY = _deal(x0_UQ, n_dev), _deal(rows_UY, n_dev)
-    slots = int(min(-(-slots // n_dev), len(x0_UQ) // n_dev))  # per device
+    if slots < 1:
+        raise ValueError(f"slots must be at least 1, got {slots}")
+    shape = max(J, pad_to or 0)  # the jobs the program is compiled for
+    n_dev = max(1, min(jax.local_device_count() if devices is None else devices, -(-shape // slots)))
+    per = -(-shape // n_dev)  # a device's block of jobs
+    x0_UQ, rows_UY = _deal(x0_UQ, n_dev, per), _deal(np.asarray(rows_UY), n_dev, per)
+    active = np.array([len(range(d, J, n_dev)) for d in range(n_dev)], np.int32)  # the jobs in each block
     with jax.enable_x64(True):
         if n_dev > 1:  # each device's block goes straight to it: no resharding program to compile or load
             mesh = Mesh(np.array(jax.local_devices()[:n_dev]), ("jobs",))
 
-            def put(a, spec=PartitionSpec("jobs")):
-                return jax.device_put(np.asarray(a, np.float64), NamedSharding(mesh, spec))
+            def put(a, spec=PartitionSpec("jobs"), dtype=np.float64):
+                return jax.device_put(np.asarray(a, dtype), NamedSharding(mesh, spec))
 
-            args = (put(x0_UQ), put(rows_UY), jax.tree.map(lambda a: put(a, PartitionSpec()), data))
+            args = (put(x0_UQ), put(rows_UY), jax.tree.map(lambda a: put(a, PartitionSpec()), data),
+                    put(active, dtype=np.int32), put([gtol, ftol], PartitionSpec()))
         else:
             cast = lambda a: jnp.asarray(a, jnp.float64)  # noqa: E731
-            args = (cast(x0_UQ), cast(rows_UY), jax.tree.map(cast, data))
-        statics = (slots, max_iter, gtol, ftol, n_dev)
+            args = (cast(x0_UQ), cast(rows_UY), jax.tree.map(cast, data), jnp.asarray(active), cast([gtol, ftol]))
+        statics = (slots, max_iter, n_dev)
         out = _program(value_and_grad, args, statics)(*args)
         x, f, gmax, iters, nfev, status = (_undeal(np.asarray(a), n_dev, J) for a in jax.device_get(out))
     return Solution(x, f, gmax, iters, nfev, status)
@@ -135,32 +153,31 @@ def _program(value_and_grad: ValueAndGrad, args: tuple, statics: tuple) -> Calla
     return lambda *a: _run(value_and_grad, *a, *statics)
 
 
-def _deal(a: np.ndarray, n: int) -> np.ndarray:
-    """Job j to block j % n, position j // n (the last job repeated to fill the blocks): ``[n·⌈J/n⌉, …]``."""
-    per = -(-len(a) // n)
+def _deal(a: np.ndarray, n: int, per: int) -> np.ndarray:
+    """Job j to block j % n, position j // n, the blocks filled to ``per`` jobs with copies of the last job:
+    ``[n·per, …]``."""
     a = np.concatenate([a, np.repeat(a[-1:], per * n - len(a), axis=0)])
     return a.reshape(per, n, *a.shape[1:]).swapaxes(0, 1).reshape(per * n, *a.shape[1:])
 
 
 def _undeal(a: np.ndarray, n: int, J: int) -> np.ndarray:
     """The inverse of ``_deal``: back in job order, padding dropped."""
-    if n == 1:
-        return a
     per = len(a) // n
     return a.reshape(n, per, *a.shape[1:]).swapaxes(0, 1).reshape(per * n, *a.shape[1:])[:J]
 
 
-@partial(jax.jit, static_argnums=(0, 4, 5, 6, 7, 8))
-def _run(value_and_grad, x0_UQ, rows_UY, data, S, max_iter, gtol, ftol, n_dev):
-    """One pool (``n_dev`` 1), or one pool per device over its block of jobs."""
-    pool = partial(_pool, value_and_grad, S=S, max_iter=max_iter, gtol=gtol, ftol=ftol)
+@partial(jax.jit, static_argnums=(0, 6, 7, 8), compiler_options=NO_YNN_FUSION)
+def _run(value_and_grad, x0_UQ, rows_UY, data, active, tolerances, S, max_iter, n_dev):
+    """One pool (``n_dev`` 1), or one pool per device over its block of jobs, the first ``active`` of them
+    (``[n_dev]``); ``tolerances`` ``[2]``: gtol, ftol."""
+    pool = partial(_pool, value_and_grad, S=S, max_iter=max_iter)
     if n_dev == 1:
-        return pool(x0_UQ, rows_UY, data)
+        return pool(x0_UQ, rows_UY, data, active, tolerances)
     mesh = Mesh(np.array(jax.local_devices()[:n_dev]), ("jobs",))
-    jobs = PartitionSpec("jobs")
+    jobs, shared = PartitionSpec("jobs"), PartitionSpec()
     # the pools never communicate: each device loops until its own queue is empty
-    return jax.shard_map(pool, mesh=mesh, in_specs=(jobs, jobs, PartitionSpec()), out_specs=jobs,
-                         check_vma=False)(x0_UQ, rows_UY, data)
+    return jax.shard_map(pool, mesh=mesh, in_specs=(jobs, jobs, shared, jobs, shared), out_specs=jobs,
+                         check_vma=False)(x0_UQ, rows_UY, data, active, tolerances)
 
 
 def _vdot(a: jax.Array, b: jax.Array) -> jax.Array:
@@ -207,8 +224,10 @@ def _direction(g_Q: jax.Array, state: dict, x_Q: jax.Array) -> tuple[jax.Array, 
     return d, dict(count=count, x=x_Q, g=g_Q, s=s_mem, y=y_mem, rho=rho)
 
 
-def _pool(value_and_grad, x0_UQ, rows_UY, data, *, S, max_iter, gtol, ftol):
+def _pool(value_and_grad, x0_UQ, rows_UY, data, active_1, tolerances, *, S, max_iter):
     J, P = x0_UQ.shape
+    n = active_1[0]  # this block's jobs n and on are padding, never loaded
+    gtol, ftol = tolerances[0], tolerances[1]
     dtype = x0_UQ.dtype
     eval_Z = jax.vmap(value_and_grad, in_axes=(0, 0, None))
     direction_Z = jax.vmap(_direction)
@@ -224,7 +243,7 @@ def _pool(value_and_grad, x0_UQ, rows_UY, data, *, S, max_iter, gtol, ftol):
 
     def step(slot, glob):
         """One objective evaluation per slot: accept or backtrack; finished slots reload."""
-        active = slot["job"] < J
+        active = slot["job"] < n
         fresh = slot["fresh"]
         trial = slot["x"] + slot["step"][:, None] * slot["d"]
         ft, gt = eval_Z(trial, slot["row"], data)
@@ -272,7 +291,7 @@ def _pool(value_and_grad, x0_UQ, rows_UY, data, *, S, max_iter, gtol, ftol):
         counts = jnp.stack([it, nfev, status], axis=1)
         # ...and take the next jobs from the queue.
         queued = glob["next_job"] + jnp.cumsum(done) - 1
-        job = jnp.where(done, jnp.minimum(queued, J), slot["job"])
+        job = jnp.where(done, jnp.minimum(queued, n), slot["job"])
         glob = dict(
             results=glob["results"].at[target].set(result, mode="drop"),
             counts=glob["counts"].at[target].set(counts, mode="drop"),
@@ -302,6 +321,6 @@ def _pool(value_and_grad, x0_UQ, rows_UY, data, *, S, max_iter, gtol, ftol):
     glob = dict(results=jnp.zeros((J, P + 2), dtype), counts=jnp.zeros((J, 3), jnp.int32).at[:, 2].set(3),
                 next_job=jnp.asarray(S))
 
-    slot, glob = jax.lax.while_loop(lambda c: jnp.any(c[0]["job"] < J), lambda c: step(*c), (slot, glob))
+    slot, glob = jax.lax.while_loop(lambda c: jnp.any(c[0]["job"] < n), lambda c: step(*c), (slot, glob))
     res, counts = glob["results"], glob["counts"]
     return res[:, :P], res[:, P], res[:, P + 1], counts[:, 0], counts[:, 1], counts[:, 2]

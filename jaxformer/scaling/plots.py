@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +17,7 @@ from matplotlib import colormaps
 from matplotlib.colors import LogNorm
 from matplotlib.figure import Figure
 
-from jaxformer.files import write_atomically
+from jaxformer.files import write_bytes_atomic
 from jaxformer.scaling.allocation import PRESETS, Law, ParametricLaw
 from jaxformer.scaling.isoflop import IsoFLOPFit
 from jaxformer.scaling.parametric import residuals
@@ -141,11 +142,25 @@ def plot_tuning(fit: TuneFit) -> Figure:
 
 
 def save(fig: Figure, directory: str | Path, name: str) -> list[Path]:
-    """Writes ``name.png`` and ``name.svg`` (each atomically)."""
+    """Writes ``name.png`` and ``name.svg`` (`save_all`)."""
+    return save_all({name: fig}, directory)
+
+
+def save_all(figures: dict[str, Figure], directory: str | Path) -> list[Path]:
+    """Writes ``name.png`` and ``name.svg`` of each figure, atomically; every file is rendered, and every target
+    checked, before the first is written, so a figure that cannot be drawn or a directory in a file's place leaves
+    none of them written."""
     directory = Path(directory)
+    rendered: dict[Path, bytes] = {}
+    for name, fig in figures.items():
+        for ext in ("png", "svg"):
+            buffer = io.BytesIO()
+            fig.savefig(buffer, format=ext, dpi=150)
+            rendered[directory / f"{name}.{ext}"] = buffer.getvalue()
     directory.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for ext in ("png", "svg"):
-        write_atomically(directory / f"{name}.{ext}", lambda handle, ext=ext: fig.savefig(handle, format=ext, dpi=150))
-        paths.append(directory / f"{name}.{ext}")
-    return paths
+    taken = [path for path in rendered if path.is_dir()]
+    if taken:
+        raise ValueError(f"{taken[0]} is a directory, where a figure goes")
+    for path, payload in rendered.items():
+        write_bytes_atomic(path, payload)
+    return list(rendered)

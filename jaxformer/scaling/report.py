@@ -13,9 +13,9 @@ from pathlib import Path
 
 import numpy as np
 
-from jaxformer.scaling.allocation import FlopsPerToken, Law
+from jaxformer.scaling.allocation import FlopsPerToken, Law, budget_labels
 from jaxformer.scaling.bootstrap import (REFERENCE_BUDGET, BootstrapResult, Interval, bootstrap_parametric,
-                                         percentiles, sample_laws)
+                                         law_quantities, percentiles, sample_laws)
 from jaxformer.scaling.envelope import EnvelopeFit, fit_envelope
 from jaxformer.scaling.isoflop import IsoFLOPFit, fit_isoflop
 from jaxformer.scaling.parametric import PARAMS, ParametricFit, fit_parametric
@@ -63,7 +63,8 @@ class FitReport:
                 "objective": fit.objective,
                 "huber_delta": fit.delta,
                 "a": law.a, "b": law.b, "G": law.G,
-                "tokens_per_param": {f"{C:.3g}": float(law.d_opt(C) / law.n_opt(C)) for C in self.budgets},
+                "tokens_per_param": {label: float(law.d_opt(C) / law.n_opt(C))
+                                     for C, label in zip(self.budgets, budget_labels(self.budgets))},
                 "convergence": fit.convergence,
                 "bootstrap": None if self.bootstrap3 is None else self.bootstrap3.to_dict(),
             }
@@ -85,6 +86,14 @@ class FitReport:
         if self.approach2 and self.approach2.samples:
             found["Approach 2"] = sample_allocations(self.approach2.samples, self.approach2.flops).n_opt(C)
         return {label: tuple(np.nanpercentile(n, percentiles(self.level), axis=0)) for label, n in found.items()}
+
+    def outside_intervals(self) -> list[str]:
+        """``"Approach k: name value [low, high]"`` for each point estimate outside its own bootstrap interval."""
+        found = [("3", self.bootstrap3.stats if self.bootstrap3 else None),
+                 ("2", self.approach2.stats if self.approach2 else None),
+                 ("1", self.approach1.stats if self.approach1 else None)]
+        return [f"Approach {approach}: {name} {s.value:.4g} [{s.low:.4g}, {s.high:.4g}]"
+                for approach, stats in found for name, s in (stats or {}).items() if s.outside]
 
     def agreement(self) -> dict | None:
         """Whether Approaches 2 and 3 agree on the exponent a: do their intervals overlap?
@@ -122,11 +131,8 @@ class FitReport:
             lines += ["", "Approach 3: L = E + A/N^alpha + B/D^beta (Huber on log loss; L-BFGS from "
                       f"{conv['starts']} starts: {conv['converged']} converged, {conv['reached_best']} within 1e-6 "
                       "of the best)"]
-            values = {"E": law.E, "A": law.A, "B": law.B, "alpha": law.alpha, "beta": law.beta, "a": law.a,
-                      "b": law.b, "G": law.G}
-            values.update({f"tokens_per_param@{C:.3g}": law.d_opt(C) / law.n_opt(C) for C in self.budgets})
             stats = self.bootstrap3.stats if self.bootstrap3 else {}
-            lines += [_line(k, v, stats.get(k), self.level) for k, v in values.items()]
+            lines += [_line(k, v, stats.get(k), self.level) for k, v in law_quantities(law, self.budgets).items()]
             if not law.has_optimum:
                 lines.append("  no compute-optimal allocation: the fitted loss does not fall with both N and D "
                              "(A, B, alpha and beta must be positive)")
@@ -148,16 +154,17 @@ class FitReport:
         return "\n".join(lines)
 
     def write_plots(self, directory: str | Path) -> list[Path]:
-        """PNG and SVG of every figure the fitted approaches support."""
+        """PNG and SVG of every figure the fitted approaches support, all drawn before any is written
+        (`plots.save_all`)."""
         from jaxformer.scaling import plots  # matplotlib is imported only by a fit that draws
 
-        paths: list[Path] = []
+        figures = {}
         t = self.table
         if self.approach2:
-            paths += plots.save(plots.plot_isoflop(self.approach2), directory, "isoflop")
+            figures["isoflop"] = plots.plot_isoflop(self.approach2)
         if self.approach3:
-            paths += plots.save(plots.plot_contour(self.approach3.law, t), directory, "contour")
-            paths += plots.save(plots.plot_residuals(self.approach3.law, t), directory, "residuals")
+            figures["contour"] = plots.plot_contour(self.approach3.law, t)
+            figures["residuals"] = plots.plot_residuals(self.approach3.law, t)
         points = {}
         if self.approach1:
             every = max(len(self.approach1.flops) // 25, 1)
@@ -166,9 +173,8 @@ class FitReport:
             points["IsoFLOP minima"] = ([p.budget for p in self.approach2.profiles],
                                         [p.n_opt for p in self.approach2.profiles])
         flops_range = (t.C.min() / 3, max(t.C.max() * 3, 10 * REFERENCE_BUDGET))
-        paths += plots.save(plots.plot_nopt(self.laws(), flops_range, points, bands=self.frontier_bands), directory,
-                            "n_opt")
-        return paths
+        figures["n_opt"] = plots.plot_nopt(self.laws(), flops_range, points, bands=self.frontier_bands)
+        return plots.save_all(figures, directory)
 
 
 def _line(name: str, value: float, interval: Interval | None, level: float) -> str:

@@ -71,8 +71,11 @@ class RunTable:
         if len(set(lengths.values())) != 1:
             raise ValueError(f"{source}: columns have different lengths {lengths}")
         n = arrays["N"]
-        d = arrays["D"] if "D" in arrays else arrays["C"] / (6.0 * n)
-        c = arrays["C"] if "C" in arrays else 6.0 * n * d
+        with np.errstate(over="ignore", under="ignore"):
+            d = arrays["D"] if "D" in arrays else arrays["C"] / (6.0 * n)
+            c = arrays["C"] if "C" in arrays else 6.0 * n * d
+        _derived("D = C/(6N)", d, {"C": c, "N": n}, source)
+        _derived("C = 6ND", c, {"N": n, "D": d}, source)
         return cls(n, d, c, arrays["loss"], arrays.get("budget"), source=source)
 
     def with_curves(self, run: np.ndarray, tokens: np.ndarray, loss: np.ndarray) -> "RunTable":
@@ -106,11 +109,19 @@ class RunTable:
                        curve_loss=self.curve_loss[points])
 
     def subset(self, index: np.ndarray) -> "RunTable":
-        """The runs at ``index`` (curves dropped: they refer to run positions)."""
+        """The runs at ``index`` (distinct positions), with their curves' points (renumbered to the new positions)."""
+        index = np.asarray(index, np.int64)
         pick = lambda a: None if a is None else a[index]  # noqa: E731
         table = RunTable(self.N[index], self.D[index], self.C[index], self.loss[index], pick(self.budget),
                          source=self.source)
-        return table if self.group is None else table.with_groups(self.group[index])
+        table = table if self.group is None else table.with_groups(self.group[index])
+        if not self.has_curves:
+            return table
+        position = np.full(len(self), -1)
+        position[index] = np.arange(len(index))
+        kept = position[self.curve_run] >= 0
+        return replace(table, curve_run=position[self.curve_run[kept]], curve_tokens=self.curve_tokens[kept],
+                       curve_loss=self.curve_loss[kept])
 
     def exclude_highest_loss(self, k: int) -> "RunTable":
         """Drops the k runs with the highest loss (Besiroglu et al. drop 5 outliers)."""
@@ -121,12 +132,29 @@ class RunTable:
         return self.subset(np.sort(np.argsort(self.loss, kind="stable")[: len(self) - k]))
 
 
-def _positive(name: str, values: np.ndarray, source: str) -> np.ndarray:
+def _first_bad(values: np.ndarray) -> int | None:
+    """The index of the first value that is not positive and finite; None when they all are."""
     bad = np.flatnonzero(~(np.isfinite(values) & (values > 0)))
-    if bad.size:
-        value = float(values[bad[0]])
-        raise ValueError(f"{source}: column {name!r} row {bad[0]}: {value!r} is not positive and finite")
+    return int(bad[0]) if bad.size else None
+
+
+def _positive(name: str, values: np.ndarray, source: str, rows: np.ndarray | None = None) -> np.ndarray:
+    """``values``, checked positive and finite; a bad one raises one line naming its row (``rows[i]``: the file's
+    data row of value i, default i)."""
+    i = _first_bad(values)
+    if i is not None:
+        raise ValueError(f"{source}: column {name!r} row {i if rows is None else rows[i]}: {float(values[i])!r} "
+                         "is not positive and finite")
     return values
+
+
+def _derived(name: str, values: np.ndarray, inputs: dict[str, np.ndarray], source: str) -> None:
+    """A column computed from others (``name`` its formula) must be positive and finite: not overflowed to inf or
+    underflowed to 0."""
+    i = _first_bad(values)
+    if i is not None:
+        given = ", ".join(f"{k}={float(v[i]):g}" for k, v in inputs.items())
+        raise ValueError(f"{source}: {name} is {float(values[i])!r} for {given}: out of floating-point range")
 
 
 def _norm(name: str) -> str:
@@ -149,13 +177,17 @@ def find_column(columns: list[str], role: str, explicit: str | None, source: str
     return None
 
 
-def _numbers(name: str, values: list, source: str) -> np.ndarray:
+def _numbers(name: str, values: list, source: str, rows: np.ndarray) -> np.ndarray:
+    """``values`` as floats; a bool or a value that is not a number raises one line naming its row (``rows[i]``:
+    the file's data row of value i)."""
     out = np.empty(len(values))
     for i, v in enumerate(values):
         try:
+            if isinstance(v, bool):
+                raise TypeError
             out[i] = float(v)
         except (TypeError, ValueError):
-            raise ValueError(f"{source}: column {name!r} row {i}: {v!r} is not a number") from None
+            raise ValueError(f"{source}: column {name!r} row {rows[i]}: {v!r} is not a number") from None
     return out
 
 
@@ -169,8 +201,9 @@ def _read_columns(path: Path) -> dict[str, list]:
 def _columns_of(path: Path) -> dict[str, list]:
     suffix = path.suffix.lower()
     if suffix == ".csv":
-        with path.open(newline="") as fh:
+        with path.open(newline="", encoding="utf-8-sig") as fh:  # -sig: a byte-order mark is not the first name's
             reader, rows = csv.DictReader(fh), []
+            _distinct(reader.fieldnames or [], path)
             for row in reader:
                 if None in row:  # DictReader's key for the cells past the header's
                     raise ValueError(f"{path}, line {reader.line_num}: {len(reader.fieldnames) + len(row[None])} "
@@ -182,8 +215,17 @@ def _columns_of(path: Path) -> dict[str, list]:
     if suffix == ".parquet":
         import pyarrow.parquet as pq  # imported here: only Parquet users pay for it
 
-        return pq.read_table(path).to_pydict()
+        table = pq.read_table(path)
+        _distinct(table.column_names, path)
+        return table.to_pydict()
     raise ValueError(f"{path}: unknown table format {suffix!r} (use .csv, .parquet or .jsonl)")
+
+
+def _distinct(names: Sequence[str], source) -> None:
+    """A header that names one column twice raises one line naming it."""
+    twice = next((name for i, name in enumerate(names) if name in names[:i]), None)
+    if twice is not None:
+        raise ValueError(f"{source}: the header names column {twice!r} twice")
 
 
 def records_to_columns(records: list[dict], source) -> dict[str, list]:
@@ -201,16 +243,17 @@ def columns_table(cols: dict[str, list], source: str, group_by: Sequence[str] = 
     ``run=``) pick columns explicitly, the others are found by name (`CANDIDATES`). ``group_by``: columns
     whose values together label each run's bootstrap cluster (`RunTable.with_groups`; one row per run)."""
     columns = list(cols)
+    rows = np.arange(max(map(len, cols.values()), default=0))  # each row's number among the file's data rows
     if "status" in cols:  # a `jaxformer results` table: only finished runs have losses
-        done = [i for i, v in enumerate(cols["status"]) if v == "done"]
-        cols = {k: [v[i] for i in done] for k, v in cols.items()}
+        rows = np.array([i for i, v in enumerate(cols["status"]) if v == "done"], np.int64)
+        cols = {k: [v[i] for i in rows] for k, v in cols.items()}
     if not columns or not any(len(v) for v in cols.values()):
         raise ValueError(f"{source}: the table has no rows")
     found = {role: find_column(columns, role, names.get(role), source, required=role in ("N", "loss"))
              for role in ("N", "D", "C", "loss", "budget", "run")}
     if found["D"] is None and found["C"] is None:
         raise ValueError(f"{source}: no tokens (D) or FLOPs (C) column (columns: {', '.join(columns)})")
-    num = {role: _positive(col, _numbers(col, cols[col], source), source)
+    num = {role: _positive(col, _numbers(col, cols[col], source, rows), source, rows)
            for role, col in found.items() if col and role != "run"}
     group_cols = [find_column(columns, "group", col, source) for col in group_by]
     run = found["run"]
