@@ -175,6 +175,7 @@ def test_vmap_and_jacrev_equal_naive(kernel):
         "grad of vmap, k and v unmapped": lambda f: jax.grad(sin_sum(jax.vmap(f, in_axes=(0, None, None))),
                                                              argnums=(0, 1, 2))(q, k[0], v[0]),
         "jacrev": lambda f: jax.jacrev(f, argnums=(0, 1, 2))(q[:1, :3], k[:1], v[:1]),
+        "vmap over an empty axis": lambda f: jax.vmap(f)(q[:0, None], k[:0, None], v[:0, None]),  # [0, 1, 7, 4, 8]
     }
     fused, naive = (jax.jit(lambda impl=impl: {name: transform(attend(impl)) for name, transform in transforms.items()})
                     for impl in ("fused", "naive"))

@@ -262,7 +262,7 @@ initialize(DistributedConfig(coordinator_address=address, num_processes=2, proce
 from jaxformer.train.kernel_choice import decide, fastest, on_every_process
 timed = lambda: {"naive": 1.0, "fused": 0.5 if process == 0 else 2.0}  # process 0's timings decide
 measured = decide(cache, "KEY", ["naive", "fused"], timed, fastest, "attention_impl")[:2]
-only = on_every_process(["naive", "fused"] if process == 0 else ["naive"])  # a host without the fused kernel
+only = on_every_process(["naive", "fused"] if process == 0 else ["naive"], "")  # a host without the fused kernel
 print(json.dumps([measured, only]))
 """
 
@@ -280,7 +280,8 @@ def test_two_processes_on_one_host_choose_a_kernel_together_without_waiting_for_
         for p in processes:
             p.kill()
     assert [p.returncode for p in processes] == [0, 0], outputs[0][1][-1500:] + outputs[1][1][-1500:]
-    assert [json.loads(out.splitlines()[-1]) for out, _ in outputs] == [[["fused", "measured"], ["naive"]]] * 2
+    assert [json.loads(out.splitlines()[-1]) for out, _ in outputs] == [
+        [["fused", "measured"], [["naive"], "fused: not on every process of the run"]], [["fused", "measured"], [["naive"], ""]]]
 
 
 def test_a_process_whose_peers_never_connect_stops_after_the_initialization_timeout():

@@ -130,7 +130,7 @@ class Extension:
             if path.exists():
                 try:
                     library = self._open(path)
-                except (OSError, AttributeError, RuntimeError):  # a damaged file in the cache: built afresh
+                except OSError:  # a damaged file in the cache (it never loaded, so its path is free): built afresh
                     path.unlink(missing_ok=True)
             if library is None:
                 library = self._open(self.build(path, extra))

@@ -147,8 +147,9 @@ def _foldable(call, num_arrays: int):
         def fold(axis_size, in_batched, *arrays):
             arrays = [x if batched else jnp.broadcast_to(x, (axis_size, *x.shape))
                       for x, batched in zip(arrays, in_batched)]
+            batch = arrays[0].shape[1]  # recorded, not divided out of the result: the mapped axis may be empty
             outs = run(*(x.reshape(axis_size * x.shape[1], *x.shape[2:]) for x in arrays))
-            return tuple(y.reshape(axis_size, y.shape[0] // axis_size, *y.shape[1:]) for y in outs), (True,) * len(outs)
+            return tuple(y.reshape(axis_size, batch, *y.shape[1:]) for y in outs), (True,) * len(outs)
 
         return run
 

@@ -149,7 +149,7 @@ def save(fig: Figure, directory: str | Path, name: str) -> list[Path]:
 def save_all(figures: dict[str, Figure], directory: str | Path) -> list[Path]:
     """Writes ``name.png`` and ``name.svg`` of each figure, atomically; every file is rendered, and every target
     checked, before the first is written, so a figure that cannot be drawn or a directory in a file's place leaves
-    none of them written."""
+    none of them written (a write that fails midway, a full disk, leaves those before it written)."""
     directory = Path(directory)
     rendered: dict[Path, bytes] = {}
     for name, fig in figures.items():

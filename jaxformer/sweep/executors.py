@@ -215,8 +215,8 @@ def run_ray(ray, sweep_dir: Path, queue: WorkQueue, count: int, threads: int, gp
             ray.kill(handle)  # one only unreachable (ActorUnavailableError) would keep its resources, and its run
             handle = start()
             actors.append(handle)
+            _wait_released(sweep_dir, group)  # the dead actor's worker process, which Ray ends after it
             if attempt < ATTEMPTS:
-                _wait_released(sweep_dir, group)  # the dead actor's worker process, which Ray ends after it
                 pending[handle.train_group.remote(group)] = (handle, group, attempt + 1)
                 continue
             trained = [_actor_died(sweep_dir, name, error) for name in group]

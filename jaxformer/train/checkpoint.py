@@ -103,8 +103,8 @@ def _sharded_fingerprint(leaf: jax.Array, sharding: NamedSharding) -> jax.Array:
 def _block_fingerprints(leaf: Any) -> list[jax.Array]:
     """Sums of ``leaf``'s blocks that this process holds once (its devices' shards that are no replica of another).
 
-    Each device reduces its own shard, so no host ever holds the state, and no program spans
-    processes: the processes' sums meet through `exchange`, outside XLA, so that a save's collectives
+    Each device reduces its own shard, so no host ever holds the state, and no program has a
+    collective: the processes' sums meet through `exchange`, outside XLA, so that a save's collectives
     cannot interleave in different orders with the programs and barriers around it.
     """
     if not isinstance(leaf, jax.Array) or (leaf.is_fully_addressable and len(leaf.sharding.device_set) == 1):

@@ -191,8 +191,7 @@ def choose(config: TrainConfig, path: str | Path | None = None) -> tuple[TrainCo
     attention call. A config that names an implementation is returned as it is."""
     if config.kernel.attention_impl != "auto":
         return config, KernelChoice(config.kernel.attention_impl, "set")
-    impls, reason = candidates(config)
-    impls = on_every_process(impls)
+    impls, reason = on_every_process(*candidates(config))
     impl, source, call_s, seconds = decide(KERNEL_FILE if path is None else Path(path), call_key(config), impls,
                                            lambda: measure(config, impls), fastest, "attention_impl")
     return with_impl(config, impl), KernelChoice(impl, source, call_s, reason, seconds)
@@ -225,10 +224,13 @@ def decide(path: Path, key: str, impls: list[str], timed, pick, field: str) -> t
     return impl, "measured", call_s, time.perf_counter() - started
 
 
-def on_every_process(impls: list[str]) -> list[str]:
-    """The candidates of ``impls`` that every process has (a host may lack the fused kernel), in process 0's order."""
+def on_every_process(impls: list[str], reason: str) -> tuple[list[str], str]:
+    """``(candidates, why some are not)``: those of ``impls`` that every process has (a host may lack the fused
+    kernel), in process 0's order, and ``reason`` or what this process's were left out for."""
     lists = [json.loads(data) for data in exchange("kernel-candidates", json.dumps(impls).encode())]
-    return [impl for impl in lists[0] if all(impl in other for other in lists)]
+    common = [impl for impl in lists[0] if all(impl in other for other in lists)]
+    dropped = [impl for impl in impls if impl not in common]
+    return common, reason or (f"{', '.join(dropped)}: not on every process of the run" if dropped else "")
 
 
 @contextlib.contextmanager

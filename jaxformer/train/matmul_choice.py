@@ -105,8 +105,7 @@ def choose(config: TrainConfig, path: str | Path | None = None) -> tuple[TrainCo
     """``(config with a concrete matmul_impl, the choice)``; a config that names one is returned as it is."""
     if config.kernel.matmul_impl != "auto":
         return config, MatmulChoice(config.kernel.matmul_impl, "set")
-    impls, reason = candidates(config)
-    impls = on_every_process(impls)
+    impls, reason = on_every_process(*candidates(config))
     path = kernel_choice.KERNEL_FILE if path is None else Path(path)
     impl, source, call_s, seconds = decide(path, call_key(config), impls, lambda: measure(config, impls), fastest,
                                            "matmul_impl")
