@@ -158,6 +158,18 @@ def test_train_step_with_fused_attention_equals_naive(kernel):
     assert losses["naive"][-1] < losses["naive"][0]  # the steps train
 
 
+def _assert_fused_equals_naive(results) -> None:
+    """``results(impl)`` (a dict of named result trees) jitted for fused and naive: the fused program calls both
+    kernels, and every leaf of every result equals naive's."""
+    fused, naive = (jax.jit(lambda impl=impl: results(impl)) for impl in ("fused", "naive"))
+    assert _targets(fused) == {fused_attention.FORWARD_TARGET, fused_attention.BACKWARD_TARGET}
+    got, want = fused(), naive()
+    assert set(got) == set(want)
+    for name in got:
+        for got_leaf, want_leaf in zip(jax.tree.leaves(got[name]), jax.tree.leaves(want[name]), strict=True):
+            np.testing.assert_allclose(got_leaf, want_leaf, atol=TOL, rtol=0, err_msg=name)
+
+
 @needs_kernel
 def test_vmap_and_jacrev_equal_naive(kernel):
     """``jax.vmap`` runs the kernel once on the batch the mapped axis folds into, whichever operands are mapped."""
@@ -177,13 +189,7 @@ def test_vmap_and_jacrev_equal_naive(kernel):
         "jacrev": lambda f: jax.jacrev(f, argnums=(0, 1, 2))(q[:1, :3], k[:1], v[:1]),
         "vmap over an empty axis": lambda f: jax.vmap(f)(q[:0, None], k[:0, None], v[:0, None]),  # [0, 1, 7, 4, 8]
     }
-    fused, naive = (jax.jit(lambda impl=impl: {name: transform(attend(impl)) for name, transform in transforms.items()})
-                    for impl in ("fused", "naive"))
-    assert _targets(fused) == {fused_attention.FORWARD_TARGET, fused_attention.BACKWARD_TARGET}
-    got, want = fused(), naive()
-    for name in transforms:
-        for got_leaf, want_leaf in zip(jax.tree.leaves(got[name]), jax.tree.leaves(want[name])):
-            np.testing.assert_allclose(got_leaf, want_leaf, atol=TOL, rtol=0, err_msg=name)
+    _assert_fused_equals_naive(lambda impl: {name: transform(attend(impl)) for name, transform in transforms.items()})
 
 
 @needs_kernel
@@ -201,12 +207,7 @@ def test_second_derivatives_equal_naive(kernel):
         return {"grad of grad": grad_of_grad(q, k, v),
                 "jvp of grad": jax.jvp(grads(impl), (q, k, v), (cotangent, 0.5 * k, -v))}
 
-    fused, naive = (jax.jit(lambda impl=impl: derivatives(impl)) for impl in ("fused", "naive"))
-    assert _targets(fused) == {fused_attention.FORWARD_TARGET, fused_attention.BACKWARD_TARGET}
-    got, want = fused(), naive()
-    for name in got:
-        for got_leaf, want_leaf in zip(jax.tree.leaves(got[name]), jax.tree.leaves(want[name])):
-            np.testing.assert_allclose(got_leaf, want_leaf, atol=TOL, rtol=0, err_msg=name)
+    _assert_fused_equals_naive(derivatives)
 
 
 @needs_kernel

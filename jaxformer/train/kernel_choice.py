@@ -211,8 +211,8 @@ def decide(path: Path, key: str, impls: list[str], timed, pick, field: str) -> t
         usable = (isinstance(cached, dict) and cached.get(field) in impls and isinstance(cached.get("call_s"), dict)
                   and set(cached["call_s"]) == set(impls)
                   and all(isinstance(seconds, (int, float)) for seconds in cached["call_s"].values()))
-        if from_process_0("kernel-cached", usable):
-            chosen = from_process_0("kernel-choice", impls.index(cached[field]) if jax.process_index() == 0 else 0)
+        chosen = from_process_0("kernel-cached", impls.index(cached[field]) if usable else -1)  # process 0's entry
+        if chosen >= 0:
             return impls[chosen], "cache", cached["call_s"] if usable else {}, time.perf_counter() - started
         # every process times the same global calls; process 0's timings decide for all
         call_s = timed()
