@@ -91,7 +91,7 @@ class ModelConfig(Section):
     activation: Activation = "gelu"
     norm: Norm = "layernorm"
     norm_position: NormPosition = "pre"
-    norm_eps: float = 1e-5
+    norm_eps: float = setting(1e-5, POSITIVE)
     position: Position = "learned"
     rope_base: float = 10000.0
     rope_scale: float = 1.0

@@ -12,19 +12,17 @@ disk) prints one line and exits 1. Set ``JAXFORMER_DEBUG=1`` to see the tracebac
 from __future__ import annotations
 
 import argparse
-import errno
 import importlib
 import logging
 import os
 import re
+import signal
 import sys
 import warnings
 
+from jaxformer.files import PATH_ERRORS
 from jaxformer.runtime import reexec_tuned
 
-# what a path the user gave can be wrong with: missing, a file where a directory goes or the reverse, not permitted
-PATH_ERRORS = {errno.ENOENT, errno.ENOTDIR, errno.EISDIR, errno.EEXIST, errno.EACCES, errno.EPERM, errno.EROFS,
-               errno.ENAMETOOLONG, errno.ENOTEMPTY}
 
 # sub-command -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -114,6 +112,9 @@ def main(argv: list[str] | None = None) -> int:
         if from_command_line and args._exit_at_once:
             _exit_at_once(code)
         return code
+    except BrokenPipeError:  # the reader of stdout stopped early (`| head`): end quietly, as SIGPIPE would
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit's flush raises nothing
+        return 128 + int(signal.SIGPIPE)
     except (ValueError, OSError) as error:
         if os.environ.get("JAXFORMER_DEBUG"):
             raise

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import tempfile
 from pathlib import Path
 from typing import BinaryIO, Callable
+
+# what a path the user gave can be wrong with: missing, a file where a directory goes or the reverse, not permitted
+# (bad input, exit 2; another OSError, a full disk say, is the machine's: exit 1)
+PATH_ERRORS = {errno.ENOENT, errno.ENOTDIR, errno.EISDIR, errno.EEXIST, errno.EACCES, errno.EPERM, errno.EROFS,
+               errno.ENAMETOOLONG, errno.ENOTEMPTY}
 
 
 def write_atomically(path: Path, write: Callable[[BinaryIO], object]) -> None:

@@ -5,7 +5,10 @@ import json
 import subprocess
 import sys
 
+import jax
+import jax.numpy as jnp
 import pytest
+from flax import nnx
 
 from jaxformer.accounting import (
     attention_crossover_length,
@@ -17,7 +20,7 @@ from jaxformer.accounting import (
     training_flops_per_token,
 )
 from jaxformer.cli import main
-from jaxformer.models import PRESETS, ModelConfig, get_preset
+from jaxformer.models import PRESETS, KVCache, ModelConfig, build_model, get_preset
 
 
 def test_gpt2_small_exact_count_and_breakdown():
@@ -80,6 +83,37 @@ def _seven_b(kv_heads: int, layers: int = 32, heads: int = 32) -> ModelConfig:
 ])
 def test_kv_cache_table(cfg, tokens, gigabytes):
     assert round(kv_cache_bytes(cfg, tokens) / 1e9, 1) == gigabytes
+
+
+def _decode_arrays_bytes(cfg: ModelConfig, batch: int, tokens: int, source_tokens: int) -> int:
+    """Bytes of what `jaxformer.generate` holds while it decodes (shapes only, nothing allocated): the `KVCache`,
+    and an encoder–decoder's cross-attention keys and values of the source."""
+    arrays = jax.eval_shape(lambda: KVCache.create(cfg, batch, tokens)).layers()
+    if cfg.family == "encoder_decoder":
+        graphdef, state = nnx.split(nnx.eval_shape(lambda: build_model(cfg, rngs=nnx.Rngs(0))))
+        source = jax.ShapeDtypeStruct((batch, source_tokens), jnp.int32)
+        arrays += jax.eval_shape(lambda s, x: nnx.merge(graphdef, s).context_kvs(x), state, source)
+    return sum(leaf.size * leaf.dtype.itemsize for leaf in jax.tree.leaves(arrays))
+
+
+@pytest.mark.parametrize(("preset", "tokens"), [("gpt2", 1024), ("mistral-7b", 5000), ("t5-small", 512)])
+def test_kv_cache_bytes_are_the_bytes_a_decode_holds(preset, tokens):
+    """An encoder–decoder's cross-attention keys and values of the source were left out (half of T5's cache)."""
+    cfg = get_preset(preset)
+    counted = kv_cache_bytes(cfg, tokens, batch=2, bytes_per_value=4, source_tokens=tokens // 3)
+    assert counted == _decode_arrays_bytes(cfg, 2, tokens, tokens // 3)
+    assert kv_cache_bytes(cfg, tokens) * 2 * 2 == _decode_arrays_bytes(cfg, 2, tokens, tokens)
+
+
+def test_an_encoder_holds_no_kv_cache(capsys):
+    """bert-base counted "KV cache 0.019 GB for 512 tokens", though an encoder never decodes."""
+    assert kv_cache_bytes(get_preset("bert-base"), 512) == 0
+    assert main(["count", "--preset", "bert-base", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["kv_cache_bytes"] == 0
+    assert main(["count", "--preset", "bert-base"]) == 0
+    assert "KV cache" not in capsys.readouterr().out
+    assert main(["count", "--preset", "t5-small", "--seq-len", "100"]) == 0  # 2 · 6 · 8 · 64 · (100 + 100) · 2
+    assert "KV cache                      0.002 GB  for 100 tokens (and 100 source tokens)" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(("d", "n", "share"), [(768, 1024, 0.18), (768, 4608, 0.50), (768, 32_768, 0.88),
@@ -171,6 +205,8 @@ def test_every_preset_counts_and_family_extras():
     ({"position": "relative_bias", "relative_attention_num_buckets": 32, "relative_attention_max_distance": 16},
      r"model.relative_attention_max_distance \(16\) must be above half of model.relative_attention_num_buckets"),
     ({"attention_scale": 0.0}, "model.attention_scale"),
+    ({"norm_eps": -1.0}, "model.norm_eps must be positive, got -1.0"),
+    ({"norm_eps": 0.0}, "model.norm_eps must be positive, got 0.0"),
 ])
 def test_model_config_rejects_bad_values(kwargs, message):
     with pytest.raises(ValueError, match=message):
@@ -233,6 +269,22 @@ def test_count_cli_bad_input_is_one_line_exit_2(argv, message):
     result = subprocess.run([sys.executable, "-m", "jaxformer.cli", *argv], capture_output=True, text=True)
     assert result.returncode == 2
     assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
+
+
+def test_count_refuses_a_seq_len_past_the_learned_position_table(capsys):
+    """gpt2 was counted at 100,000 tokens, 98,976 of which have no position embedding; RoPE has no such table."""
+    assert main(["count", "--preset", "gpt2", "--seq-len", "100000"]) == 2
+    err = capsys.readouterr().err
+    assert err == ("jaxformer count: error: --seq-len 100000 is past the learned position table "
+                   "(model.max_seq_len=1024)\n")
+    assert main(["count", "--preset", "llama2-7b", "--seq-len", "100000", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["seq_len"] == 100_000
+
+
+def test_count_refuses_a_norm_eps_that_is_not_positive(tmp_path, capsys):
+    (tmp_path / "eps.yaml").write_text("model:\n  norm_eps: -1\n")
+    assert main(["count", str(tmp_path / "eps.yaml")]) == 2
+    assert capsys.readouterr().err == "jaxformer count: error: model.norm_eps must be positive, got -1.0\n"
 
 
 def test_count_cli_unknown_config_key(tmp_path):

@@ -213,3 +213,13 @@ def test_only_the_late_reports_of_abandoned_checkpoint_reads_are_dropped():
     assert _keeps_log_record(record("Future exception was never retrieved", ValueError("a user's own error")))
     assert _keeps_log_record(record("Task was destroyed but it is pending!", late))
     assert _keeps_log_record(record("Future exception was never retrieved", None))
+
+
+def test_a_reader_that_stops_early_ends_the_command_quietly():
+    """``jaxformer count … | head``: the closed pipe is the reader's doing, not an error (exit 128 + SIGPIPE, as a
+    program killed by it, and nothing on stderr)."""
+    reader_gone = subprocess.Popen([sys.executable, "-m", "jaxformer.cli", "count", "--preset", "gpt2"],
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    reader_gone.stdout.close()  # before the command writes a line
+    assert reader_gone.wait(timeout=120) == 141
+    assert reader_gone.stderr.read() == b""

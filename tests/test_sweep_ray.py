@@ -85,7 +85,7 @@ class FakeRay:
         for name in group:
             if self.deaths.get(name):
                 self.deaths[name] -= 1
-                raise ActorDied(f"The actor died unexpectedly before finishing this task.\n\tclass_name: _RayWorker")
+                raise ActorDied("The actor died unexpectedly before finishing this task.\n\tclass_name: _RayWorker")
         return [Outcome(name, "done") for name in group]
 
     def kill(self, actor):

@@ -145,6 +145,23 @@ def _interrupt(run_dir: Path, after: int) -> None:
             shutil.rmtree(step)
 
 
+def test_a_run_none_of_whose_checkpoints_reads_fails_alone_and_is_not_trained_from_step_0(tmp_path):
+    paths = _write_configs(tmp_path, configs(LRS[:2], extra=["train.tokens=2048", "checkpoint.interval=4"]))
+    run_dirs = [tmp_path / "runs" / f"lr{i}" for i in range(2)]
+    assert [a.status for a in attempt_together(paths, [], run_dirs)] == ["done", "done"]  # 8 steps
+    for run_dir in run_dirs:
+        _interrupt(run_dir, 4)
+    for chunk in (run_dirs[1] / "checkpoints").rglob("d/*"):
+        chunk.write_bytes(b"\0" * chunk.stat().st_size)
+    attempts = attempt_together(paths, [], run_dirs)
+    assert [a.status for a in attempts] == ["done", "failed"] and attempts[1].kind == "CheckpointError"
+    assert final(run_dirs[0])["resumed_from"]["step"] == 4
+    error = json.loads((run_dirs[1] / "error.json").read_text())
+    assert error["error"] == "CheckpointError" and error["message"].startswith("none of the checkpoints [4] in ")
+    assert not (run_dirs[1] / "final.json").exists() and list((run_dirs[1] / "checkpoints").iterdir()) == []
+    assert [p.name for p in (run_dirs[1] / "corrupt_checkpoints").iterdir()] == ["4"]
+
+
 def test_an_interrupted_group_resumes_together_or_alone_and_ends_as_uninterrupted(tmp_path, together, alone):
     same = [tmp_path / "same" / d.name for d in together]
     for source, target in zip(together, same):

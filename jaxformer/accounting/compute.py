@@ -105,14 +105,24 @@ def training_flops(cfg: ModelConfig, tokens: float, seq_len: int) -> dict[str, f
     return {rule: training_flops_per_token(cfg, seq_len, rule) * tokens for rule in typing.get_args(FlopsRule)}
 
 
-def kv_cache_bytes(cfg: ModelConfig, tokens: int, *, batch: int = 1, bytes_per_value: int = 2) -> int:
-    """``2 · layers · kv_heads · head_dim · tokens · bytes · batch``: the self-attention K and V of every decoder
-    layer that `jaxformer.models.KVCache` holds. A sliding window bounds the cached tokens at the window. (An
-    encoder–decoder also keeps its source's cross-attention K and V while it decodes, not counted here.)
+def kv_cache_bytes(cfg: ModelConfig, tokens: int, *, batch: int = 1, bytes_per_value: int = 2,
+                   source_tokens: int | None = None) -> int:
+    """Bytes of the keys and values a decode holds: ``2 · layers · kv_heads · head_dim · tokens · bytes · batch``
+    for the self-attention of every decoder layer (`jaxformer.models.KVCache`; a sliding window bounds the cached
+    tokens at the window), and for an encoder–decoder as much again over ``source_tokens`` (default ``tokens``): the
+    cross-attention K and V of the encoded source, computed once per decode (`jaxformer.models.generate`). 0 for an
+    encoder, which does not decode.
     """
     require_positive("seq_len/tokens", tokens)
+    if source_tokens is not None:
+        require_positive("source_tokens", source_tokens)
+    if cfg.family == "encoder":
+        return 0
+    per_token = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * bytes_per_value * batch
     cached = min(tokens, cfg.sliding_window) if cfg.sliding_window else tokens
-    return 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * cached * bytes_per_value * batch
+    if cfg.family == "encoder_decoder":
+        cached += tokens if source_tokens is None else source_tokens
+    return per_token * cached
 
 
 def attention_flop_share(cfg: ModelConfig, seq_len: int) -> float:

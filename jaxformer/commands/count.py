@@ -14,7 +14,7 @@ from jaxformer.accounting.compute import (
     training_flops,
 )
 from jaxformer.accounting.params import count_params
-from jaxformer.architecture import ModelConfig
+from jaxformer.architecture import ModelConfig, check_context
 from jaxformer.models.presets import resolve_model
 
 
@@ -52,6 +52,8 @@ def report(cfg: ModelConfig, seq_len: int, tokens: float | None, bytes_per_value
 def run(args: argparse.Namespace) -> int:
     cfg = resolve_model(args.config, args.preset)
     seq_len = cfg.max_seq_len if args.seq_len is None else args.seq_len
+    if cfg.position == "learned":  # no position past the table: other schemes are counted at any length
+        check_context(cfg, seq_len, what="--seq-len")
     result = report(cfg, seq_len, args.tokens, args.bytes_per_value)
     if args.json:
         print(json.dumps(result))
@@ -68,8 +70,10 @@ def run(args: argparse.Namespace) -> int:
           f"(matmul {flops['matmul']:.4g}, attention {flops['attention']:.4g})")
     print(f"attention share     {result['attention_flop_share']:>18.1%}  "
           f"(crossover at {result['attention_crossover_length']:,.0f} tokens)")
-    print(f"KV cache            {result['kv_cache_bytes'] / 1e9:>15.3f} GB  for {seq_len} tokens "
-          f"at {args.bytes_per_value} bytes/value")
+    if cfg.family != "encoder":  # an encoder does not decode: it holds no cache
+        source = f" (and {seq_len} source tokens)" if cfg.family == "encoder_decoder" else ""
+        print(f"KV cache            {result['kv_cache_bytes'] / 1e9:>15.3f} GB  for {seq_len} tokens{source} "
+              f"at {args.bytes_per_value} bytes/value")
     if "training_flops" in result:
         train = result["training_flops"]
         print(f"training FLOPs      {train['exact']:>18.4g}  exact; 6ND = {train['6ND']:.4g}")

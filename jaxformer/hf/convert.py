@@ -17,6 +17,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import os
+import shutil
+import tempfile
 import warnings
 from pathlib import Path
 from typing import Any, Iterator, Mapping
@@ -273,7 +276,7 @@ def save(cfg: ModelConfig, params: nnx.State, out: str | Path, *, tokenizer_json
     """Writes a ``transformers`` directory for the model: ``config.json``, ``model.safetensors``, and
     ``tokenizer.json`` and ``tokenizer_config.json`` (special tokens, chat template) when given. ``source_config``
     (an imported checkpoint's config.json) supplies its special token ids. A model with no Hugging Face
-    equivalent raises naming the field."""
+    equivalent raises naming the field. ``out`` (absent, or an empty directory) is written whole or not at all."""
     out = Path(out)
     family = families.for_config(cfg)
     family.check_export(cfg)
@@ -286,11 +289,34 @@ def save(cfg: ModelConfig, params: nnx.State, out: str | Path, *, tokenizer_json
         config.setdefault("decoder_start_token_id", 0)  # what jaxformer.generate starts from
         config.setdefault("pad_token_id", config["decoder_start_token_id"])
     config["dtype"] = "float32"
-    out.mkdir(parents=True, exist_ok=True)
-    write_safetensors(out / "model.safetensors", tensors)
-    write_text_atomic(out / "config.json", json.dumps(config, indent=2, sort_keys=True) + "\n")
-    _write_tokenizer(out, tokenizer_json, tokenizer_config)
+    with _new_directory(out) as directory:
+        write_safetensors(directory / "model.safetensors", tensors)
+        write_text_atomic(directory / "config.json", json.dumps(config, indent=2, sort_keys=True) + "\n")
+        _write_tokenizer(directory, tokenizer_json, tokenizer_config)
     return out
+
+
+@contextlib.contextmanager
+def _new_directory(out: Path) -> Iterator[Path]:
+    """A temporary directory beside ``out`` to fill, renamed to ``out`` (absent, or an empty directory) when the
+    block ends; on any error it is removed, so ``out`` is never left half-written. An ``OSError`` names ``out``
+    (or the file in it), not the temporary directory."""
+    out = Path(os.path.abspath(out))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        temporary = tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.")
+    except OSError as error:
+        raise type(error)(error.errno, error.strerror, str(out)) from None
+    try:
+        yield Path(temporary)
+        os.chmod(temporary, 0o755)  # mkdtemp creates 0700; the files in it are 0644
+        os.replace(temporary, out)
+    except BaseException as error:
+        shutil.rmtree(temporary, ignore_errors=True)
+        if isinstance(error, OSError) and error.errno and str(error.filename).startswith(temporary):
+            named = str(out) + str(error.filename)[len(temporary):]
+            raise type(error)(error.errno, error.strerror, named) from None
+        raise
 
 
 def _write_tokenizer(out: Path, tokenizer_json: str | None, tokenizer_config: dict[str, Any] | None) -> None:
@@ -305,14 +331,14 @@ def _write_source(out: Path, hf_config: dict[str, Any]) -> None:
 
 
 def write_imported(checkpoint: Checkpoint, out: str | Path) -> Path:
-    """An ``import-hf`` directory (module docstring)."""
+    """An ``import-hf`` directory (module docstring) at ``out`` (absent, or empty), written whole or not at all."""
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    write_safetensors(out / IMPORTED_PARAMS, flat_params(checkpoint.params))
-    _write_source(out, checkpoint.hf_config)
-    _write_tokenizer(out, checkpoint.tokenizer_json, checkpoint.tokenizer_config)
-    model = {"model": dataclasses.asdict(checkpoint.cfg)}
-    write_text_atomic(out / IMPORTED_MODEL, yaml.safe_dump(model, sort_keys=False))
+    with _new_directory(out) as directory:
+        write_safetensors(directory / IMPORTED_PARAMS, flat_params(checkpoint.params))
+        _write_source(directory, checkpoint.hf_config)
+        _write_tokenizer(directory, checkpoint.tokenizer_json, checkpoint.tokenizer_config)
+        model = {"model": dataclasses.asdict(checkpoint.cfg)}
+        write_text_atomic(directory / IMPORTED_MODEL, yaml.safe_dump(model, sort_keys=False))
     return out
 
 

@@ -7,9 +7,11 @@ weights; tensors are read only when asked for. Writing produces one ``model.safe
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import pickle
+import re
 import warnings
 from pathlib import Path
 from typing import Iterator, Mapping
@@ -128,11 +130,28 @@ def read_safetensors(path: Path) -> TensorFile:
 
 
 def write_safetensors(path: Path, tensors: dict[str, np.ndarray], metadata: dict[str, str] | None = None) -> None:
-    """Writes ``tensors`` to ``path`` atomically (a temporary file renamed into place)."""
+    """Writes ``tensors`` to ``path`` atomically (a temporary file renamed into place, mode 0644 like the files
+    `jaxformer.files.write_atomically` writes). A failed write (a full disk, a file too large) removes the temporary
+    file and raises ``OSError`` naming ``path``, with the errno safetensors reports (EIO when it gives none)."""
+    from safetensors import SafetensorError
     from safetensors.numpy import save_file
 
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    save_file({name: np.ascontiguousarray(array) for name, array in tensors.items()}, str(tmp),
-              metadata={"format": "pt", **(metadata or {})})
-    os.replace(tmp, path)
+    try:
+        save_file({name: np.ascontiguousarray(array) for name, array in tensors.items()}, str(tmp),
+                  metadata={"format": "pt", **(metadata or {})})
+        os.chmod(tmp, 0o644)  # the Rust writer creates it 0600
+        os.replace(tmp, path)
+    except BaseException as error:
+        tmp.unlink(missing_ok=True)
+        if isinstance(error, SafetensorError):
+            raise _write_error(error, path) from None
+        raise
+
+
+def _write_error(error: Exception, path: Path) -> OSError:
+    """The ``OSError`` of a safetensors write that failed: its message ends "(os error N)" when the system refused."""
+    match = re.search(r"\(os error (\d+)\)", str(error))
+    code = int(match.group(1)) if match else errno.EIO
+    return OSError(code, os.strerror(code) if match else str(error), str(path))

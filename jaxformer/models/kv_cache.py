@@ -6,7 +6,8 @@ compiles once; writing at ``length`` is an in-place ``dynamic_update_slice`` whe
 cache is donated. ``slots`` is ``max_len``, or ``min(max_len, sliding_window)`` for a
 windowed model (a ring buffer, see `jaxformer.nn.kv`), so the size is
 ``2 · layers · K · D · slots · bytes · B`` — exactly
-``jaxformer.accounting.kv_cache_bytes(cfg, max_len, batch=B, bytes_per_value=…)``.
+``jaxformer.accounting.kv_cache_bytes(cfg, max_len, batch=B, bytes_per_value=…)`` for a decoder (for an
+encoder–decoder that count adds the cross-attention keys and values of the source, held beside this cache).
 """
 
 from __future__ import annotations

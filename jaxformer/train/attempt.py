@@ -5,8 +5,10 @@ must tell apart into an `Attempt`: ``done``, ``bad_input`` (one line naming the 
 from the command) or ``failed`` (a non-finite loss or unreadable checkpoints; exit 1). A failed
 attempt leaves ``RUN_DIR/error.json`` — except bad input aimed at a directory that already
 holds a run (a refused resume, say) or that another process is training (`RunBusy`), which writes nothing
-there. A disk that fills (``OSError``) fails the attempt. `attempt_together` makes one
-attempt at several runs, trained together (`jaxformer.train.together`) where they can.
+there. An ``OSError`` is classed as the `jaxformer` command classes it (`jaxformer.files.PATH_ERRORS`): a path
+that is wrong or not permitted (a read-only run directory) is bad input, another (a disk that fills) fails the
+attempt. `attempt_together` makes one attempt at several runs, trained together
+(`jaxformer.train.together`) where they can.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Literal, Sequence
 
-from jaxformer.files import write_json_atomic
+from jaxformer.files import PATH_ERRORS, write_json_atomic
 from jaxformer.train.checkpoint import CheckpointError
 from jaxformer.train.config import load_config
 from jaxformer.train.loop import NonFiniteLoss, train
@@ -43,7 +45,9 @@ def attempt_run(config_path: str | Path | None, overrides: list[str], run_dir: P
         return Attempt("done", train(config, run_dir))
     except (ValueError, FileNotFoundError) as error:
         attempt = Attempt("bad_input", error=error)
-    except (NonFiniteLoss, CheckpointError, OSError) as error:  # OSError: a full disk, say
+    except OSError as error:
+        attempt = Attempt("bad_input" if _path_error(error) else "failed", error=error)
+    except (NonFiniteLoss, CheckpointError) as error:
         attempt = Attempt("failed", error=error)
     write_error(run_dir, attempt)
     return attempt
@@ -65,12 +69,21 @@ def attempt_together(config_paths: Sequence[str | Path], overrides: list[str],
         results = train_together(configs, run_dirs)
     except (ValueError, FileNotFoundError):  # a run's own input is bad (a refused resume, say): each alone
         return [attempt_run(path, overrides, run_dir) for path, run_dir in zip(config_paths, run_dirs)]
+    except OSError as error:
+        if _path_error(error):  # one run's directory, say: each alone names its own
+            return [attempt_run(path, overrides, run_dir) for path, run_dir in zip(config_paths, run_dirs)]
+        results = [error] * len(run_dirs)  # a full disk stops the one program of every run
     attempts = []
     for run_dir, result in zip(run_dirs, results):
         attempts.append(Attempt("done", result) if isinstance(result, dict) else Attempt("failed", error=result))
         if attempts[-1].status == "failed":
             write_error(run_dir, attempts[-1])
     return attempts
+
+
+def _path_error(error: OSError) -> bool:
+    """Whether ``error`` is a path the user gave being wrong or not permitted: bad input, exit 2."""
+    return error.errno in PATH_ERRORS
 
 
 def write_error(run_dir: Path, attempt: Attempt) -> None:

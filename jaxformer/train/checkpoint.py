@@ -21,9 +21,12 @@ computed on the devices and does not depend on the sharding, so it checks such r
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import hashlib
 import logging
+import os
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -41,6 +44,23 @@ from jaxformer.parallel.distributed import exchange
 
 class CheckpointError(RuntimeError):
     """Checkpoints exist but none of them can be restored."""
+
+
+# TensorStore reports a file system's error as a ValueError: "RESOURCE_EXHAUSTED: … [os_error_code='28']"
+_OS_ERROR_CODE = re.compile(r"os_error_code='?(\d+)")
+
+
+def _write_errno(error: BaseException) -> int | None:
+    """The errno of a failed Orbax write (an ``OSError``, or TensorStore's ValueError naming one); None for any
+    other error."""
+    if isinstance(error, OSError):
+        return error.errno
+    if not isinstance(error, ValueError):
+        return None
+    text = str(error)
+    if code := _OS_ERROR_CODE.search(text):
+        return int(code.group(1))
+    return errno.ENOSPC if "RESOURCE_EXHAUSTED" in text or "No space left" in text else None
 
 
 def _mix32(h: jax.Array) -> jax.Array:
@@ -159,6 +179,9 @@ class Checkpointer:
                  asynchronous: bool = False) -> None:
         self.directory = Path(directory).absolute()
         self.read_only, self.asynchronous = read_only, asynchronous
+        self.saving: int | None = None  # the step of the last save, until it is on disk
+        # Orbax logs a failed write's traceback in each thread it reaches; we raise it once, as one line
+        logging.getLogger("absl").addFilter(_keeps_absl_record)
         policies, kept = ocp.checkpoint_managers, list(kept_steps)
         # Orbax takes max_to_keep or a preservation policy, not both; kept steps need the policy (newest `keep` or kept)
         policy = policies.AnyPreservationPolicy([policies.LatestN(keep), policies.CustomSteps(kept)]) if kept else None
@@ -177,17 +200,35 @@ class Checkpointer:
     def save(self, step: int, state: Any, meta: dict) -> None:
         """Writes step ``step``; ``meta`` must be JSON-serialisable."""
         meta = {**meta, "step": step, "digest": state_digest(state)}
-        self.manager.save(
-            step,
-            args=ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)),
-            force=True,
-        )
+        self.wait()  # Orbax waits for the previous save anyway: its failure is named by its own step
+        with self._writing(step):
+            self.manager.save(
+                step,
+                args=ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)),
+                force=True,
+            )
         if not self.asynchronous:
             self.wait()
 
     def wait(self) -> None:
         """Blocks until every save is written (Orbax raises here if a background write failed)."""
-        self.manager.wait_until_finished()
+        with self._writing(self.saving):
+            self.manager.wait_until_finished()
+        self.saving = None
+
+    @contextlib.contextmanager
+    def _writing(self, step: int | None) -> Iterator[None]:
+        """Raises a failed write of ``step`` as an ``OSError`` (a full disk: ``ENOSPC``) in one line, not as the
+        ValueError TensorStore raises, which reads as bad input."""
+        self.saving = step
+        try:
+            yield
+        except Exception as error:
+            code = _write_errno(error)
+            if code is None:
+                raise
+            raise OSError(code, f"cannot save checkpoint step {step} in {self.directory}: {os.strerror(code)}") \
+                from error
 
     def restore_latest(self, abstract_state: Any) -> tuple[int, Any, dict] | None:
         """``(step, state, meta)`` of the newest readable step; None when there is no checkpoint.
@@ -248,7 +289,8 @@ class Checkpointer:
         self.manager.reload()
 
     def close(self) -> None:
-        self.manager.close()
+        with self._writing(self.saving):
+            self.manager.close()
 
 
 @contextlib.contextmanager
@@ -263,7 +305,16 @@ def _absl_warnings_off() -> Iterator[None]:
         logger.setLevel(level)
 
 
+def _keeps_absl_record(record: logging.LogRecord) -> bool:
+    """False for Orbax's traceback of an error `Checkpointer` raises itself: a failed write (`_write_errno`), or
+    Ctrl-C while it waited for a save."""
+    error = record.exc_info[1] if record.exc_info else None
+    return error is None or not (isinstance(error, KeyboardInterrupt) or _write_errno(error) is not None)
+
+
 def _unraisable_read_after_its_loop(unraisable: Any) -> bool:
+    if getattr(unraisable.object, "__qualname__", None) == "_read_array_index_and_device_put":
+        return True  # a read of a failed restore, closed unfinished: its error is the step's, already reported
     return (unraisable.object is None and isinstance(unraisable.exc_value, RuntimeError)
             and str(unraisable.exc_value) == "Event loop is closed")
 
@@ -277,12 +328,14 @@ def _keeps_log_record(record: logging.LogRecord) -> bool:
 
 
 def _ignore_reads_outliving_their_loop() -> None:
-    """Drops two known late reports for the rest of the process; every other goes on as before.
+    """Drops three known late reports for the rest of the process; every other goes on as before.
 
     When one array of a step fails to restore, Orbax closes the event loop of that restore while
     TensorStore is still reading the step's other arrays. Each of those reads, when it completes on
     TensorStore's thread, reports ``RuntimeError: Event loop is closed`` as an unraisable exception,
-    or, when it failed too, asyncio logs "Future (or Task) exception was never retrieved": tracebacks
+    or, when it failed too, asyncio logs "Future (or Task) exception was never retrieved"; a read
+    closed unfinished (Orbax's ``_read_array_index_and_device_put`` coroutine, an array of another
+    shape) raises its error again as an unraisable exception as it is collected: tracebacks
     printed after the command's one-line error, or pytest warnings. The reads' results are not wanted
     (the step is already judged unreadable), so those reports are dropped.
     """

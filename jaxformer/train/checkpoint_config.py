@@ -49,5 +49,7 @@ def has_checkpoints(run_dir: Path) -> bool:
 def latest_saved_step(run_dir: Path) -> int | None:
     """The newest step saved in ``RUN_DIR/checkpoints`` (readable or not); None when there is none."""
     directory = Path(run_dir) / "checkpoints"
-    steps = [int(child.name) for child in directory.iterdir() if child.name.isdigit()] if directory.is_dir() else []
+    # isascii: str.isdigit holds for "²", which int() refuses
+    steps = ([int(child.name) for child in directory.iterdir() if child.name.isascii() and child.name.isdigit()]
+             if directory.is_dir() else [])
     return max(steps, default=None)

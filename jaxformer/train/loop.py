@@ -57,11 +57,14 @@ class NonFiniteLoss(RuntimeError):
 
 
 def check_resume(config: TrainConfig, run_dir: Path) -> bool:
-    """Whether the run resumes; raises ``ValueError`` when the run directory holds a different run."""
-    if not has_checkpoints(run_dir):
+    """Whether the run resumes: ``run_dir`` holds checkpoints, or the ``final.json`` of a run that finished (its
+    checkpoints removed or never kept); raises ``ValueError`` when the run directory holds a different run."""
+    finished = (run_dir / "final.json").is_file()
+    held = "checkpoints" if has_checkpoints(run_dir) else "a finished run" if finished else None
+    if held is None:  # a fresh start, also over a run that diverged before its first checkpoint
         return False
     if not config.checkpoint.resume:
-        raise ValueError(f"checkpoint.resume=false but {run_dir} holds checkpoints; use a new train.run_dir")
+        raise ValueError(f"checkpoint.resume=false but {run_dir} holds {held}; use a new train.run_dir")
     saved = run_dir / "config.yaml"
     if saved.is_file():
         conflict = resume_conflict(yaml.safe_load(saved.read_text()) or {}, config)

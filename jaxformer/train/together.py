@@ -152,11 +152,13 @@ def _train_claimed(configs: Sequence[TrainConfig], run_dirs: list[Path], stacked
         times["kernel_choice_s"] = sum(attention.seconds + matmul.seconds for _, attention, matmul in chosen)
         runs = [_Run(config, run_dirs[i], prepared[i][1], prepared[i][0], started, times, attention, matmul)
                 for i, (config, attention, matmul) in zip(todo, chosen)]
-        together = _Together(runs, stacking).run()
+        grouped = _Together(runs, stacking)
+        together = grouped.run()
+        for i, result in zip(todo, together or grouped.results):
+            results[i] = result
         if together is not None:
-            for i, result in zip(todo, together):
-                results[i] = result
             return results
+        todo = [i for i in todo if results[i] is None]
     for i in todo:  # one at a time, each from its own checkpoints
         results[i] = _alone(configs[i], run_dirs[i])
     return results
@@ -183,24 +185,25 @@ class _Together:
         self.results: list[Result | None] = [None] * len(runs)
 
     def run(self) -> list[Result] | None:
-        """Every run's result; None when their restored steps differ (a corrupt checkpoint fell back), so they
-        must train alone."""
+        """Every run's result; None when their restored steps differ (a corrupt checkpoint fell back), so the
+        runs whose checkpoints read must train alone (a run none of whose checkpoints reads fails with
+        `CheckpointError`, as it would alone, in ``self.results``)."""
         runs, lead, layout = self.runs, self.lead, self.layout
         programs = [lead._timed("init_s", lambda: initial_state(run.config.model, run.config.kernel,
                                                                 run.config.optimizer, run.optimizer, layout))
                     for run in runs]
         graphdef = programs[0][0]
         states = []
-        try:
-            for run, (_, abstract, init) in zip(runs, programs):
+        for i, (run, (_, abstract, init)) in enumerate(zip(runs, programs)):
+            try:
                 states.append(run.open(abstract, lambda: init(run.config.train.seed)))
-        except CheckpointError:  # none of a run's checkpoints reads: alone, it fails by itself
-            for run in runs[:len(states)]:
-                run.close()
-            return None
-        if len({run.start_step for run in runs}) > 1:
-            for run in runs:
-                run.close()
+            except CheckpointError as error:  # its steps are set aside now: trained again, it would begin at step 0
+                run.checkpointer.close()
+                self.results[i] = error
+        if len(states) < len(runs) or len({run.start_step for run in runs}) > 1:
+            for run, result in zip(runs, self.results):
+                if result is None:
+                    run.close()
             return None
         sharding = stacked_shardings(layout, states[0])
         state = jax.device_put(jax.tree.map(lambda *leaves: jnp.stack(leaves), *states), sharding)

@@ -1,0 +1,114 @@
+"""What ``import-hf`` and ``export-hf`` leave behind when a write fails or the input is garbled: one line, the right
+exit code, and no half-written ``--out``; what they leave when they succeed: files readable by all (0644)."""
+
+from __future__ import annotations
+
+import errno
+import resource
+import stat
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from jaxformer import hf
+from jaxformer.cli import main
+from jaxformer.hf import convert
+from jaxformer.models import ModelConfig, init_params
+
+LLAMA = ModelConfig(vocab_size=96, d_model=32, num_layers=2, num_heads=4, num_kv_heads=2, max_seq_len=40,
+                    activation="swiglu", norm="rmsnorm", position="rope", use_bias=False, tie_embeddings=False)
+
+
+@pytest.fixture
+def source(tmp_path) -> Path:
+    """A random-weight Llama as a Hugging Face directory (``model.safetensors`` of about 90 kB)."""
+    return hf.save(LLAMA, init_params(LLAMA, 0)[1], tmp_path / "source")
+
+
+def _argv(command: str, source: Path, out: Path) -> list[str]:
+    return [command, str(source), "--out", str(out)]
+
+
+def _one_line(capsys) -> str:
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    return err
+
+
+def _left_in(directory: Path) -> list[str]:
+    return sorted(path.name for path in directory.iterdir())
+
+
+@pytest.mark.parametrize("command", ["import-hf", "export-hf"])
+def test_a_disk_full_mid_write_leaves_no_out_and_a_rerun_writes_it(command, source, tmp_path, capsys, monkeypatch):
+    """The weights were written, then a text file hit a full disk: --out kept the weights alone, and the rerun was
+    refused ("exists and is not empty")."""
+    out = tmp_path / "out"
+
+    def full(path, text):
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(convert, "write_text_atomic", full)
+    assert main(_argv(command, source, out)) == 1
+    written = "hf.json" if command == "import-hf" else "config.json"
+    assert f"[Errno 28] No space left on device: '{out / written}'" in _one_line(capsys)
+    assert _left_in(tmp_path) == ["source"]  # no --out, no temporary directory beside it
+    monkeypatch.undo()
+    assert main(_argv(command, source, out)) == 0
+    expected = ["hf.json", "model.yaml", "params.safetensors"] if command == "import-hf" else ["config.json",
+                                                                                              "model.safetensors"]
+    assert _left_in(out) == expected
+
+
+@pytest.mark.parametrize(("command", "weights"), [("import-hf", "params.safetensors"),
+                                                  ("export-hf", "model.safetensors")])
+def test_a_file_too_large_is_one_line_exit_1_and_leaves_no_out(command, weights, source, tmp_path, capsys):
+    """``ulimit -f 40``: safetensors' SafetensorError (no OSError) was a traceback, and an empty --out was left."""
+    out = tmp_path / "out"
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (40 * 1024, hard))  # Python ignores SIGXFSZ: writes fail EFBIG
+    try:
+        code = main(_argv(command, source, out))
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    assert code == 1
+    assert f"error: [Errno 27] File too large: '{out / weights}'" in _one_line(capsys)
+    assert _left_in(tmp_path) == ["source"]
+
+
+def test_written_files_and_directories_are_readable_by_all(source, tmp_path):
+    """The weights were 0600 (the safetensors writer's temporary file) beside 0644 text files."""
+    assert main(_argv("import-hf", source, tmp_path / "imported")) == 0
+    assert main(_argv("export-hf", tmp_path / "imported", tmp_path / "exported")) == 0
+    for directory in (source, tmp_path / "imported", tmp_path / "exported"):
+        assert stat.S_IMODE(directory.stat().st_mode) == 0o755
+        modes = {path.name: stat.S_IMODE(path.stat().st_mode) for path in directory.iterdir()}
+        assert set(modes.values()) == {0o644}, modes
+
+
+def _gguf(path: Path) -> bytes:
+    """A GGUF file holding one tensor; its bytes."""
+    import gguf
+
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_block_count(1)
+    writer.add_tensor("token_embd.weight", np.ones((64, 16), np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path.read_bytes()
+
+
+@pytest.mark.parametrize(("content", "reason"), [
+    (lambda path: np.random.default_rng(0).bytes(3000), "(GGUF magic invalid)"),
+    (lambda path: _gguf(path)[:-100], "(cannot reshape array of size 999 into shape (64,16))"),
+], ids=["garbled", "truncated"])
+def test_a_garbled_or_truncated_gguf_is_named_in_one_line(content, reason, tmp_path, capsys):
+    """The gguf package's ValueError passed as it was: "error: GGUF magic invalid", naming no file."""
+    path = tmp_path / "model.gguf"
+    path.write_bytes(content(path))
+    assert main(_argv("import-hf", path, tmp_path / "out")) == 2
+    assert f"error: {path}: not a readable GGUF file {reason}" in _one_line(capsys)
+    assert _left_in(tmp_path) == ["model.gguf"]

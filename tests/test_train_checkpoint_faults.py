@@ -1,0 +1,164 @@
+"""What a run directory's checkpoints can meet besides a clean resume: a finished run without them, a disk that
+fills while saving, checkpoints of another model, foreign entries, Ctrl-C, a path the user may not write."""
+
+import errno
+import gc
+import hashlib
+import json
+import logging
+import resource
+import shutil
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+
+from jaxformer.cli import main
+from jaxformer.train.attempt import attempt_run
+from jaxformer.train.checkpoint_config import latest_saved_step
+
+# 4 steps of 1024 tokens, a checkpoint every 2; one shape for every run here, so the step compiles once
+TINY = ["model.d_model=32", "model.num_layers=1", "model.num_heads=2", "model.max_seq_len=64",
+        "data.corpus=synthetic-markov", "data.markov.order=1", "data.markov.alphabet=32",
+        "data.markov.bytes=100000", "optimizer.lr=1e-2", "train.batch_size=16", "train.seq_len=64",
+        "train.tokens=4096", "train.eval_tokens=2048", "checkpoint.interval=2", "logging.interval=2",
+        "logging.progress=none", "logging.tensorboard=false", "train.compilation_cache=",
+        "kernel.attention_impl=xla", "kernel.matmul_impl=xla"]
+
+
+@pytest.fixture(scope="module")
+def config_path(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("config") / "run.yaml"
+    path.write_text("{}\n")
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory, config_path) -> Path:
+    """A finished run of `TINY`, checkpoints at steps 2 and 4; tests copy it."""
+    run_dir = tmp_path_factory.mktemp("finished") / "run"
+    assert main(["train", config_path, *TINY, "--run-dir", str(run_dir)]) == 0
+    return run_dir
+
+
+def md5s(run_dir: Path, names=("final.json", "metrics.jsonl", "config.yaml")) -> dict[str, str]:
+    return {name: hashlib.md5((run_dir / name).read_bytes()).hexdigest() for name in names}
+
+
+def test_a_finished_run_without_checkpoints_is_kept_and_refuses_another_config(tmp_path, finished, config_path,
+                                                                               capsys):
+    run_dir = tmp_path / "run"
+    shutil.copytree(finished, run_dir)
+    shutil.rmtree(run_dir / "checkpoints")
+    before = md5s(run_dir)
+    capsys.readouterr()
+    assert main(["train", config_path, *TINY, "train.tokens=2048", "optimizer.lr=3e-3", "--run-dir", str(run_dir)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f"jaxformer train: error: cannot resume {run_dir}: optimizer.lr was 0.01 in the saved run, "
+                   "now 0.003 (use a new train.run_dir)")
+    assert md5s(run_dir) == before and not (run_dir / "error.json").exists()
+    assert main(["train", config_path, *TINY, "checkpoint.resume=false", "--run-dir", str(run_dir)]) == 2
+    assert f"checkpoint.resume=false but {run_dir} holds a finished run" in capsys.readouterr().err
+    assert main(["train", config_path, *TINY, "--run-dir", str(run_dir)]) == 0  # the same run: its record, as it is
+    assert md5s(run_dir) == before and not (run_dir / "checkpoints").exists()
+
+    (run_dir / "final.json").unlink()  # a run that stopped before its first checkpoint starts again, as it likes
+    assert main(["train", config_path, *TINY, "optimizer.lr=3e-3", "--run-dir", str(run_dir)]) == 0
+    assert json.loads((run_dir / "final.json").read_text())["config"]["optimizer"]["lr"] == 3e-3
+
+
+def test_a_disk_that_fills_while_saving_fails_the_run_in_one_line_with_an_error_record(tmp_path, config_path,
+                                                                                       capsys, caplog):
+    """Files past 40 kB cannot be written (RLIMIT_FSIZE: EFBIG, as ENOSPC a failure Orbax reports through
+    TensorStore as a ValueError): the run's small files are written, its first checkpoint is not."""
+    run_dir = tmp_path / "run"
+    limits, handler = resource.getrlimit(resource.RLIMIT_FSIZE), signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (40_000, limits[1]))
+    try:
+        code = main(["train", config_path, *TINY, "checkpoint.asynchronous=true", "--run-dir", str(run_dir)])
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, limits)
+        signal.signal(signal.SIGXFSZ, handler)
+    err = capsys.readouterr().err.strip()
+    assert code == 1 and len(err.splitlines()) == 1, err
+    assert err.startswith(f"jaxformer train: error: [Errno {errno.EFBIG}] cannot save checkpoint step 2 in "
+                          f"{run_dir.absolute() / 'checkpoints'}: File too large"), err
+    error = json.loads((run_dir / "error.json").read_text())
+    assert error["error"] == "OSError" and "cannot save checkpoint step 2" in error["message"]
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []  # no Orbax tracebacks
+    assert latest_saved_step(run_dir) is None
+
+
+def test_a_write_failure_tensorstore_reports_maps_to_its_errno():
+    from jaxformer.train.checkpoint import _write_errno
+
+    full = ("RESOURCE_EXHAUSTED: Error writing local file \"/m/checkpoints/40.orbax-checkpoint-tmp/state/_sharding\": "
+            "Failed to write 15139 bytes to file 19: No space left on device [os_error_code='28']")
+    assert _write_errno(ValueError(full)) == errno.ENOSPC
+    assert _write_errno(ValueError("RESOURCE_EXHAUSTED: out of quota")) == errno.ENOSPC
+    assert _write_errno(OSError(errno.EROFS, "Read-only file system")) == errno.EROFS
+    assert _write_errno(ValueError("Requested shape: (64,) is not compatible with the stored shape: (32,)")) is None
+
+
+def test_checkpoints_of_another_model_fail_in_one_line_without_late_read_reports(tmp_path, finished, config_path,
+                                                                                 capsys, monkeypatch):
+    run_dir = tmp_path / "run"
+    shutil.copytree(finished / "checkpoints", run_dir / "checkpoints")
+    reported = []
+    monkeypatch.setattr(sys, "unraisablehook", reported.append)  # under the hook restoring installs
+    code = main(["train", config_path, *TINY, "model.d_model=64", "model.num_heads=4", "--run-dir", str(run_dir)])
+    gc.collect()  # the reads' coroutines, closed unfinished, report as they are collected
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 1 and err[-1].startswith("jaxformer train: error: none of the checkpoints [2, 4]")
+    assert len(err) == 3 and all("is unreadable" in line for line in err[:2])  # one warning per step set aside
+    assert [repr(r.object) for r in reported] == []
+
+
+async def _read_array_index_and_device_put():  # named as Orbax's read of one array
+    return None
+
+
+def test_only_the_late_reports_of_a_failed_restore_are_dropped():
+    from jaxformer.train.checkpoint import _unraisable_read_after_its_loop
+
+    read = _read_array_index_and_device_put()
+    try:
+        late = type("Unraisable", (), {"object": read, "exc_value": Exception("Encountered error while reading")})
+        assert _unraisable_read_after_its_loop(late)
+        other = type("Unraisable", (), {"object": test_only_the_late_reports_of_a_failed_restore_are_dropped,
+                                        "exc_value": Exception("Encountered error while reading")})
+        assert not _unraisable_read_after_its_loop(other)
+    finally:
+        read.close()
+
+
+def test_ctrl_c_and_failed_writes_leave_no_orbax_traceback_and_other_errors_do():
+    from jaxformer.train.checkpoint import _keeps_absl_record
+
+    def record(error: BaseException) -> logging.LogRecord:
+        return logging.LogRecord("absl", logging.ERROR, __file__, 1, "failed", (), (type(error), error, None))
+
+    assert not _keeps_absl_record(record(KeyboardInterrupt()))
+    assert not _keeps_absl_record(record(ValueError("RESOURCE_EXHAUSTED: [os_error_code='28']")))
+    assert _keeps_absl_record(record(RuntimeError("a bug")))
+    assert _keeps_absl_record(logging.LogRecord("absl", logging.ERROR, __file__, 1, "plain", (), None))
+
+
+def test_a_foreign_entry_named_by_a_non_ascii_digit_is_no_step(tmp_path):
+    for name in ("²", "7", "3", "x", "12.orbax-checkpoint-tmp"):
+        (tmp_path / "checkpoints" / name).mkdir(parents=True)
+    assert latest_saved_step(tmp_path) == 7
+
+
+@pytest.mark.parametrize(("code", "status", "exit_code"), [(errno.EROFS, "bad_input", 2), (errno.ENOSPC, "failed", 1)])
+def test_an_os_error_is_bad_input_where_the_command_says_so(tmp_path, config_path, monkeypatch, capsys, code, status,
+                                                            exit_code):
+    """A read-only run directory is the user's input (exit 2, as `jaxformer.cli` classes it); a full disk is not."""
+    def train(config, run_dir):
+        raise OSError(code, "cannot write", str(run_dir / "config.yaml"))
+
+    monkeypatch.setattr("jaxformer.train.attempt.train", train)
+    assert attempt_run(config_path, TINY, tmp_path / "a").status == status
+    assert main(["train", config_path, *TINY, "--run-dir", str(tmp_path / "b")]) == exit_code
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1
