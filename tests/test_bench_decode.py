@@ -7,6 +7,7 @@ import yaml
 from model_helpers import TINY
 
 from jaxformer import cli
+from jaxformer.train.peak import cpu_model
 
 
 @pytest.mark.slow
@@ -23,6 +24,7 @@ def test_bench_decode_reports_latencies_speedups_and_cache_bytes(tmp_path, capsy
     # 1 layer · 2 (K and V) · 2 kv heads · head_dim 8 · 7 positions · 4 bytes
     assert report["cache_bytes"] == report["cache_bytes_formula"] == 2 * 2 * 8 * 7 * 4
     assert (tmp_path / "decode.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert report["machine"]["cpu_model"] == cpu_model() and cpu_model() in printed  # the environment, as train's
 
 
 def test_bench_decode_refuses_an_encoder(tmp_path, capsys):

@@ -95,7 +95,8 @@ def test_a_bfloat16_run_trains_under_autocast_with_fp32_masters(tmp_path):
 
 
 def test_a_twin_started_from_jaxformers_parameters_scores_jaxformers_first_loss(tmp_path):
-    """``initial_params``: the twin starts from jaxformer's initial model (its default is PyTorch's initialisation)."""
+    """``initial_params``: the twin starts from jaxformer's initial model (by default it draws its own as jaxformer
+    does: the same distributions, other draws, so a first loss near jaxformer's, not PyTorch's default ~15)."""
     planned, config = _planned({"logging": {"interval": 1}})
     graphdef, params = init_params(config.model, config.train.seed)
     start = TorchDecoder(config.model)
@@ -108,7 +109,8 @@ def test_a_twin_started_from_jaxformers_parameters_scores_jaxformers_first_loss(
     ours = train_twin(dataclasses.replace(run, initial_params=str(tmp_path / "initial.pt")), tokens[:3000], tokens[3000:])
     theirs = train_twin(run, tokens[:3000], tokens[3000:])
     assert ours["losses"][0] == (1, pytest.approx(float(expected), rel=1e-5))
-    assert theirs["losses"][0][1] != pytest.approx(float(expected), rel=1e-2)
+    assert theirs["losses"][0][1] != pytest.approx(float(expected), rel=1e-5)
+    assert theirs["losses"][0][1] == pytest.approx(float(expected), abs=0.1)
 
 
 @pytest.mark.parametrize("changes, field", [({"model": {"position": "alibi"}}, "model.position"),
@@ -157,7 +159,7 @@ def test_bench_sweep_replays_a_tuned_branched_sweep_on_both_sides(tmp_path, caps
     plan = json.loads((tmp_path / "b" / "r0" / "jax" / "plan.json").read_text())
     rates = {entry["name"]: yaml.safe_load((tmp_path / "b" / "r0" / "jax" / "configs" / f"{entry['name']}.yaml")
                                            .read_text())["optimizer"]["lr"] for entry in plan["runs"]}
-    with np.load(tmp_path / "b" / "schedules.npz") as schedules:  # the twin trained at the tuned rates
+    with np.load(tmp_path / "b" / "r0" / "schedules.npz") as schedules:  # the twin trained at the tuned rates
         assert {name: float(schedules[name].max()) for name in rates} == pytest.approx(rates)
     assert plan["lr_rule"]["source"] == "tune/tune.json"
     assert set(report["torch"]["val_loss"]) == set(report["jax"]["val_loss"])  # the same runs, by name

@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
 import time
 from pathlib import Path
@@ -28,7 +26,9 @@ import numpy as np
 
 from jaxformer.arguments import integer, number
 from jaxformer.benchmarks.attention_memory import MODES, attention_call, largest_n
+from jaxformer.benchmarks.environment import environment
 from jaxformer.benchmarks.figures import save_figure
+from jaxformer.benchmarks.outputs import output_directory
 from jaxformer.files import write_atomically
 from jaxformer.kernel import IMPLEMENTATIONS
 
@@ -43,8 +43,8 @@ def _names(text: str, allowed: tuple[str, ...], field: str) -> list[str]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, default=Path("runs/bench/attention"), help="directory for JSON and PNG")
-    parser.add_argument("--min-n", type=int, default=128)
-    parser.add_argument("--max-n", type=int, default=4096, help="largest n timed (n doubles from --min-n)")
+    parser.add_argument("--min-n", type=integer(1), default=128, help="shortest sequence timed (tokens)")
+    parser.add_argument("--max-n", type=integer(1), default=4096, help="largest n timed (n doubles from --min-n)")
     parser.add_argument("--repeats", type=integer(1), default=5, help="timed calls per implementation and n; medians reported")
     parser.add_argument("--warmup", type=integer(0), default=1, help="untimed calls after compiling")
     parser.add_argument("--impls", default=",".join(IMPLEMENTATIONS), help="timed implementations")
@@ -54,11 +54,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--head-dim", type=int, default=64)
     parser.add_argument("--block-size", type=int, default=128, help="keys per tile (blockwise)")
     parser.add_argument("--causal", action="store_true", help="causal mask (blockwise still visits every tile)")
-    parser.add_argument("--fit-min-n", type=int, default=1024, help="fit the exponent over n >= this")
+    parser.add_argument("--fit-min-n", type=integer(1), default=1024, help="fit the exponent over n >= this")
     parser.add_argument("--memory-impls", default="naive,blockwise", help="'' skips the memory search")
     parser.add_argument("--memory-mode", choices=MODES, default="train")
-    parser.add_argument("--memory-start-n", type=int, default=1024)
-    parser.add_argument("--memory-max-n", type=int, default=65536, help="the search stops here")
+    parser.add_argument("--memory-start-n", type=integer(1), default=1024, help="the memory search's first n (doubles)")
+    parser.add_argument("--memory-max-n", type=integer(1), default=65536, help="the search stops here")
     parser.add_argument("--memory-budget-gb", type=number(above=0), default=None,
                         help="GiB one probe may use (default: half the memory available now)")
     parser.add_argument("--probe-time-s", type=number(above=0), default=120.0, help="time budget of one memory probe")
@@ -208,10 +208,9 @@ def run(args: argparse.Namespace) -> int:
     shape = {"batch": args.batch, "heads": args.heads, "head_dim": args.head_dim,
              "block_size": args.block_size, "causal": args.causal}
     budget_bytes = int(args.memory_budget_gb * 2**30) if args.memory_budget_gb else _available_bytes() // 2
-    args.out.mkdir(parents=True, exist_ok=True)
-    machine = {"platform": platform.platform(), "cpus": os.cpu_count(), "jax": jax.__version__,
-               "device": str(jax.devices()[0]), "memory_available_bytes": _available_bytes()}
-    print(f"jaxformer bench attention: {machine['device']}, {machine['cpus']} CPUs; "
+    out = output_directory(args.out, "--out")
+    machine = {**environment(), "device": str(jax.devices()[0]), "memory_available_bytes": _available_bytes()}
+    print(f"jaxformer bench attention: {machine['device']}, {machine['cpu_model']}, {machine['cores']} cores; "
           f"B={args.batch} H={args.heads} d={args.head_dim} block={args.block_size} causal={args.causal}", flush=True)
     if "fused" in impls or "fused" in memory_impls:
         from jaxformer.functional import fused_attention
@@ -243,7 +242,7 @@ def run(args: argparse.Namespace) -> int:
 
     report = {"machine": machine, "shape": shape, "repeats": args.repeats, "memory_budget_bytes": budget_bytes,
               "timings": rows, "slopes": slope_fits, "memory": searches}
-    write_atomically(args.out / "attention.json", lambda handle: handle.write(json.dumps(report, indent=1).encode()))
-    plot(rows, searches, shape, args.out / "attention.png")
-    print(f"\nwrote {args.out / 'attention.json'} and {args.out / 'attention.png'}")
+    write_atomically(out / "attention.json", lambda handle: handle.write(json.dumps(report, indent=1).encode()))
+    plot(rows, searches, shape, out / "attention.png")
+    print(f"\nwrote {out / 'attention.json'} and {out / 'attention.png'}")
     return 0

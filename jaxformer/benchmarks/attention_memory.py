@@ -149,6 +149,8 @@ def largest_n(impl: str, mode: str, *, start_n: int, max_n: int, budget_bytes: i
     budget. ``limited_by`` names what refused the first n not handled: ``memory`` when its
     plan (or allocation) does not fit, whatever the time; else ``time``; ``none`` at the cap.
     """
+    if start_n < 1:  # n doubles from start_n: from 0 it would stay 0 for ever
+        raise ValueError(f"the memory search starts at a positive n, got {start_n}")
     deadline = time.monotonic() + total_time_s
     probes: list[dict] = []
     time_stop = None  # why calls stopped being run

@@ -16,8 +16,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
-import platform
 import statistics
 import time
 from pathlib import Path
@@ -27,7 +25,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxformer.arguments import integer
+from jaxformer.benchmarks.environment import environment
 from jaxformer.benchmarks.figures import save_figure
+from jaxformer.benchmarks.outputs import output_directory
 from jaxformer.files import write_atomically
 
 
@@ -127,10 +127,13 @@ def run(args: argparse.Namespace) -> int:
         if getattr(args, name) <= 0:
             raise ValueError(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
     cfg = _model_config(args)
+    out = output_directory(args.out, "--out")
     model_name = args.preset or (args.config if args.config else "gpt2")
     graphdef, state = nnx.split(build_model(cfg, rngs=nnx.Rngs(params=args.seed)))
     prompt_BT = jax.random.randint(jax.random.key(args.seed), (args.batch, args.prompt_len), 0, cfg.vocab_size)
-    print(f"jaxformer bench decode: {model_name} ({count_params(cfg).total:,} parameters) on {jax.devices()[0]}, "
+    machine = {**environment(), "device": str(jax.devices()[0])}
+    print(f"jaxformer bench decode: {model_name} ({count_params(cfg).total:,} parameters) on {machine['device']}, "
+          f"{machine['cpu_model']}, "
           f"batch {args.batch}, prompt {args.prompt_len}, {args.tokens} tokens", flush=True)
 
     cached_s, cache = cached_latencies(graphdef, state, prompt_BT, cfg, args.tokens)
@@ -159,11 +162,9 @@ def run(args: argparse.Namespace) -> int:
         "model": model_name, "config": dataclasses.asdict(cfg), "batch": args.batch, "prompt_len": args.prompt_len,
         "tokens": args.tokens, "points": points, "rows": rows, "cached_s": cached_s,
         "speedup_at_last_token": last["speedup"], "cache_bytes": cache.nbytes, "cache_bytes_formula": formula,
-        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "jax": jax.__version__,
-                    "device": str(jax.devices()[0])},
+        "machine": machine,
     }
-    args.out.mkdir(parents=True, exist_ok=True)
-    write_atomically(args.out / "decode.json", lambda handle: handle.write(json.dumps(report, indent=1).encode()))
-    plot(report, args.out / "decode.png")
-    print(f"\nwrote {args.out / 'decode.json'} and {args.out / 'decode.png'}")
+    write_atomically(out / "decode.json", lambda handle: handle.write(json.dumps(report, indent=1).encode()))
+    plot(report, out / "decode.png")
+    print(f"\nwrote {out / 'decode.json'} and {out / 'decode.png'}")
     return 0

@@ -24,6 +24,8 @@ import tempfile
 from pathlib import Path
 
 from jaxformer.arguments import integer
+from jaxformer.benchmarks.environment import environment
+from jaxformer.benchmarks.outputs import output_file
 from jaxformer.files import write_json_atomic
 
 _INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*.*?\s([a-z][\w\-]*)\((.*)$")
@@ -122,12 +124,12 @@ def profile(config, *, steps: int) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
-    from jaxformer.benchmarks.train import parse_dtypes, parse_sizes, bench_config
+    from jaxformer.benchmarks.train import bench_config, fallback_notes, parse_dtypes, parse_sizes
     from jaxformer.functional.dense import check_matmul_impl
     from jaxformer.functional.dispatch import check_impl
-    from jaxformer.train.peak import cpu_model, probe_matmul_peak
+    from jaxformer.train.peak import probe_matmul_peak
 
-    sizes, dtypes = parse_sizes(args.size), parse_dtypes(args.dtype)
+    sizes, dtypes = parse_sizes(args.size), parse_dtypes(args.dtype, "--dtype")
     if len(sizes) != 1 or len(dtypes) != 1:
         raise ValueError(f"--size and --dtype take one value each, got {args.size!r} and {args.dtype!r}")
     (d, layers, seq_len), dtype = sizes[0], dtypes[0]
@@ -136,13 +138,15 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"--{name} must be positive, got {getattr(args, name)}")
     check_impl(args.attention_impl)
     check_matmul_impl(args.matmul_impl)
+    json_path = output_file(args.json, "--json")
     result = profile(bench_config(d, layers, seq_len, args.batch, dtype, args.attention_impl, args.matmul_impl),
                      steps=args.steps)
-    result.update(cpu_model=cpu_model(), size=args.size, batch=args.batch, dtype=dtype, attention_impl=args.attention_impl,
+    # the kernels asked for but unavailable here: the profile is then the plain path's (as bench train notes it)
+    result.update(**environment(), notes=fallback_notes(args.attention_impl, args.matmul_impl, [dtype]), size=args.size, batch=args.batch, dtype=dtype, attention_impl=args.attention_impl,
                   matmul_impl=args.matmul_impl, peak_flops=probe_matmul_peak(dtype, impl=args.matmul_impl))
     _print(result, args.top)
-    if args.json:
-        write_json_atomic(Path(args.json), result, indent=1)
+    if json_path is not None:
+        write_json_atomic(json_path, result, indent=1)
     return 0
 
 
@@ -157,3 +161,5 @@ def _print(result: dict, top: int) -> None:
     print(f"{'instruction':<44}{'class':>11}{'ms/step':>9}{'share':>8}")
     for row in result["instructions"][:top]:
         print(f"{row['name'][:43]:<44}{row['class']:>11}{row['s_per_step'] * 1e3:>9.2f}{row['s_per_step'] / op_s:>8.1%}")
+    for note in result["notes"]:
+        print(note)

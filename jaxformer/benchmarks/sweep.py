@@ -46,8 +46,20 @@ from pathlib import Path
 
 from jaxformer.arguments import integer
 from jaxformer.benchmarks.environment import environment, package_version
+from jaxformer.benchmarks.outputs import output_directory, output_file
 from jaxformer.benchmarks.replay import replay_plan
 from jaxformer.files import write_json_atomic
+
+# written into each out/r{i} this benchmark makes: only a directory holding it is emptied for a new repeat
+MARKER = ".jaxformer-bench-sweep"
+
+
+class ChildFailed(Exception):
+    """A timed side's process exited with a non-zero ``status``; the message names it and its log."""
+
+    def __init__(self, message: str, status: int):
+        super().__init__(message)
+        self.status = status
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -108,7 +120,8 @@ def _timed(command: list[str], log: Path, what: str) -> float:
     wall = time.perf_counter() - started
     if process.returncode != 0:
         tail = " | ".join(log.read_text().strip().splitlines()[-3:])
-        raise RuntimeError(f"{what} exited {process.returncode} (log {log}): {tail}")
+        raise ChildFailed(f"{what} exited with status {process.returncode} (its log: {log}): {tail}",
+                          process.returncode)
     return wall
 
 
@@ -237,8 +250,13 @@ def run(args: argparse.Namespace) -> int:
         from jaxformer.benchmarks.torch_twin import check_supported
 
         check_supported(planned)  # refuses, in one line, a run the twin cannot train, before anything starts
-    temporary = None if args.out else tempfile.TemporaryDirectory(prefix="jaxformer-bench-sweep-")
-    out = Path(args.out) if args.out else Path(temporary.name)
+    json_path = output_file(args.json, "--json")
+    out = output_directory(args.out, "--out")
+    if out is not None:
+        output_file(out / "bench_sweep.json", "--out")
+        check_repeat_directories(out, args.repeats)
+    temporary = out is None
+    out = out or Path(tempfile.mkdtemp(prefix="jaxformer-bench-sweep-"))
     workers, threads = _layout(args.workers)
     torch_threads = threads or os.cpu_count() or 1
     cache_setting = config_from_dict(dict(spec.base)).train.compilation_cache
@@ -251,32 +269,52 @@ def run(args: argparse.Namespace) -> int:
     print(f"bench sweep {spec.name}: {len(planned)} planned runs on {workers} workers × {threads or 'all'} threads, "
           f"{report['cpu_model']}, load {' '.join(f'{x:.2f}' for x in started_load)}, "
           f"compilation cache {'cold' if args.cold else 'as configured'}", flush=True)
+    failed = None
     try:
         for repeat in range(args.repeats):
             report["repeats"].append(_repeat(args, spec_path, out, repeat, workers, threads, torch_threads,
                                              cache_setting, report))
+    except ChildFailed as error:
+        failed = error
     finally:
-        if temporary is not None:
-            temporary.cleanup()
+        if temporary and failed is None:
+            shutil.rmtree(out, ignore_errors=True)
+    if failed is not None:  # its log is kept (in a temporary directory too): the message names it
+        print(f"jaxformer bench: error: {failed}", file=sys.stderr)
+        return 2 if failed.status == 2 else 1
     report["load_average_after"] = os.getloadavg()
     _summarise(report)
     _print(report)
-    for path in [args.json] + ([str(out / "bench_sweep.json")] if args.out else []):
-        if path:
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
-            write_json_atomic(Path(path), report, indent=1)
+    for path in (json_path, None if temporary else out / "bench_sweep.json"):
+        if path is not None:
+            write_json_atomic(path, report, indent=1)
     return 0
+
+
+def check_repeat_directories(out: Path, repeats: int) -> None:
+    """``ValueError`` naming ``--out`` when a repeat's directory ``out/r{i}`` is a file, or holds files and was not
+    made by this benchmark (it has no `MARKER`): each repeat empties its directory first."""
+    for repeat in range(repeats):
+        directory = out / f"r{repeat}"
+        if directory.exists() and not directory.is_dir():
+            raise ValueError(f"--out {out}: r{repeat} is a file, and bench sweep writes repeat {repeat} there")
+        if directory.is_dir() and any(directory.iterdir()) and not (directory / MARKER).is_file():
+            raise ValueError(f"--out {out}: r{repeat} holds files bench sweep did not write, and it would replace "
+                             f"them; pick another --out")
 
 
 def _repeat(args, spec_path: Path, out: Path, repeat: int, workers: int, threads: int, torch_threads: int,
             cache_setting: str, report: dict) -> dict:
-    """One repeat in ``out/r{repeat}``: jaxformer's sweep and the twin's replay of the first one (``out/r0/jax``).
+    """One repeat in ``out/r{repeat}`` (emptied first: `check_repeat_directories` made sure it is this benchmark's):
+    jaxformer's sweep and the twin's replay of the first one (``out/r0/jax``).
 
     After the first jaxformer sweep the twin's learning-rate arrays are computed, outside both timings,
-    into ``out/schedules.npz`` (``report["schedules_s"]``)."""
+    into ``out/r0/schedules.npz`` (``report["schedules_s"]``): made anew with ``r0``, never an earlier run's."""
     directory = out / f"r{repeat}"
     if directory.exists():
         shutil.rmtree(directory)
+    directory.mkdir(parents=True)
+    (directory / MARKER).write_text("made by jaxformer bench sweep: emptied by its next run with this --out\n")
     cache = directory / "xla-cache" if args.cold else None
     spec_copy = directory / "spec.yaml"
     write_spec_copy(spec_path, spec_copy, keep_fit=args.with_fit, cache=cache)
@@ -286,7 +324,7 @@ def _repeat(args, spec_path: Path, out: Path, repeat: int, workers: int, threads
     result = {"order": order, "load_average_before": os.getloadavg(),
               "compilation_cache": str(cache) if cache else cache_setting,
               "cache_entries_before": _cache_entries(str(cache) if cache else cache_setting)}
-    replayed, schedules = out / "r0" / "jax", out / "schedules.npz"
+    replayed, schedules = out / "r0" / "jax", out / "r0" / "schedules.npz"
     for side in order:
         if side == "jax":
             # the layout is passed even when it is the default, so both sides surely use the same one

@@ -19,13 +19,14 @@ import argparse
 import json
 import statistics
 import time
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from jaxformer.arguments import integer
+from jaxformer.benchmarks.environment import environment
+from jaxformer.benchmarks.outputs import output_file
 from jaxformer.files import write_json_atomic
 
 SIZES = ((16, 1, 32), (32, 2, 128), (64, 2, 128))
@@ -98,6 +99,9 @@ def run(args: argparse.Namespace) -> int:
     counts = [int(r) for r in args.runs.split(",") if r.isdigit()]
     if len(counts) != len(args.runs.split(",")) or any(r < 2 for r in counts):
         raise ValueError(f"--runs must list run counts of 2 or more, got {args.runs!r}")
+    json_path = output_file(args.json, "--json")
+    machine = environment()
+    print(f"CPU: {machine['cpu_model']}, {machine['cores']} cores", flush=True)
     results = []
     print(f"{'d:L:T':>12}{'R':>4}{'dev':>5}{'alone ms':>10}{'vmap ms':>9}{'map ms':>9}{'vmap ×':>8}{'map ×':>7}"
           f"{'compile s alone/vmap/map':>27}")
@@ -113,8 +117,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"{f'{d_model}:{layers}:{seq_len}':>12}{runs:>4}{result['devices']:>5}{ms['alone']:>10}"
                   f"{ms['vmap']:>9}{ms['map']:>9}{ratio['vmap']:>8}{ratio['map']:>7}"
                   f"{'/'.join(compile_s.values()):>27}", flush=True)
-    if args.json:
-        write_json_atomic(Path(args.json), {"results": results})
+    if json_path is not None:
+        write_json_atomic(json_path, {**machine, "results": results})
     print(json.dumps({"ratio": {f"{r['d_model']}:{r['runs']}": {way: round(x, 3) for way, x in r["ratio"].items()}
                                 for r in results}}))
     return 0

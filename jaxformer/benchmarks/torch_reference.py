@@ -1,9 +1,11 @@
 """A PyTorch twin of jaxformer's decoder, for `jaxformer bench train` only (PyTorch is a peer, not a dependency).
 
-Same architecture, shapes and optimizer as the JAX model built from one `ModelConfig`:
-pre-norm blocks, LayerNorm or RMSNorm, GELU or SwiGLU FFN, learned positions or RoPE
-(consecutive pairs, as `jaxformer.functional.apply_rope`), GQA, tied or untied head,
-AdamW with global-norm clipping. Dense decoders only (the CPU sweeps' models).
+Same architecture, shapes, initialisation and optimizer as the JAX model built from one `ModelConfig`:
+pre-norm blocks, LayerNorm or RMSNorm, a ReLU, GELU (exact or tanh), SiLU or SwiGLU FFN, biases as
+``use_bias`` and ``qkv_bias`` say, learned positions or RoPE (consecutive pairs, as
+`jaxformer.functional.apply_rope`), GQA, tied or untied head, AdamW with weight decay on matrices only
+(jaxformer's `decay_mask`) and global-norm clipping. Dense decoders only (the CPU sweeps' models): what it
+cannot reproduce is refused (`jaxformer.benchmarks.torch_twin.unsupported_model`).
 """
 
 from __future__ import annotations
@@ -15,6 +17,12 @@ from torch import nn
 from torch.nn import functional as TF
 
 from jaxformer.architecture import ModelConfig
+from jaxformer.benchmarks.torch_twin import jaxformer_init_stds, unsupported_model
+
+# the FFN nonlinearities `unsupported_model` lets through (`jaxformer.functional.feedforward.ACTIVATIONS`);
+# swiglu's is its gate's
+ACTIVATIONS = {"relu": TF.relu, "gelu": TF.gelu, "gelu_tanh": lambda x: TF.gelu(x, approximate="tanh"),
+               "silu": TF.silu, "swiglu": TF.silu}
 
 
 def _norm(cfg: ModelConfig) -> nn.Module:
@@ -38,9 +46,9 @@ class TorchBlock(nn.Module):
         self.cfg = cfg
         q_width, kv_width = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
         self.norm1, self.norm2 = _norm(cfg), _norm(cfg)
-        self.wq = nn.Linear(cfg.d_model, q_width, bias=cfg.use_bias)
-        self.wk = nn.Linear(cfg.d_model, kv_width, bias=cfg.use_bias)
-        self.wv = nn.Linear(cfg.d_model, kv_width, bias=cfg.use_bias)
+        self.wq = nn.Linear(cfg.d_model, q_width, bias=cfg.has_qkv_bias)
+        self.wk = nn.Linear(cfg.d_model, kv_width, bias=cfg.has_qkv_bias)
+        self.wv = nn.Linear(cfg.d_model, kv_width, bias=cfg.has_qkv_bias)
         self.wo = nn.Linear(q_width, cfg.d_model, bias=cfg.use_bias)
         self.w_in = nn.Linear(cfg.d_model, cfg.d_ff, bias=cfg.use_bias)
         self.w_gate = nn.Linear(cfg.d_model, cfg.d_ff, bias=cfg.use_bias) if cfg.is_gated else None
@@ -59,18 +67,20 @@ class TorchBlock(nn.Module):
         x_BTE = x_BTE + self.wo(attended.transpose(1, 2).reshape(B, T, -1))
         h = self.norm2(x_BTE)
         hidden = self.w_in(h)
-        hidden = TF.silu(self.w_gate(h)) * hidden if cfg.is_gated else (
-            TF.relu(hidden) if cfg.activation == "relu" else TF.gelu(hidden))
+        activation = ACTIVATIONS[cfg.activation]
+        hidden = activation(self.w_gate(h)) * hidden if cfg.is_gated else activation(hidden)
         return x_BTE + self.w_out(hidden)
 
 
 class TorchDecoder(nn.Module):
-    """``tokens [B, T] -> logits [B, T, V]``."""
+    """``tokens [B, T] -> logits [B, T, V]``; PyTorch's default initialisation (`init_like_jaxformer` gives
+    jaxformer's); ``ValueError`` on a config it cannot reproduce."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        if cfg.family != "decoder" or cfg.is_moe or cfg.norm_position != "pre":
-            raise ValueError("the PyTorch reference covers dense pre-norm decoders only")
+        reason = unsupported_model(cfg)
+        if reason is not None:
+            raise ValueError(f"the PyTorch twin cannot train {reason}")
         self.cfg = cfg
         self.tokens = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.positions = nn.Embedding(cfg.max_seq_len, cfg.d_model) if cfg.position == "learned" else None
@@ -97,7 +107,8 @@ def make_torch_step(cfg: ModelConfig, *, lr: float, betas: tuple[float, float], 
     """
     torch.manual_seed(0)
     model = TorchDecoder(cfg)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=betas, weight_decay=weight_decay, eps=eps)
+    init_like_jaxformer(model, jaxformer_init_stds(cfg))
+    optimizer = adamw(model, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
 
     def step(windows_BW: torch.Tensor) -> float:
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
@@ -110,7 +121,36 @@ def make_torch_step(cfg: ModelConfig, *, lr: float, betas: tuple[float, float], 
         optimizer.step()
         return loss
 
+    step.optimizer = optimizer
     return step
+
+
+def init_like_jaxformer(model: TorchDecoder, stds: tuple[float, float]) -> None:
+    """Draws ``model``'s parameters as jaxformer initialises its own (`jaxformer.nn.params`): every weight matrix
+    and embedding table N(0, std²), those writing into the residual stream (``wo``, ``w_out``)
+    N(0, residual_std²), biases 0, norm scales 1; ``stds = (std, residual_std)`` (`jaxformer_init_stds`)."""
+    std, residual_std = stds
+    residual = {id(block.wo.weight) for block in model.blocks} | {id(block.w_out.weight) for block in model.blocks}
+    norms = [module for module in model.modules() if isinstance(module, (nn.LayerNorm, nn.RMSNorm))]
+    norm_scales = {id(norm.weight) for norm in norms}
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if id(parameter) in norm_scales:
+                parameter.fill_(1.0)
+            elif name.endswith("bias"):
+                parameter.zero_()
+            else:
+                parameter.normal_(0.0, residual_std if id(parameter) in residual else std)
+
+
+def adamw(model: nn.Module, *, lr: float, betas: tuple[float, float], eps: float,
+          weight_decay: float) -> torch.optim.AdamW:
+    """AdamW over ``model`` with ``weight_decay`` on its matrices and embedding tables only, as jaxformer's
+    `decay_mask` (norm scales and biases, 1-D here, are not decayed)."""
+    parameters = list(model.parameters())
+    groups = [{"params": [p for p in parameters if p.ndim >= 2], "weight_decay": weight_decay},
+              {"params": [p for p in parameters if p.ndim < 2], "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps)
 
 
 def matmul_peak(dtype: str = "float32", n: int = 1024, repeats: int = 10, budget_s: float = 2.0) -> float:
@@ -131,31 +171,57 @@ def matmul_peak(dtype: str = "float32", n: int = 1024, repeats: int = 10, budget
 
 
 def load_jax_params(model: TorchDecoder, params: dict) -> None:
-    """Copies a jaxformer decoder's parameters (``nnx.to_pure_dict`` of the pure view) into ``model``."""
+    """Copies a jaxformer decoder's parameters (``nnx.to_pure_dict`` of the pure view), biases included, into
+    ``model``; ``ValueError`` unless every parameter of ``model`` and every array of ``params`` was copied."""
+    import jax
     import numpy as np
 
-    def tensor(array, *, transpose=False) -> torch.Tensor:
-        value = np.array(array, dtype=np.float32)
-        return torch.from_numpy(np.ascontiguousarray(value.T if transpose else value))
+    cfg, copied = model.cfg, {}
 
-    cfg = model.cfg
+    def copy(target: torch.Tensor, array, *, shape: tuple[int, ...] | None = None, transpose: bool = False) -> None:
+        value = np.array(array, dtype=np.float32)
+        value = value.reshape(shape) if shape is not None else value
+        value = value.T if transpose else value
+        if value.shape != tuple(target.shape):  # copy_ would broadcast a wrong shape
+            raise ValueError(f"load_jax_params: a {value.shape} array for a {tuple(target.shape)} parameter")
+        target.copy_(torch.from_numpy(np.ascontiguousarray(value)))
+        copied[id(target)] = target
+
+    def copy_linear(layer: nn.Linear, weight, bias, *, in_width: int) -> None:
+        """``weight`` [in, …] (a dense kernel) into ``layer.weight`` [out, in]; ``bias`` (any shape) flattened."""
+        copy(layer.weight, weight, shape=(in_width, -1), transpose=True)
+        if layer.bias is not None:
+            if bias is None:
+                raise ValueError(f"load_jax_params: jaxformer's parameters have no bias for a {layer}")
+            copy(layer.bias, bias, shape=(-1,))
+
+    def copy_norm(norm: nn.Module, source: dict) -> None:
+        copy(norm.weight, source["scale"])
+        if getattr(norm, "bias", None) is not None:
+            copy(norm.bias, source["bias"])
+
     with torch.no_grad():
-        model.tokens.weight.copy_(tensor(params["embedding"]["tokens"]))
+        copy(model.tokens.weight, params["embedding"]["tokens"])
         if model.positions is not None:
-            model.positions.weight.copy_(tensor(params["embedding"]["positions"]))
+            copy(model.positions.weight, params["embedding"]["positions"])
         for index, block in enumerate(model.blocks):
             source = params["decoder"]["blocks"][index]
-            attention = source["attention"]
-            for name in ("wq", "wk", "wv"):  # [E, heads, D] -> Linear weight [heads·D, E]
-                getattr(block, name).weight.copy_(tensor(attention[name].reshape(cfg.d_model, -1), transpose=True))
-            block.wo.weight.copy_(tensor(attention["wo"].reshape(-1, cfg.d_model), transpose=True))
-            ffn = source["feed_forward"]
-            block.w_in.weight.copy_(tensor(ffn["w_in"], transpose=True))
-            block.w_out.weight.copy_(tensor(ffn["w_out"], transpose=True))
+            attention, ffn = source["attention"], source["feed_forward"]
+            for name in ("q", "k", "v"):  # [E, heads, D] -> Linear weight [heads·D, E]
+                copy_linear(getattr(block, f"w{name}"), attention[f"w{name}"], attention.get(f"b{name}"),
+                            in_width=cfg.d_model)
+            copy_linear(block.wo, attention["wo"], attention.get("bo"), in_width=cfg.num_heads * cfg.head_dim)
+            copy_linear(block.w_in, ffn["w_in"], ffn.get("b_in"), in_width=cfg.d_model)
+            copy_linear(block.w_out, ffn["w_out"], ffn.get("b_out"), in_width=cfg.d_ff)
             if block.w_gate is not None:
-                block.w_gate.weight.copy_(tensor(ffn["w_gate"], transpose=True))
-            for norm, norms in ((block.norm1, source["attention_norms"]), (block.norm2, source["feed_forward_norms"])):
-                norm.weight.copy_(tensor(norms[0]["scale"]))
-        model.norm.weight.copy_(tensor(params["decoder"]["final_norm"]["scale"]))
+                copy_linear(block.w_gate, ffn["w_gate"], ffn.get("b_gate"), in_width=cfg.d_model)
+            copy_norm(block.norm1, source["attention_norms"][0])
+            copy_norm(block.norm2, source["feed_forward_norms"][0])
+        copy_norm(model.norm, params["decoder"]["final_norm"])
         if model.head is not None:
-            model.head.weight.copy_(tensor(params["head"]["w"], transpose=True))
+            copy(model.head.weight, params["head"]["w"], transpose=True)
+    missed = [name for name, parameter in model.named_parameters() if id(parameter) not in copied]
+    arrays = len(jax.tree.leaves(params))
+    if missed or arrays != len(copied):
+        raise ValueError(f"load_jax_params copied {len(copied)} of jaxformer's {arrays} arrays; the twin's "
+                         f"parameters not set: {', '.join(missed) or 'none'}")

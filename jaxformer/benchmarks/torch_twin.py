@@ -5,7 +5,8 @@
 doing the work jaxformer's run does:
 
 - the same model (`torch_reference.TorchDecoder`: dense pre-norm decoders; other
-  architectures are refused in one line naming the field), fp32, or its forward under
+  architectures are refused in one line naming the field, `unsupported`), drawn as jaxformer
+  draws its initial parameters (`torch_reference.init_like_jaxformer`), fp32, or its forward under
   ``torch.autocast`` (bf16) where the run computes in bfloat16 (``train.compute_dtype``), as
   `torch_reference.make_torch_step` times it: fp32 parameters and optimizer, bf16 matmuls;
 - ``steps = train.tokens / (batch_size · seq_len)`` optimizer steps of ``grad_accum``
@@ -20,10 +21,11 @@ doing the work jaxformer's run does:
 - a branch starts from its trunk's model, optimizer and data position at its fork step
   (``torch.save`` by the trunk, ``torch.load`` by the branch, both counted as checkpoint time)
   and trains the remaining steps of its own schedule;
-- the training loss read at ``logging.interval`` steps and a final validation pass over the
-  same ``eval_tokens`` windows (`eval_batches`); optionally a ``torch.save`` of model and
-  optimizer at ``checkpoint.interval`` steps and the last, skipping interval saves past
-  ``checkpoint.max_overhead`` as jaxformer does (``--checkpoints DIR``).
+- the training loss read at ``logging.interval`` steps and a validation pass over the same
+  ``eval_tokens`` windows (`eval_batches`) every ``train.eval_interval`` steps and at the last;
+  optionally a ``torch.save`` of model and optimizer at ``checkpoint.interval`` steps, at
+  ``checkpoint.steps`` and the last, skipping interval saves past ``checkpoint.max_overhead`` as
+  jaxformer does (``--checkpoints DIR``).
 
 Each run's record carries ``time``: ``startup_s`` (model and optimizer), ``data_s`` (batches),
 ``train_s`` (the updates), ``eval_s``, ``checkpoint_s``, ``total_s``.
@@ -67,6 +69,9 @@ class TwinRun:
     eval_tokens: int
     data_key: str
     flops_exact: float
+    init_stds: tuple[float, float]  # jaxformer's (weights, residual outputs) init stds (`jaxformer_init_stds`)
+    eval_interval: int = 0  # train.eval_interval: steps between validation passes (0: only at the end)
+    checkpoint_steps: tuple[int, ...] = ()  # checkpoint.steps: saved whatever the interval and overhead say
     autocast: bool = False  # the forward under torch.autocast(bf16): the run's compute_dtype is bfloat16
     initial_params: str | None = None  # a .pt state dict to start from (jaxformer's own initial parameters, say)
     record_lrs: bool = False
@@ -81,6 +86,14 @@ class TwinRun:
 def unsupported(config) -> str | None:
     """Why the twin cannot train ``config`` (a `TrainConfig`), in one phrase naming the field; None if it can."""
     model = config.model
+    if model.init_from is not None:
+        return f"model.init_from={model.init_from!r} (the twin starts from jaxformer's initialisation)"
+    return unsupported_model(model)
+
+
+def unsupported_model(model: ModelConfig) -> str | None:
+    """Why `torch_reference.TorchDecoder` cannot compute ``model`` as jaxformer does, in one phrase naming the
+    field; None if it can."""
     if model.family != "decoder":
         return f"model.family={model.family!r} (the twin trains decoders only)"
     if model.is_moe:
@@ -95,7 +108,20 @@ def unsupported(config) -> str | None:
         return f"model.activation={model.activation!r} (the twin's gate is SiLU)"
     if model.attention_scale is not None or model.scale_head_inputs:
         return "model.attention_scale / scale_head_inputs (the twin scales as GPT-2 does)"
+    if model.rope_scaling != "none":
+        return f"model.rope_scaling={model.rope_scaling!r} (the twin's RoPE frequencies are unscaled)"
+    for field in ("embedding_norm", "scale_embeddings", "logit_bias", "num_token_types"):
+        if getattr(model, field):
+            return f"model.{field}={getattr(model, field)!r} (the twin has none)"
     return None
+
+
+def jaxformer_init_stds(model: ModelConfig) -> tuple[float, float]:
+    """The standard deviations jaxformer draws ``model``'s weights with (`jaxformer.nn.params`): ``(weights and
+    embeddings, projections into the residual stream)``. Imports JAX: a twin's parent computes them."""
+    from jaxformer.nn.params import INIT_STD, residual_std
+
+    return INIT_STD, residual_std(model.num_layers)
 
 
 def check_supported(planned: list) -> None:
@@ -141,6 +167,8 @@ def twin_runs(planned: list, *, checkpoint_dir: str | None = None, fork_dir: str
             betas=(opt.beta1, opt.beta2), eps=opt.eps, weight_decay=opt.weight_decay, grad_clip=opt.grad_clip,
             log_interval=config.logging.interval, checkpoint_interval=config.checkpoint.interval,
             eval_tokens=train.eval_tokens, autocast=train.compute_dtype == "bfloat16",
+            init_stds=jaxformer_init_stds(config.model), eval_interval=train.eval_interval,
+            checkpoint_steps=tuple(config.checkpoint.steps),
             data_key=json.dumps(run.config.get("data", {}), sort_keys=True),
             # a branch computes only the steps after its fork
             flops_exact=training_flops(config.model, (run.steps - (run.fork_step or 0)) * config.tokens_per_step,
@@ -151,21 +179,37 @@ def twin_runs(planned: list, *, checkpoint_dir: str | None = None, fork_dir: str
     return runs
 
 
+SCHEDULE_KEYS = "schedule_keys"  # the entry of a schedules .npz naming what each array was computed for
+
+
 def _schedule(schedules: dict | None, name: str, config, steps: int) -> np.ndarray:
     given = None if schedules is None else schedules.get(name)
     if given is None:
         return _learning_rates(config, steps)
+    keys = json.loads(str(schedules.get(SCHEDULE_KEYS, "{}")))
+    if keys.get(name) != schedule_key(config, steps):
+        raise ValueError(f"run {name}: the given schedule was computed for another optimizer section or length "
+                         f"than the run's ({keys.get(name)} vs {schedule_key(config, steps)})")
     if given.shape != (steps,):
         raise ValueError(f"run {name}: the given schedule has {given.shape} learning rates, the run {steps} steps")
     return np.asarray(given, np.float32)
 
 
+def schedule_key(config, steps: int) -> str:
+    """What a run's `learning_rates` array depends on (its optimizer section, steps and tokens per step), as JSON."""
+    return json.dumps({"optimizer": dataclasses.asdict(config.optimizer), "steps": steps,
+                       "tokens_per_step": config.tokens_per_step}, sort_keys=True)
+
+
 def save_schedules(planned: list, path: str | Path) -> None:
-    """Every planned run's `learning_rates` array, to an .npz file for ``--schedules``."""
+    """Every planned run's `learning_rates` array, to an .npz file for ``--schedules``, with the `schedule_key` of
+    each (under `SCHEDULE_KEYS`), which `twin_runs` checks against the run it trains."""
     from jaxformer.train.config import config_from_dict
 
-    arrays = {run.name: _learning_rates(config_from_dict(dict(run.config)), run.steps) for run in planned}
-    np.savez(path, **arrays)
+    configs = {run.name: (config_from_dict(dict(run.config)), run.steps) for run in planned}
+    arrays = {name: _learning_rates(config, steps) for name, (config, steps) in configs.items()}
+    keys = {name: schedule_key(config, steps) for name, (config, steps) in configs.items()}
+    np.savez(path, **arrays, **{SCHEDULE_KEYS: np.array(json.dumps(keys))})
 
 
 def _learning_rates(config, steps: int) -> np.ndarray:
@@ -196,7 +240,7 @@ def train_twin(run: TwinRun, train_tokens: np.ndarray, val_tokens: np.ndarray) -
     import torch
     from torch.nn import functional as TF
 
-    from jaxformer.benchmarks.torch_reference import TorchDecoder
+    from jaxformer.benchmarks.torch_reference import TorchDecoder, adamw, init_like_jaxformer
     from jaxformer.train.loader import Loader, eval_batches
 
     started = time.perf_counter()
@@ -204,10 +248,11 @@ def train_twin(run: TwinRun, train_tokens: np.ndarray, val_tokens: np.ndarray) -
     model = TorchDecoder(run.model)
     if run.initial_params is not None:
         model.load_state_dict(torch.load(run.initial_params))
+    else:
+        init_like_jaxformer(model, run.init_stds)
     parameters = list(model.parameters())
-    groups = [{"params": [p for p in parameters if p.ndim >= 2], "weight_decay": run.weight_decay},
-              {"params": [p for p in parameters if p.ndim < 2], "weight_decay": 0.0}]
-    optimizer = torch.optim.AdamW(groups, lr=float(run.learning_rates[0]), betas=run.betas, eps=run.eps)
+    optimizer = adamw(model, lr=float(run.learning_rates[0]), betas=run.betas, eps=run.eps,
+                      weight_decay=run.weight_decay)
     loader = Loader(train_tokens, run.seq_len, run.batch_size, run.seed)
     micro = run.batch_size // run.grad_accum
     val = torch.from_numpy(eval_batches(val_tokens, run.seq_len, micro, run.eval_tokens).astype(np.int64))
@@ -220,6 +265,10 @@ def train_twin(run: TwinRun, train_tokens: np.ndarray, val_tokens: np.ndarray) -
             logits = model(windows_BW[:, :-1])
         return TF.cross_entropy(logits.float().reshape(-1, vocab), windows_BW[:, 1:].reshape(-1))
 
+    def validation_loss() -> float:
+        with torch.no_grad():
+            return float(torch.stack([loss_of(windows) for windows in val]).mean())
+
     first = 1
     if run.trunk is not None:  # a branch continues its trunk's model, optimizer and data stream
         mark = time.perf_counter()
@@ -229,7 +278,7 @@ def train_twin(run: TwinRun, train_tokens: np.ndarray, val_tokens: np.ndarray) -
         loader.position = run.fork_step * run.batch_size
         first = run.fork_step + 1
         times["checkpoint_s"] += time.perf_counter() - mark
-    applied, losses, train_loss = [], [], None
+    applied, losses, val_losses, train_loss = [], [], [], None
     window_sum, window_steps = torch.zeros(()), 0
     for step in range(first, run.steps + 1):
         mark = time.perf_counter()
@@ -257,10 +306,15 @@ def train_twin(run: TwinRun, train_tokens: np.ndarray, val_tokens: np.ndarray) -
             window_sum, window_steps = torch.zeros(()), 0
             losses.append((step, train_loss))
         times["train_s"] += time.perf_counter() - mark
+        if last or (run.eval_interval and step % run.eval_interval == 0):  # as jaxformer's loop evaluates
+            mark = time.perf_counter()
+            val_losses.append((step, validation_loss()))
+            times["eval_s"] += time.perf_counter() - mark
         over_budget = run.checkpoint_max_overhead is not None and (
             times["checkpoint_s"] > run.checkpoint_max_overhead * times["train_s"])
         due = [run.fork_dir] if step in run.forks else []  # a trunk leaves its state where its branches start
-        if run.checkpoint_dir and (last or (step % run.checkpoint_interval == 0 and not over_budget)):
+        if run.checkpoint_dir and (last or step in run.checkpoint_steps
+                                   or (step % run.checkpoint_interval == 0 and not over_budget)):
             due.append(run.checkpoint_dir)
         for directory in due:
             mark = time.perf_counter()
@@ -268,15 +322,12 @@ def train_twin(run: TwinRun, train_tokens: np.ndarray, val_tokens: np.ndarray) -
             path.parent.mkdir(parents=True, exist_ok=True)
             torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step}, path)
             times["checkpoint_s"] += time.perf_counter() - mark
-    mark = time.perf_counter()
-    with torch.no_grad():
-        val_loss = float(torch.stack([loss_of(windows) for windows in val]).mean())
-    times["eval_s"] = time.perf_counter() - mark
     times["total_s"] = time.perf_counter() - started
     optimizer_steps = {int(state["step"]) for state in optimizer.state.values()}
     record = {"name": run.name, "steps": run.steps, "optimizer_steps": max(optimizer_steps, default=0),
               "fork_step": run.fork_step, "tokens": (run.steps - first + 1) * run.batch_size * run.seq_len, "flops_exact": run.flops_exact,
-              "train_loss": train_loss, "val_loss": val_loss, "losses": losses, "time": times, "autocast": run.autocast,
+              "train_loss": train_loss, "val_loss": val_losses[-1][1] if val_losses else None,
+              "val_losses": val_losses, "losses": losses, "time": times, "autocast": run.autocast,
               "pid": os.getpid()}
     if run.record_lrs:
         record["learning_rates"] = applied

@@ -27,12 +27,15 @@ from pathlib import Path
 import numpy as np
 
 from jaxformer.arguments import integer
+from jaxformer.benchmarks.environment import environment, package_version
+from jaxformer.benchmarks.outputs import output_directory, output_file
 from jaxformer.files import write_json_atomic
 from jaxformer.runtime import LAYOUT_FILE
 
 # torch's bf16 steps are timed only where its bf16 matmul reaches this share of its fp32 one
 TORCH_BF16_FLOOR = 0.1
 LADDER = ((16, 1, 128), (32, 2, 128), (64, 2, 128), (128, 4, 128), (256, 4, 256), (512, 8, 256))
+LAYOUT_MAX_D = 128  # --layout compares thread layouts at the sizes up to this d_model (the sweeps' models)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -184,12 +187,35 @@ def _layout(sizes, batch: int, steps: int) -> dict:
     return {"cores": cores, "tokens_per_s": results, "choice": choice}
 
 
-def parse_dtypes(text: str) -> list[str]:
+def parse_dtypes(text: str, flag: str = "--dtypes") -> list[str]:
+    """The compute dtypes of ``text`` (comma-separated); ``ValueError`` naming ``flag`` on another one."""
     dtypes = [item.strip() for item in text.split(",")]
     for dtype in dtypes:
         if dtype not in ("float32", "bfloat16"):
-            raise ValueError(f"--dtypes entries must be float32 or bfloat16, got {dtype!r}")
+            raise ValueError(f"{flag} entries must be float32 or bfloat16, got {dtype!r}")
     return dtypes
+
+
+def fallback_notes(attention_impl: str, matmul_impl: str, dtypes: list[str]) -> list[str]:
+    """One note per asked-for kernel this process cannot run, so the figures are read as the plain path's:
+    the fused attention kernel or the oneDNN matmul unavailable, or oneDNN without a matmul for a dtype."""
+    notes = []
+    if attention_impl in ("fused", "auto"):
+        from jaxformer.functional import fused_attention
+
+        if not fused_attention.fused_available():
+            notes.append(f"fused kernel unavailable, so jaxformer's rows time the plain path: "
+                         f"{fused_attention.unavailable_reason()}")
+    if matmul_impl in ("onednn", "auto"):
+        from jaxformer.functional import onednn_matmul
+
+        if not onednn_matmul.onednn_available():
+            notes.append(f"oneDNN matmul unavailable, so jaxformer's rows time XLA's matmul: "
+                         f"{onednn_matmul.unavailable_reason()}")
+        else:  # loaded, but without a matmul for this dtype on this CPU (bf16 on an AVX2-only one)
+            notes += [f"{dtype} rows time XLA's matmul: {reason}" for dtype in dtypes
+                      if (reason := onednn_matmul.unsupported_reason(dtype))]
+    return notes
 
 
 def matmul_peaks(dtypes: list[str], torch_too: bool, matmul_impl: str = "xla") -> dict[str, dict[str, float]]:
@@ -211,7 +237,6 @@ def matmul_peaks(dtypes: list[str], torch_too: bool, matmul_impl: str = "xla") -
 
 
 def run(args: argparse.Namespace) -> int:
-    from jaxformer.benchmarks.environment import environment
     from jaxformer.functional.dense import check_matmul_impl
     from jaxformer.functional.dispatch import check_impl
 
@@ -221,12 +246,21 @@ def run(args: argparse.Namespace) -> int:
     for name in ("batch", "steps", "repeats"):
         if getattr(args, name) <= 0:
             raise ValueError(f"--{name} must be positive, got {getattr(args, name)}")
+    if args.matmul_impl != "auto":
+        check_matmul_impl(args.matmul_impl)
+    layout_sizes = [size for size in sizes if size[0] <= LAYOUT_MAX_D]
+    if args.layout and not layout_sizes:
+        raise ValueError(f"--layout compares layouts at sizes with d_model <= {LAYOUT_MAX_D}, and --sizes "
+                         f"{args.sizes!r} has none")
+    if not args.no_torch and package_version("torch") is None:
+        raise ValueError("the PyTorch twin needs torch installed (or pass --no-torch)")
+    outputs = [output_file(args.json, "--json")]
+    if args.out:
+        outputs.append(output_file(output_directory(args.out, "--out") / "bench_train.json", "--out"))
     if not args.no_torch:
         import torch
 
         torch.set_num_threads(os.cpu_count() or 1)
-    if args.matmul_impl != "auto":
-        check_matmul_impl(args.matmul_impl)
     peaks = matmul_peaks(dtypes, not args.no_torch, args.matmul_impl)
     notes = []
     torch_dtypes = {dtype for dtype in dtypes if not args.no_torch}
@@ -236,21 +270,7 @@ def run(args: argparse.Namespace) -> int:
             torch_dtypes.discard("bfloat16")
             notes.append(f"torch bf16 steps not timed: its bf16 matmul runs at {torch_peak / 1e9:.1f} GFLOP/s, "
                          f"under {TORCH_BF16_FLOOR:.0%} of its fp32 one on this CPU")
-    if args.attention_impl in ("fused", "auto"):
-        from jaxformer.functional import fused_attention
-
-        if not fused_attention.fused_available():
-            notes.append(f"fused kernel unavailable, so jaxformer's rows time the plain path: "
-                         f"{fused_attention.unavailable_reason()}")
-    if args.matmul_impl in ("onednn", "auto"):
-        from jaxformer.functional import onednn_matmul
-
-        if not onednn_matmul.onednn_available():
-            notes.append(f"oneDNN matmul unavailable, so jaxformer's rows time XLA's matmul: "
-                         f"{onednn_matmul.unavailable_reason()}")
-        else:  # loaded, but without a matmul for this dtype on this CPU (bf16 on an AVX2-only one)
-            notes += [f"{dtype} rows time XLA's matmul: {reason}" for dtype in dtypes
-                      if (reason := onednn_matmul.unsupported_reason(dtype))]
+    notes += fallback_notes(args.attention_impl, args.matmul_impl, dtypes)
     rows = [measure(bench_config(d, layers, seq_len, args.batch, dtype, args.attention_impl, args.matmul_impl),
                     steps=args.steps,
                     repeats=args.repeats, torch_too=dtype in torch_dtypes, one_device=args.one_device)
@@ -264,14 +284,13 @@ def run(args: argparse.Namespace) -> int:
               "matmul_peak_flops": peaks["float32" if "float32" in peaks else dtypes[0]]["jax"],
               "matmul_peaks": peaks, "sizes": rows, "notes": notes}  # the environment as `bench sweep` records it
     if args.layout:
-        report["layout"] = _layout([s for s in sizes if s[0] <= 128], args.batch, args.steps)
+        report["layout"] = _layout(layout_sizes, args.batch, args.steps)
         LAYOUT_FILE.parent.mkdir(parents=True, exist_ok=True)
         write_json_atomic(LAYOUT_FILE, report["layout"]["choice"])
     _print(report, args)
-    for path in [args.json] + ([str(Path(args.out) / "bench_train.json")] if args.out else []):
-        if path:
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
-            write_json_atomic(Path(path), report, indent=1)
+    for path in outputs:
+        if path is not None:
+            write_json_atomic(path, report, indent=1)
     return 0
 
 

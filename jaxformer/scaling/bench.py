@@ -42,6 +42,8 @@ from pathlib import Path
 import numpy as np
 
 from jaxformer.arguments import integer
+from jaxformer.benchmarks.environment import environment
+from jaxformer.benchmarks.outputs import output_file
 from jaxformer.files import write_json_atomic
 from jaxformer.runtime import CACHE_DIR_ENV
 from jaxformer.scaling.table import load_table
@@ -154,8 +156,11 @@ def run(args: argparse.Namespace) -> int:
     from jaxformer.scaling.parametric import HUBER_DELTA, fit_parametric, hoffmann_grid
 
     table = load_table(args.data).exclude_highest_loss(args.exclude_highest_loss)
+    out = output_file(args.out, "--out")
     grid = hoffmann_grid()
-    print(f"{len(table)} runs from {args.data}; {len(grid)} starts", flush=True)
+    machine = environment()
+    print(f"{len(table)} runs from {args.data}; {len(grid)} starts; CPU: {machine['cpu_model']}, "
+          f"{machine['cores']} cores", flush=True)
 
     with _Clock() as first:
         fit = fit_parametric(table, starts=grid)
@@ -198,6 +203,7 @@ def run(args: argparse.Namespace) -> int:
           flush=True)
 
     result = {
+        **machine,
         "runs": len(table),
         "starts": len(grid),
         "jax_first_s": first.wall,
@@ -249,8 +255,8 @@ def run(args: argparse.Namespace) -> int:
                       bootstrap_se={k: boot.stats[k].se for k in ("E", "alpha", "beta", "a")})
         print(f"bootstrap: {args.bootstrap} resamples in {boot_clock.wall:.1f} s wall, {boot_clock.cpu:.1f} s CPU "
               "(with compilation); SE " + ", ".join(f"{k} {v:.4f}" for k, v in result["bootstrap_se"].items()))
-    if args.out:
-        write_json_atomic(Path(args.out), result, indent=1)
+    if out is not None:
+        write_json_atomic(out, result, indent=1)
     return 0
 
 
