@@ -13,7 +13,8 @@ from flax import nnx
 
 from jaxformer.benchmarks.replay import ReplayedRun
 from jaxformer.benchmarks.torch_reference import TorchDecoder, init_like_jaxformer, load_jax_params, make_torch_step
-from jaxformer.benchmarks.torch_twin import jaxformer_init_stds, save_schedules, train_twin, twin_runs, unsupported
+from jaxformer.benchmarks.torch_twin import save_schedules, train_twin, twin_runs, unsupported
+from jaxformer.benchmarks.twin_model import jaxformer_init_stds
 from jaxformer.models import get_preset
 from jaxformer.models.pure import apply, init_params
 from jaxformer.train.config import config_from_dict, config_to_dict

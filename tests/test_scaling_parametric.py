@@ -12,7 +12,7 @@ import pytest
 
 from jaxformer.scaling import lbfgs
 from jaxformer.scaling.allocation import PRESETS, ParametricLaw
-from jaxformer.scaling.bench import numpy_value_and_grad
+from jaxformer.benchmarks.fit import numpy_value_and_grad
 from jaxformer.scaling.bootstrap import Interval, bootstrap_parametric
 from jaxformer.scaling.parametric import fit_parametric, hoffmann_grid, log_data, objective, residuals, value_and_grad
 from jaxformer.scaling.synthetic import isoflop_sweep

@@ -5,7 +5,7 @@ pre-norm blocks, LayerNorm or RMSNorm, a ReLU, GELU (exact or tanh), SiLU or Swi
 ``use_bias`` and ``qkv_bias`` say, learned positions or RoPE (consecutive pairs, as
 `jaxformer.functional.apply_rope`), GQA, tied or untied head, AdamW with weight decay on matrices only
 (jaxformer's `decay_mask`) and global-norm clipping. Dense decoders only (the CPU sweeps' models): what it
-cannot reproduce is refused (`jaxformer.benchmarks.torch_twin.unsupported_model`).
+cannot reproduce is refused (`jaxformer.benchmarks.twin_model.unsupported_model`).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from torch import nn
 from torch.nn import functional as TF
 
 from jaxformer.architecture import ModelConfig
-from jaxformer.benchmarks.torch_twin import jaxformer_init_stds, unsupported_model
+from jaxformer.benchmarks.twin_model import jaxformer_init_stds, unsupported_model
 
 # the FFN nonlinearities `unsupported_model` lets through (`jaxformer.functional.feedforward.ACTIVATIONS`);
 # swiglu's is its gate's

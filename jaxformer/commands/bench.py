@@ -1,6 +1,6 @@
 """`jaxformer bench WHAT`: benchmarks print ratios side by side from one run and save JSON and plots.
 
-Each benchmark module (`jaxformer.benchmarks`, and `jaxformer.scaling.bench`) exposes
+Each benchmark module (`jaxformer.benchmarks`) exposes
 ``add_arguments(parser)`` and ``run(args) -> int``, like the sub-commands of
 `jaxformer.commands`; this dispatcher imports only the chosen one. Performance is measured
 here, never by timed tests.
@@ -39,7 +39,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "train-step share, FLOP/s vs peak",
     ),
     "fit": (
-        "jaxformer.scaling.bench",
+        "jaxformer.benchmarks.fit",
         "Approach-3 fit: pooled JAX L-BFGS vs scipy L-BFGS-B from 4500 starts, and bootstrap time",
     ),
 }

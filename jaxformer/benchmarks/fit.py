@@ -103,7 +103,7 @@ def scipy_in_child(data: str, exclude: int, starts: np.ndarray, delta: float, th
     only), best x, best objective and converged count."""
     env = {**os.environ, **{name: str(threads) for name in BLAS_THREAD_VARIABLES}}
     job = json.dumps({"data": data, "exclude": exclude, "starts": np.asarray(starts).tolist(), "delta": delta})
-    done = subprocess.run([sys.executable, "-m", "jaxformer.scaling.bench"], input=job, env=env, capture_output=True,
+    done = subprocess.run([sys.executable, "-m", "jaxformer.benchmarks.fit"], input=job, env=env, capture_output=True,
                           text=True, check=True)
     out = json.loads(done.stdout)
     clock = _Clock()
