@@ -20,7 +20,7 @@ import signal
 import sys
 import warnings
 
-from jaxformer.files import PATH_ERRORS
+from jaxformer.files import is_input_error
 from jaxformer.runtime import reexec_tuned
 
 
@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         if os.environ.get("JAXFORMER_DEBUG"):
             raise
         print(f"jaxformer {args.command}: error: {error}", file=sys.stderr)
-        return 1 if isinstance(error, OSError) and error.errno not in (None, *PATH_ERRORS) else 2
+        return 1 if isinstance(error, OSError) and not is_input_error(error) else 2
     except KeyboardInterrupt:
         print(f"jaxformer {args.command}: interrupted", file=sys.stderr)
         return 130

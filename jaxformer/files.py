@@ -15,6 +15,12 @@ PATH_ERRORS = {errno.ENOENT, errno.ENOTDIR, errno.EISDIR, errno.EEXIST, errno.EA
                errno.ENAMETOOLONG, errno.ENOTEMPTY}
 
 
+def is_input_error(error: OSError) -> bool:
+    """Whether ``error`` is the user's input (exit 2): a path of `PATH_ERRORS`, or no errno (a message of our
+    own); otherwise the machine's (exit 1)."""
+    return error.errno is None or error.errno in PATH_ERRORS
+
+
 def write_atomically(path: Path, write: Callable[[BinaryIO], object]) -> None:
     """Calls ``write(handle)`` on a temporary file beside ``path``, then renames it over ``path``.
 

@@ -112,3 +112,21 @@ def test_a_garbled_or_truncated_gguf_is_named_in_one_line(content, reason, tmp_p
     assert main(_argv("import-hf", path, tmp_path / "out")) == 2
     assert f"error: {path}: not a readable GGUF file {reason}" in _one_line(capsys)
     assert _left_in(tmp_path) == ["model.gguf"]
+
+
+def test_saving_over_a_directory_that_holds_files_is_refused_before_any_work(source, tmp_path, monkeypatch):
+    """``hf.save`` writes a new directory whole: over one holding anything (a user's notes, an earlier export) it
+    refuses at once, before converting a tensor, and leaves it as it was; an empty directory is filled."""
+    (tmp_path / "kept").mkdir()
+    (tmp_path / "kept" / "notes.md").write_text("mine")
+    converted = []
+    monkeypatch.setattr(convert, "hf_tensors", lambda *args: converted.append(args) or {})
+    with pytest.raises(FileExistsError, match=r"exists and is not an empty directory: '.*kept'"):
+        hf.save(LLAMA, init_params(LLAMA, 0)[1], tmp_path / "kept")
+    assert converted == [] and _left_in(tmp_path / "kept") == ["notes.md"]
+    with pytest.raises(FileExistsError):
+        hf.save(LLAMA, init_params(LLAMA, 0)[1], source)  # a second save to the same place
+    monkeypatch.undo()
+    (tmp_path / "empty").mkdir()
+    hf.save(LLAMA, init_params(LLAMA, 0)[1], tmp_path / "empty")
+    assert _left_in(tmp_path / "empty") == ["config.json", "model.safetensors"]

@@ -85,7 +85,7 @@ def test_a_disk_that_fills_while_saving_fails_the_run_in_one_line_with_an_error_
     assert err.startswith(f"jaxformer train: error: [Errno {errno.EFBIG}] cannot save checkpoint step 2 in "
                           f"{run_dir.absolute() / 'checkpoints'}: File too large"), err
     error = json.loads((run_dir / "error.json").read_text())
-    assert error["error"] == "OSError" and "cannot save checkpoint step 2" in error["message"]
+    assert error["error"] == "RunWriteError" and "cannot save checkpoint step 2" in error["message"]
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []  # no Orbax tracebacks
     assert latest_saved_step(run_dir) is None
 
@@ -136,13 +136,18 @@ def test_only_the_late_reports_of_a_failed_restore_are_dropped():
 def test_ctrl_c_and_failed_writes_leave_no_orbax_traceback_and_other_errors_do():
     from jaxformer.train.checkpoint import _keeps_absl_record
 
-    def record(error: BaseException) -> logging.LogRecord:
-        return logging.LogRecord("absl", logging.ERROR, __file__, 1, "failed", (), (type(error), error, None))
+    import orbax.checkpoint
+
+    orbax_file = orbax.checkpoint.checkpoint_manager.__file__
+
+    def record(error: BaseException, pathname: str = orbax_file) -> logging.LogRecord:
+        return logging.LogRecord("absl", logging.ERROR, pathname, 1, "failed", (), (type(error), error, None))
 
     assert not _keeps_absl_record(record(KeyboardInterrupt()))
     assert not _keeps_absl_record(record(ValueError("RESOURCE_EXHAUSTED: [os_error_code='28']")))
     assert _keeps_absl_record(record(RuntimeError("a bug")))
-    assert _keeps_absl_record(logging.LogRecord("absl", logging.ERROR, __file__, 1, "plain", (), None))
+    assert _keeps_absl_record(logging.LogRecord("absl", logging.ERROR, orbax_file, 1, "plain", (), None))
+    assert _keeps_absl_record(record(PermissionError(13, "Permission denied"), pathname=__file__))  # not Orbax's
 
 
 def test_a_foreign_entry_named_by_a_non_ascii_digit_is_no_step(tmp_path):
@@ -162,3 +167,22 @@ def test_an_os_error_is_bad_input_where_the_command_says_so(tmp_path, config_pat
     assert attempt_run(config_path, TINY, tmp_path / "a").status == status
     assert main(["train", config_path, *TINY, "--run-dir", str(tmp_path / "b")]) == exit_code
     assert len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+def test_a_path_refused_once_the_run_is_written_fails_the_run_with_an_error_record(tmp_path, config_path,
+                                                                                   monkeypatch, capsys):
+    """EACCES from a checkpoint or cache file midway (a disk remounted read-only, say) is the machine's: exit 1 and
+    ``error.json``, though the same errno on the run directory before anything is written is bad input."""
+    def run(self):
+        raise PermissionError(errno.EACCES, "Permission denied", str(self.run_dir / "checkpoints" / "4"))
+
+    monkeypatch.setattr("jaxformer.train.loop._Run.run", run)
+    run_dir = tmp_path / "run"
+    attempt = attempt_run(config_path, TINY, run_dir)
+    assert attempt.status == "failed" and attempt.error.errno == errno.EACCES
+    assert (run_dir / "config.yaml").is_file()  # written before it failed
+    assert json.loads((run_dir / "error.json").read_text())["error"] == "RunWriteError"
+    capsys.readouterr()
+    assert main(["train", config_path, *TINY, "--run-dir", str(tmp_path / "cli")]) == 1
+    assert capsys.readouterr().err.strip() == (f"jaxformer train: error: [Errno 13] Permission denied: "
+                                               f"'{tmp_path / 'cli' / 'checkpoints' / '4'}'")

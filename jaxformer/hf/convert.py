@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import json
 import os
 import shutil
@@ -277,7 +278,7 @@ def save(cfg: ModelConfig, params: nnx.State, out: str | Path, *, tokenizer_json
     ``tokenizer.json`` and ``tokenizer_config.json`` (special tokens, chat template) when given. ``source_config``
     (an imported checkpoint's config.json) supplies its special token ids. A model with no Hugging Face
     equivalent raises naming the field. ``out`` (absent, or an empty directory) is written whole or not at all."""
-    out = Path(out)
+    out = _new_directory_path(out)
     family = families.for_config(cfg)
     family.check_export(cfg)
     tensors = hf_tensors(cfg, params)
@@ -293,6 +294,15 @@ def save(cfg: ModelConfig, params: nnx.State, out: str | Path, *, tokenizer_json
         write_safetensors(directory / "model.safetensors", tensors)
         write_text_atomic(directory / "config.json", json.dumps(config, indent=2, sort_keys=True) + "\n")
         _write_tokenizer(directory, tokenizer_json, tokenizer_config)
+    return out
+
+
+def _new_directory_path(out: str | Path) -> Path:
+    """``out`` as a `Path`, refused before any work unless it is absent or an empty directory (``FileExistsError``:
+    nothing the user keeps there is replaced or mixed with the new files)."""
+    out = Path(out)
+    if out.exists() and not (out.is_dir() and not any(out.iterdir())):
+        raise FileExistsError(errno.EEXIST, "exists and is not an empty directory", str(out))
     return out
 
 
@@ -332,7 +342,7 @@ def _write_source(out: Path, hf_config: dict[str, Any]) -> None:
 
 def write_imported(checkpoint: Checkpoint, out: str | Path) -> Path:
     """An ``import-hf`` directory (module docstring) at ``out`` (absent, or empty), written whole or not at all."""
-    out = Path(out)
+    out = _new_directory_path(out)
     with _new_directory(out) as directory:
         write_safetensors(directory / IMPORTED_PARAMS, flat_params(checkpoint.params))
         _write_source(directory, checkpoint.hf_config)

@@ -5,9 +5,10 @@ must tell apart into an `Attempt`: ``done``, ``bad_input`` (one line naming the 
 from the command) or ``failed`` (a non-finite loss or unreadable checkpoints; exit 1). A failed
 attempt leaves ``RUN_DIR/error.json`` — except bad input aimed at a directory that already
 holds a run (a refused resume, say) or that another process is training (`RunBusy`), which writes nothing
-there. An ``OSError`` is classed as the `jaxformer` command classes it (`jaxformer.files.PATH_ERRORS`): a path
-that is wrong or not permitted (a read-only run directory) is bad input, another (a disk that fills) fails the
-attempt. `attempt_together` makes one attempt at several runs, trained together
+there. An ``OSError`` before the run directory is written is classed as the `jaxformer` command classes it
+(`jaxformer.files.is_input_error`: a path that is wrong or not permitted, a read-only run directory, is bad input;
+a disk that fills fails the attempt); once it is written (`jaxformer.train.loop.RunWriteError`), every ``OSError``
+fails the attempt. `attempt_together` makes one attempt at several runs, trained together
 (`jaxformer.train.together`) where they can.
 """
 
@@ -18,10 +19,10 @@ import time
 from pathlib import Path
 from typing import Literal, Sequence
 
-from jaxformer.files import PATH_ERRORS, write_json_atomic
+from jaxformer.files import is_input_error, write_json_atomic
 from jaxformer.train.checkpoint import CheckpointError
 from jaxformer.train.config import load_config
-from jaxformer.train.loop import NonFiniteLoss, train
+from jaxformer.train.loop import NonFiniteLoss, RunWriteError, train
 from jaxformer.train.run_claim import RunBusy
 
 
@@ -82,8 +83,8 @@ def attempt_together(config_paths: Sequence[str | Path], overrides: list[str],
 
 
 def _path_error(error: OSError) -> bool:
-    """Whether ``error`` is a path the user gave being wrong or not permitted: bad input, exit 2."""
-    return error.errno in PATH_ERRORS
+    """Whether ``error`` is bad input (exit 2): met before the run directory was written, and the user's path."""
+    return not isinstance(error, RunWriteError) and is_input_error(error)
 
 
 def write_error(run_dir: Path, attempt: Attempt) -> None:

@@ -180,8 +180,8 @@ class Checkpointer:
         self.directory = Path(directory).absolute()
         self.read_only, self.asynchronous = read_only, asynchronous
         self.saving: int | None = None  # the step of the last save, until it is on disk
-        # Orbax logs a failed write's traceback in each thread it reaches; we raise it once, as one line
-        logging.getLogger("absl").addFilter(_keeps_absl_record)
+        if not read_only:  # Orbax logs a failed write's traceback in each thread it reaches; we raise it once
+            logging.getLogger("absl").addFilter(_keeps_absl_record)
         policies, kept = ocp.checkpoint_managers, list(kept_steps)
         # Orbax takes max_to_keep or a preservation policy, not both; kept steps need the policy (newest `keep` or kept)
         policy = policies.AnyPreservationPolicy([policies.LatestN(keep), policies.CustomSteps(kept)]) if kept else None
@@ -305,11 +305,16 @@ def _absl_warnings_off() -> Iterator[None]:
         logger.setLevel(level)
 
 
+_ORBAX = f"{os.sep}orbax{os.sep}"
+
+
 def _keeps_absl_record(record: logging.LogRecord) -> bool:
-    """False for Orbax's traceback of an error `Checkpointer` raises itself: a failed write (`_write_errno`), or
-    Ctrl-C while it waited for a save."""
+    """False for Orbax's own traceback of an error `Checkpointer` raises itself: a failed write (`_write_errno`),
+    or Ctrl-C while it waited for a save; every other record (another library's, a plain one) is kept."""
     error = record.exc_info[1] if record.exc_info else None
-    return error is None or not (isinstance(error, KeyboardInterrupt) or _write_errno(error) is not None)
+    if error is None or _ORBAX not in record.pathname:
+        return True
+    return not (isinstance(error, KeyboardInterrupt) or _write_errno(error) is not None)
 
 
 def _unraisable_read_after_its_loop(unraisable: Any) -> bool:

@@ -20,12 +20,13 @@ process writes its shards of each checkpoint.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import jax
 import numpy as np
@@ -86,6 +87,23 @@ def _check_host_memory(config: TrainConfig, runs: int = 1) -> None:
                          f"{need / 2**30:,.1f} GiB, more than this machine's {have / 2**30:,.1f} GiB of memory")
 
 
+class RunWriteError(OSError):
+    """An ``OSError`` met once a checked run directory is being written (`written_runs`): the machine's (a disk
+    that fills or turns read-only, a file refused midway), not the input's, whatever its errno."""
+
+
+@contextlib.contextmanager
+def written_runs() -> Iterator[None]:
+    """Raises an ``OSError`` from inside as a `RunWriteError` (same errno, message and file)."""
+    try:
+        yield
+    except RunWriteError:
+        raise
+    except OSError as error:
+        arguments = (error.errno, error.strerror, error.filename) if error.errno is not None else error.args
+        raise RunWriteError(*arguments) from error
+
+
 def train(config: TrainConfig, run_dir: Path) -> dict:
     """Trains (or resumes) the run in ``run_dir`` (claimed: `jaxformer.train.run_claim`); returns ``final.json``."""
     started, times, run_dir = time.perf_counter(), {"startup_s": process_startup_s()}, Path(run_dir)
@@ -95,11 +113,12 @@ def train(config: TrainConfig, run_dir: Path) -> dict:
         if final is not None:  # a finished run: nothing left to do
             return final
         # --- all input checks passed: from here on the run directory is written ---
-        begin_run(config, run_dir, dataset)
-        enable_compilation_cache(config.train.compilation_cache)
-        config, kernel_choice, matmul_choice = choose_kernels(config)  # `auto`: timed here, or read from the cache
-        times["kernel_choice_s"] = kernel_choice.seconds + matmul_choice.seconds
-        return _Run(config, run_dir, dataset, layout, started, times, kernel_choice, matmul_choice).run()
+        begin_run(config, run_dir, dataset)  # a run directory the user may not write fails here: bad input
+        with written_runs():
+            enable_compilation_cache(config.train.compilation_cache)
+            config, kernel_choice, matmul_choice = choose_kernels(config)  # `auto`: timed here, or read from the cache
+            times["kernel_choice_s"] = kernel_choice.seconds + matmul_choice.seconds
+            return _Run(config, run_dir, dataset, layout, started, times, kernel_choice, matmul_choice).run()
 
 
 def prepare_run(config: TrainConfig, run_dir: Path, runs: int = 1) -> tuple[Layout, Dataset, dict | None]:

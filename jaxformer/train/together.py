@@ -53,7 +53,7 @@ from jaxformer.train.checkpoint_config import latest_saved_step
 from jaxformer.train.compiled import compiled_steps, initial_state, stacked_shardings
 from jaxformer.train.config import TrainConfig, flatten_dotted, config_to_dict
 from jaxformer.train.matmul_choice import choose_kernels
-from jaxformer.train.loop import NonFiniteLoss, _Run, begin_run, prepare_run, train
+from jaxformer.train.loop import NonFiniteLoss, _Run, begin_run, prepare_run, train, written_runs
 from jaxformer.train.run_claim import claimed
 from jaxformer.train.step import Stacked, empty_sums
 
@@ -140,24 +140,27 @@ def _train_claimed(configs: Sequence[TrainConfig], run_dirs: list[Path], stacked
         # --- all input checks passed: from here on the run directories are written ---
         for i in todo:
             begin_run(configs[i], run_dirs[i], prepared[i][1])
-        enable_compilation_cache(configs[0].train.compilation_cache)
-        chosen = [choose_kernels(configs[i]) for i in todo]  # `auto`: one measurement, then the machine's cache
-        stacking = stacked or default_stacking()
-        if stacking == "vmap":  # vmapped runs multiply with XLA: a vmapped oneDNN call (its weights mapped) takes
-            # the runs one after another, which no matmul choice timed
-            chosen = [(_xla_matmul(config), attention,
-                       dataclasses.replace(matmul, matmul_impl="xla", reason="runs trained together by vmap"))
-                      if config.kernel.matmul_impl == "onednn" else (config, attention, matmul)
-                      for config, attention, matmul in chosen]
-        times["kernel_choice_s"] = sum(attention.seconds + matmul.seconds for _, attention, matmul in chosen)
-        runs = [_Run(config, run_dirs[i], prepared[i][1], prepared[i][0], started, times, attention, matmul)
-                for i, (config, attention, matmul) in zip(todo, chosen)]
-        grouped = _Together(runs, stacking)
-        together = grouped.run()
-        for i, result in zip(todo, together or grouped.results):
-            results[i] = result
-        if together is not None:
-            return results
+        with written_runs():
+            enable_compilation_cache(configs[0].train.compilation_cache)
+            # `auto`: one measurement, then the machine's cache
+            chosen = [choose_kernels(configs[i]) for i in todo]
+            stacking = stacked or default_stacking()
+            # vmapped runs multiply with XLA: a vmapped oneDNN call (its weights mapped) takes the runs one after
+            # another, which no matmul choice timed
+            if stacking == "vmap":
+                chosen = [(_xla_matmul(config), attention,
+                           dataclasses.replace(matmul, matmul_impl="xla", reason="runs trained together by vmap"))
+                          if config.kernel.matmul_impl == "onednn" else (config, attention, matmul)
+                          for config, attention, matmul in chosen]
+            times["kernel_choice_s"] = sum(attention.seconds + matmul.seconds for _, attention, matmul in chosen)
+            runs = [_Run(config, run_dirs[i], prepared[i][1], prepared[i][0], started, times, attention, matmul)
+                    for i, (config, attention, matmul) in zip(todo, chosen)]
+            grouped = _Together(runs, stacking)
+            together = grouped.run()
+            for i, result in zip(todo, together or grouped.results):
+                results[i] = result
+            if together is not None:
+                return results
         todo = [i for i in todo if results[i] is None]
     for i in todo:  # one at a time, each from its own checkpoints
         results[i] = _alone(configs[i], run_dirs[i])
