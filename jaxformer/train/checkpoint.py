@@ -29,6 +29,7 @@ import os
 import re
 import shutil
 import sys
+import warnings
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
@@ -324,6 +325,10 @@ def _unraisable_read_after_its_loop(unraisable: Any) -> bool:
             and str(unraisable.exc_value) == "Event loop is closed")
 
 
+# the metadata read of a restore abandoned before it began, collected at exit ("sys:1: RuntimeWarning: …")
+_UNSTARTED_READ = r"coroutine '\S*_get_array_metadatas' was never awaited"
+
+
 def _keeps_log_record(record: logging.LogRecord) -> bool:
     """False for asyncio's note on a TensorStore read's failure that nobody awaited any more."""
     error = record.exc_info[1] if record.exc_info else None
@@ -333,17 +338,19 @@ def _keeps_log_record(record: logging.LogRecord) -> bool:
 
 
 def _ignore_reads_outliving_their_loop() -> None:
-    """Drops three known late reports for the rest of the process; every other goes on as before.
+    """Drops four known late reports for the rest of the process; every other goes on as before.
 
     When one array of a step fails to restore, Orbax closes the event loop of that restore while
     TensorStore is still reading the step's other arrays. Each of those reads, when it completes on
     TensorStore's thread, reports ``RuntimeError: Event loop is closed`` as an unraisable exception,
     or, when it failed too, asyncio logs "Future (or Task) exception was never retrieved"; a read
     closed unfinished (Orbax's ``_read_array_index_and_device_put`` coroutine, an array of another
-    shape) raises its error again as an unraisable exception as it is collected: tracebacks
+    shape) raises its error again as an unraisable exception as it is collected, and one never started
+    (Orbax's ``_get_array_metadatas``) warns at exit that it was never awaited: tracebacks and lines
     printed after the command's one-line error, or pytest warnings. The reads' results are not wanted
     (the step is already judged unreadable), so those reports are dropped.
     """
+    warnings.filterwarnings("ignore", _UNSTARTED_READ, RuntimeWarning)  # each time: a caller may reset the filters
     previous = sys.unraisablehook
     if getattr(previous, "drops_reads_after_their_loop", False):
         return
