@@ -203,7 +203,9 @@ def test_scratch_split_into_blocks_a_thread_arena_holds_is_reused_without_page_f
     """96 MiB of scratch in one block is mapped afresh at every call on XLA's thread (its malloc arena's heaps hold
     64 MiB); `compile_program` splits it into blocks of at most 48 MiB, which the arena keeps. Same value."""
     plain_value, plain_faults = _split_scratch_run("plain")
-    runs = [_split_scratch_run("split") for _ in range(3)]  # the fewest of three: another process adds faults
+    runs = []  # up to five tries, the fewest faults counted: another process (pytest's other worker) adds faults
+    while len(runs) < 5 and not (runs and runs[-1][1] < 5):
+        runs.append(_split_scratch_run("split"))
     assert plain_faults >= 20 and min(faults for _, faults in runs) < 5
     assert all(value == plain_value for value, _ in runs)
 
