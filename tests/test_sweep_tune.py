@@ -160,6 +160,32 @@ def test_a_tuning_stage_end_to_end_then_the_sweep_trains_with_its_rule(tmp_path,
     assert json.loads((out / "tune" / "tune.json").read_text()) == record
 
 
+def test_a_tuning_run_that_failed_without_diverging_leaves_no_rule_until_it_trains(tmp_path, capsys):
+    """A run that crashed (here: a file in its run directory's place) says nothing of its rate. Counted as worse
+    than any other, as a diverged run is, it moved N=8240's optimum from 0.03 to the grid's edge 0.1 and the rule
+    to 0.1 · (N / 12000)^0, which the sweep then trained with. Now no rule is fitted and the command exits 1
+    until --retry-failed trains it."""
+    spec, out = tuned_spec(tmp_path), tmp_path / "out"
+    crashed = out / "tune" / "runs" / "tune-lr0.03-C5e08-N8240-s0"
+    crashed.parent.mkdir(parents=True)
+    crashed.write_text("not a run directory\n")
+    code, stdout, _ = jaxformer(capsys, "sweep", spec, "--out", out, "--workers", 1)
+    assert code == 1 and "1 of 8 tuning runs failed without diverging" in stdout, stdout
+    assert stdout.rstrip().endswith("relaunch with --retry-failed: tune-lr0.03-C5e08-N8240-s0")
+    assert not (out / "tune" / "tune.json").exists() and not (out / "plan.json").exists()
+    code, stdout, _ = jaxformer(capsys, "tune", spec, "--out", out)  # not retried: still no rule, nothing trained
+    assert code == 1 and "8 runs, 0 to train" in stdout and not (out / "tune" / "tune.json").exists()
+
+    crashed.unlink()
+    code, stdout, _ = jaxformer(capsys, "tune", spec, "--out", out, "--retry-failed")
+    assert code == 0 and "8 runs, 1 to train" in stdout, stdout
+    record = json.loads((out / "tune" / "tune.json").read_text())
+    assert record["failed"] == [] and [r["status"] for r in record["runs"]] == ["done"] * 8
+    assert record["optima"][0]["grid_lr"] == 0.03 and record["optima"][0]["edge"] is None
+    refit = fit_tuning(*(np.array([r[k] for r in record["runs"]], dtype=float) for k in ("N", "lr", "loss")))
+    assert record["rule"]["formula"] == refit.rule.formula and refit.rule.k > 0.5
+
+
 GOOD = {"budget": 5e8, "params": [8e3, 16e3], "lr": [1e-3, 3e-3, 1e-2]}  # a valid tune: section
 
 

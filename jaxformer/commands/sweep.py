@@ -71,9 +71,9 @@ def run(args: argparse.Namespace) -> int:
             if spec.tune is not None:  # the tuning stage first: its rule sets the runs' learning rates
                 from jaxformer.sweep.tune import tune_stage
 
-                spec = tune_stage(spec, out, options, report=say, pool=pool)
+                spec, failed = tune_stage(spec, out, options, report=say, pool=pool)
                 if spec is None:
-                    return 0
+                    return 1 if failed else 0
                 runs = plan_runs(spec)
             result = launch(spec, runs, out, options, report=say, pool=pool)
     finally:

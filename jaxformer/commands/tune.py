@@ -2,6 +2,7 @@
 
 Trains the learning-rate grid at the tuned sizes in ``DIR/tune`` and writes the rule the sweep's
 runs then train with (`jaxformer.sweep.tune`); `jaxformer sweep` on the same ``--out`` reuses it.
+Exits 1, writing no rule, when a tuning run failed without diverging (``--retry-failed`` trains it again).
 """
 
 from __future__ import annotations
@@ -34,5 +35,5 @@ def run(args: argparse.Namespace) -> int:
     if (out / "plan.json").is_file():  # the sweep's own runs, planned already: they must be this spec's
         planned_after(out, plan_runs(spec))
     options = LaunchOptions(workers=args.workers, threads=args.threads, retry_failed=args.retry_failed)
-    tune_stage(spec, out, options, report=say)
-    return 0
+    _, failed = tune_stage(spec, out, options, report=say)
+    return 1 if failed else 0

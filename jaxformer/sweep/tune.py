@@ -13,7 +13,9 @@ parabola in ln lr) gives the rule ``lr = c · (N / N0)^k``, whose formula become
 
 A later launch whose ``tune.json`` matches the spec (the same ``tune:`` and the same tuning runs)
 reuses its rule without training; the sweep's ``plan.json`` records the formula and its source.
-A run that diverged (a non-finite loss fails it) counts as worse than any finished one.
+A run that diverged (a non-finite loss fails it) counts as worse than any finished one; a run that
+failed otherwise (a crash, a worker that died, a damaged checkpoint) says nothing of its rate, so the
+stage fits no rule until it trains (``--retry-failed``).
 """
 
 from __future__ import annotations
@@ -96,13 +98,24 @@ def with_rule(spec: SweepSpec, record: dict) -> SweepSpec:
     return dataclasses.replace(spec, hyperparameters={**spec.hyperparameters, "optimizer.lr": formula})
 
 
+def diverged(row: dict) -> bool:
+    """Whether a results row (`jaxformer.sweep.results.collect`) is a run that failed on a non-finite loss."""
+    return row["status"] == "failed" and row["reason"].startswith("NonFiniteLoss:")
+
+
+def unfinished(runs: list[PlannedRun], rows: list[dict]) -> list[str]:
+    """The tuning runs with no loss to fit that did not diverge either: failed otherwise, or not trained."""
+    status = {row["run"]: row for row in rows}
+    return [run.name for run in runs if status[run.name]["status"] != "done" and not diverged(status[run.name])]
+
+
 def _curves(runs: list[PlannedRun], rows: list[dict]) -> tuple[list[dict], list[dict]]:
     """Every tuning run's record, and per size the runs of its best (beta2, batch size): the lowest loss."""
     rows_by_name = {row["run"]: row for row in rows}
     records = []
     for run in runs:
         row = rows_by_name[run.name]
-        loss = row["loss"] if row["status"] == "done" else None  # None: failed or diverged
+        loss = row["loss"] if row["status"] == "done" else None  # None: diverged (`unfinished` refuses the rest)
         records.append({"run": run.name, "N": run.N, "lr": run.config["optimizer"]["lr"],
                         "beta2": run.config["optimizer"]["beta2"], "batch_size": run.config["train"]["batch_size"],
                         "loss": loss, "status": row["status"]})
@@ -139,7 +152,7 @@ def write_record(spec: SweepSpec, runs: list[PlannedRun], rows: list[dict], dire
              + (f", batch size {o['batch_size']}" if spec.tune.batch_size else "") for o in fitted["optima"]]
     lines += edge_notes(fit)
     if failed:
-        lines.append(f"tuning: {len(failed)} of {len(records)} runs failed or diverged, counted as worse than any "
+        lines.append(f"tuning: {len(failed)} of {len(records)} runs diverged, counted as worse than any "
                      f"finished one: {', '.join(failed)}")
     lines.append(f"tuning rule: optimizer.lr = {fit.rule.formula}; wrote {directory / RECORD} and "
                  f"{directory / 'tune.png'}")
@@ -147,26 +160,33 @@ def write_record(spec: SweepSpec, runs: list[PlannedRun], rows: list[dict], dire
 
 
 def tune_stage(spec: SweepSpec, out: Path, options: LaunchOptions = LaunchOptions(), *,
-               report: Callable[[str], None], pool: LocalPool | None = None) -> SweepSpec | None:
+               report: Callable[[str], None], pool: LocalPool | None = None) -> tuple[SweepSpec | None, list[str]]:
     """Trains the tuning runs not yet done in ``out/tune`` and fits their rule, unless its tune.json already
     matches (and ``options.retry_failed`` has no failed run to retry); returns ``spec`` training with the
-    rule, or None while another launch still trains tuning runs (then nothing is fitted). ``pool``: the
-    warm workers the sweep's own runs train on next (`jaxformer.sweep.launch.worker_pool`)."""
+    rule and no names, else None (nothing is fitted) and the tuning runs that failed without diverging (none
+    while another launch still trains some). ``pool``: the warm workers the sweep's own runs train on next
+    (`jaxformer.sweep.launch.worker_pool`)."""
     runs = plan_tuning(spec)
     directory = Path(out) / TUNE_DIR
     record = matching_record(spec, runs, directory)
     if record is not None and not (options.retry_failed and record["failed"]):
         report(f"tuning stage: {directory / RECORD} matches the spec, nothing to train; "
                f"optimizer.lr = {record['rule']['formula']}")
-        return with_rule(spec, record)
+        return with_rule(spec, record), []
     result = launch(_tuning_spec(spec), runs, directory, options, report=report, pool=pool)
     if result.elsewhere:
         report("tuning stage: runs still training in another launch; relaunch when they are done for the rule")
-        return None
+        return None, []
+    broken = unfinished(runs, result.rows)
+    if broken:
+        report(f"tuning stage: {len(broken)} of {len(runs)} tuning runs failed without diverging, so their losses "
+               f"are unknown and no rule is fitted (see {directory / 'logs'}); relaunch with --retry-failed: "
+               f"{', '.join(broken)}")
+        return None, broken
     record, lines = write_record(spec, runs, result.rows, directory)
     for line in lines:
         report(line)
-    return with_rule(spec, record)
+    return with_rule(spec, record), []
 
 
 def dry_run(spec: SweepSpec, out: Path, *, workers: int, probe: bool) -> tuple[str, SweepSpec]:
