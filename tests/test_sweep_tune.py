@@ -108,10 +108,11 @@ def test_a_tuning_stage_end_to_end_then_the_sweep_trains_with_its_rule(tmp_path,
     assert code == 0
     assert "tune-lr0.003-C5e08-N8240-s0" in planned and "tune-lr0.1-C5e08-N16496-s0" in planned
     assert "take optimizer.lr from the tuning stage's rule" in planned and "C1e09-N8240-s0" in planned
+    assert "extrapolated" not in planned  # the sweep's sizes are the tuned ones
     assert not out.exists()
 
     code, stdout, stderr = jaxformer(capsys, "sweep", spec, "--out", out, "--workers", 1)
-    assert code == 0, stdout + stderr
+    assert code == 0 and "extrapolated" not in stdout, stdout + stderr
     record = json.loads((out / "tune" / "tune.json").read_text())
     assert [r["run"] for r in record["runs"]] == [f"tune-lr{lr}-C5e08-N{n}-s0" for n in (8240, 16496)
                                                   for lr in ("0.003", "0.01", "0.03", "0.1")]
@@ -158,6 +159,16 @@ def test_a_tuning_stage_end_to_end_then_the_sweep_trains_with_its_rule(tmp_path,
     code, _, refused = jaxformer(capsys, "sweep", tuned_spec(tmp_path, base=base), "--out", out)
     assert code == 2 and "tune-lr0.003-C5e08-N8240-s0: optimizer.weight_decay was 0.1, now 0.05" in refused
     assert json.loads((out / "tune" / "tune.json").read_text()) == record
+
+
+def test_a_sweep_beyond_the_tuned_sizes_is_told_its_rule_is_extrapolated(tmp_path, capsys):
+    """The rule is a power law fitted on N = 8240 and 16496; a sweep size of 67824 (4.11x the largest) takes it
+    extrapolated, and the plan says so (as sweeps/cpu-chinchilla-tuned.yaml's runs, 5.4x beyond, were not told)."""
+    spec = tuned_spec(tmp_path, isoflop={"budgets": [4e9], "params": [8e3, 16e3, 64e3], "flops": "6ND"})
+    code, planned, _ = jaxformer(capsys, "sweep", spec, "--dry-run", "--no-probe", "--out", tmp_path / "out")
+    assert code == 0 and "C4e09-N67824-s0" in planned
+    assert ("note: the tuned lr rule is extrapolated up to 4.11x beyond the sizes it is fitted on: the sweep's runs "
+            "have N = 8,240 to 67,824, the tuning runs 8,240 to 16,496 (tune.params)") in planned
 
 
 def test_a_tuning_run_that_failed_without_diverging_leaves_no_rule_until_it_trains(tmp_path, capsys):

@@ -54,11 +54,14 @@ def run(args: argparse.Namespace) -> int:
     if args.dry_run:
         workers = choose_layout(args.workers, args.threads)[0]  # the launch's own layout, for the ETA
         if spec.tune is not None:
-            from jaxformer.sweep.tune import dry_run
+            from jaxformer.sweep.tune import dry_run, extrapolation_note, plan_tuning
 
             text, spec = dry_run(spec, out, workers=workers, probe=not args.no_probe)
             print(text)
             runs = plan_runs(spec)
+            note = extrapolation_note(plan_tuning(spec), runs)
+            if note:
+                print(note)
         adapt_limit = spec.isoflop.adapt_limit if spec.isoflop is not None and spec.isoflop.adapt else None
         print(plan_table(runs, workers=workers, probe=not args.no_probe, adapt_limit=adapt_limit,
                          together=spec.together))
@@ -69,12 +72,15 @@ def run(args: argparse.Namespace) -> int:
     try:
         with worker_pool(options, out) as pool:  # one set of warm workers for the tuning stage and every later one
             if spec.tune is not None:  # the tuning stage first: its rule sets the runs' learning rates
-                from jaxformer.sweep.tune import tune_stage
+                from jaxformer.sweep.tune import extrapolation_note, plan_tuning, tune_stage
 
                 spec, failed = tune_stage(spec, out, options, report=say, pool=pool)
                 if spec is None:
                     return 1 if failed else 0
                 runs = plan_runs(spec)
+                note = extrapolation_note(plan_tuning(spec), runs)
+                if note:
+                    say(note)
             result = launch(spec, runs, out, options, report=say, pool=pool)
     finally:
         if "ray" in sys.modules:  # what Ray's own exit handler would do (`EXIT_AT_ONCE` skips it)

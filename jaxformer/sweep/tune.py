@@ -189,6 +189,18 @@ def tune_stage(spec: SweepSpec, out: Path, options: LaunchOptions = LaunchOption
     return with_rule(spec, record), []
 
 
+def extrapolation_note(tuning: list[PlannedRun], runs: list[PlannedRun]) -> str | None:
+    """A line when the sweep's ``runs`` reach sizes beyond those the rule was fitted on (the ``tuning`` runs'),
+    where its lr is the power law extrapolated; else None."""
+    low, high = min(run.N for run in tuning), max(run.N for run in tuning)
+    smallest, largest = min(run.N for run in runs), max(run.N for run in runs)
+    factor = max(largest / high, low / smallest)
+    if factor <= 1:
+        return None
+    return (f"note: the tuned lr rule is extrapolated up to {factor:.3g}x beyond the sizes it is fitted on: the "
+            f"sweep's runs have N = {smallest:,} to {largest:,}, the tuning runs {low:,} to {high:,} (tune.params)")
+
+
 def dry_run(spec: SweepSpec, out: Path, *, workers: int, probe: bool) -> tuple[str, SweepSpec]:
     """The tuning stage's part of `jaxformer sweep --dry-run`: its text, and the spec to plan the sweep's runs
     with (the rule of a matching tune.json, else the spec as written: the base config's lr stands in)."""
