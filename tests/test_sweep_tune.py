@@ -11,7 +11,9 @@ from matplotlib.image import imread
 from jaxformer.cli import main
 from jaxformer.scaling.plots import plot_tuning, save
 from jaxformer.scaling.tuning import edge_notes, fit_tuning, lr_optimum
+from jaxformer.sweep.directory import prepare_directory
 from jaxformer.sweep.formula import evaluate
+from jaxformer.sweep.plan import plan_runs
 from jaxformer.sweep.spec import load_spec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -169,6 +171,21 @@ def test_a_sweep_beyond_the_tuned_sizes_is_told_its_rule_is_extrapolated(tmp_pat
     assert code == 0 and "C4e09-N67824-s0" in planned
     assert ("note: the tuned lr rule is extrapolated up to 4.11x beyond the sizes it is fitted on: the sweep's runs "
             "have N = 8,240 to 67,824, the tuning runs 8,240 to 16,496 (tune.params)") in planned
+
+
+def test_another_sweeps_directory_is_refused_before_a_tuning_run_trains_in_it(tmp_path, capsys):
+    """`jaxformer sweep` trained the whole tuning stage into a directory whose plan.json is another sweep's, and
+    only then refused it (`jaxformer tune` refused at once); both now refuse first, writing nothing."""
+    out = tmp_path / "out"
+    other = load_spec(tuned_spec(tmp_path, name="other", isoflop={"budgets": [1e9], "params": [8e3, 32e3],
+                                                                  "flops": "6ND"}))
+    prepare_directory(other, plan_runs(other), out)  # as its launch left it before any run trained
+    before = sorted(path.relative_to(out) for path in out.rglob("*"))
+    for command in ("sweep", "tune"):
+        code, _, stderr = jaxformer(capsys, command, tuned_spec(tmp_path), "--out", out, "--workers", 1)
+        assert code == 2 and stderr == (f"jaxformer {command}: error: --out {out} holds a different sweep (its "
+                                         "plan.json lists other runs); use a new --out\n"), stderr
+        assert sorted(path.relative_to(out) for path in out.rglob("*")) == before
 
 
 def test_a_tuning_run_that_failed_without_diverging_leaves_no_rule_until_it_trains(tmp_path, capsys):

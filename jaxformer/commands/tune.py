@@ -21,9 +21,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from jaxformer.commands.sweep import check_worker_flags, say
-    from jaxformer.sweep.directory import planned_after
     from jaxformer.sweep.launch import LaunchOptions
-    from jaxformer.sweep.plan import plan_runs
     from jaxformer.sweep.spec import load_spec
     from jaxformer.sweep.tune import tune_stage
 
@@ -32,8 +30,6 @@ def run(args: argparse.Namespace) -> int:
     if spec.tune is None:
         raise ValueError(f"{args.spec} has no tune: section to run (see jaxformer/sweep/spec.py)")
     out = Path(args.out) if args.out else Path("runs") / spec.name
-    if (out / "plan.json").is_file():  # the sweep's own runs, planned already: they must be this spec's
-        planned_after(out, plan_runs(spec))
     options = LaunchOptions(workers=args.workers, threads=args.threads, retry_failed=args.retry_failed)
     _, failed = tune_stage(spec, out, options, report=say)
     return 1 if failed else 0

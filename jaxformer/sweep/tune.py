@@ -34,7 +34,8 @@ from jaxformer.configs import set_dotted, to_dict
 from jaxformer.files import write_bytes_atomic
 from jaxformer.sweep.executors import LocalPool
 from jaxformer.sweep.launch import LaunchOptions, launch, plan_table
-from jaxformer.sweep.plan import PlannedRun, plan_run
+from jaxformer.sweep.directory import planned_after
+from jaxformer.sweep.plan import PlannedRun, plan_run, plan_runs
 from jaxformer.sweep.runs import changed_setting, read_json
 from jaxformer.sweep.spec import IsoFlopSpec, SweepSpec, evaluate_formula
 
@@ -166,6 +167,8 @@ def tune_stage(spec: SweepSpec, out: Path, options: LaunchOptions = LaunchOption
     rule and no names, else None (nothing is fitted) and the tuning runs that failed without diverging (none
     while another launch still trains some). ``pool``: the warm workers the sweep's own runs train on next
     (`jaxformer.sweep.launch.worker_pool`)."""
+    if (Path(out) / "plan.json").is_file():  # the sweep's own runs, planned already: they must be this spec's,
+        planned_after(Path(out), plan_runs(spec))  # refused before a tuning run trains in another sweep's directory
     runs = plan_tuning(spec)
     directory = Path(out) / TUNE_DIR
     record = matching_record(spec, runs, directory)
