@@ -156,6 +156,15 @@ def test_a_tuning_stage_end_to_end_then_the_sweep_trains_with_its_rule(tmp_path,
     code, dry, _ = jaxformer(capsys, "sweep", spec, "--dry-run", "--no-probe", "--out", out)
     assert f"optimizer.lr = {formula} (the tuning stage's rule" in dry and "tune-lr" not in dry
 
+    # a tune.json edited out of shape (it was a traceback, or a formula of 5 became every run's lr): refitted
+    for damage in ({"rule": None}, {"rule": {**record["rule"], "formula": 5}}, {"runs": ["x"]}, {"failed": None}):
+        (out / "tune" / "tune.json").write_text(json.dumps({**record, **damage}))
+        code, dry, _ = jaxformer(capsys, "sweep", spec, "--dry-run", "--no-probe", "--out", out)
+        assert code == 0 and "tuning stage, trained first" in dry, dry
+        code, stage, _ = jaxformer(capsys, "tune", spec, "--out", out, "--retry-failed")
+        assert code == 0 and "8 runs, 0 to train" in stage and f"optimizer.lr = {formula}" in stage, stage
+        assert json.loads((out / "tune" / "tune.json").read_text()) == record
+
     # a base the tuning runs were not trained with: their rule is not reused, and the relaunch is refused
     base = {**yaml.safe_load(spec.read_text())["base"], "optimizer": {"weight_decay": 0.05}}
     code, _, refused = jaxformer(capsys, "sweep", tuned_spec(tmp_path, base=base), "--out", out)

@@ -85,17 +85,31 @@ def _jsonable_tune(spec: SweepSpec) -> dict:
 
 def matching_record(spec: SweepSpec, runs: list[PlannedRun], directory: Path) -> dict | None:
     """``directory``'s tune.json when it was written for this ``tune:`` and these tuning runs, trained as planned
-    now, else None."""
+    now, else None. One not whole (damaged, edited out of shape: no rule formula of the spec grammar) matches
+    nothing, so the stage fits its runs again."""
     record = read_json(directory / RECORD)
-    names = [r["run"] for r in record.get("runs", [])]
-    matches = record.get("tune") == _jsonable_tune(spec) and names == [r.name for r in runs]
+    entries, rule = record.get("runs"), record.get("rule")
+    names = [r.get("run") for r in entries if isinstance(r, dict)] if isinstance(entries, list) else None
+    matches = _whole(rule, record.get("failed")) and record.get("tune") == _jsonable_tune(spec) \
+        and names == [r.name for r in runs]
     return record if matches and changed_setting(directory, runs) is None else None
+
+
+def _whole(rule, failed) -> bool:
+    """Whether a tune.json's ``rule`` and ``failed`` are as `write_record` writes them: a formula of the grammar
+    every spec formula obeys, a list."""
+    if not (isinstance(rule, dict) and isinstance(rule.get("formula"), str) and isinstance(failed, list)):
+        return False
+    try:
+        evaluate_formula("optimizer.lr", rule["formula"], None)
+    except ValueError:
+        return False
+    return True
 
 
 def with_rule(spec: SweepSpec, record: dict) -> SweepSpec:
     """``spec`` whose runs train with the recorded rule as ``hyperparameters.optimizer.lr``."""
     formula = record["rule"]["formula"]
-    evaluate_formula("optimizer.lr", formula, None)  # the grammar every spec formula obeys
     return dataclasses.replace(spec, hyperparameters={**spec.hyperparameters, "optimizer.lr": formula})
 
 
