@@ -47,6 +47,16 @@ CONFIGS = {
     "bert-base-model": (transformers.BertModel, dict(
         model_type="bert", hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=48,
         vocab_size=VOCAB, max_position_embeddings=40, type_vocab_size=3, hidden_act="gelu_new")),
+    # untied heads: transformers 5 then ties nothing, so the MLM head adds cls.predictions.decoder.bias (not
+    # cls.predictions.bias), and each of Marian's stacks embeds with its own embed_tokens (not model.shared)
+    "bert-untied": (transformers.BertForMaskedLM, dict(
+        model_type="bert", hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=48,
+        vocab_size=VOCAB, max_position_embeddings=40, type_vocab_size=2, tie_word_embeddings=False)),
+    "marian-untied": (transformers.MarianMTModel, dict(
+        model_type="marian", d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=48, decoder_ffn_dim=48, vocab_size=VOCAB,
+        max_position_embeddings=40, activation_function="swish", pad_token_id=VOCAB - 1,
+        decoder_start_token_id=VOCAB - 1, eos_token_id=0, forced_eos_token_id=None, tie_word_embeddings=False)),
     # OPUS-MT's layout: √d embedding scale, swish, split sinusoids, final_logits_bias, post-LayerNorm
     "marian": (transformers.MarianMTModel, dict(
         model_type="marian", d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,

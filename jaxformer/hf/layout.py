@@ -66,6 +66,21 @@ def same(hf: str, ours: str, our_shape: Sequence[int], hf_shape: Sequence[int] |
     return Rule((hf,), (ours,), lambda a: [np.reshape(a[0], our_shape)], lambda a: [np.reshape(a[0], hf_shape)])
 
 
+def copies(hf: Sequence[str], ours: str, our_shape: Sequence[int], *, read: int = 1) -> Rule:
+    """One parameter that a checkpoint holds under several names (an embedding and the copies that transformers
+    ties to it only when the head is tied): saved, every name gets it; loaded, the first ``read`` names (those the
+    model computes with) must hold the same numbers, and the rest are not read."""
+    hf, our_shape = tuple(hf), tuple(our_shape)
+
+    def load(a: Arrays) -> list[np.ndarray]:
+        for name, other in zip(hf[1:read], a[1:read]):
+            if not np.array_equal(other, a[0]):
+                raise ValueError(f"{name} differs from {hf[0]} (jaxformer's {ours} is one array)")
+        return [np.reshape(a[0], our_shape)]
+
+    return Rule(hf, (ours,), load, lambda a: [np.asarray(a[0]) for _ in hf])
+
+
 def linear(hf: str, ours: str, in_shape: Sequence[int], out_shape: Sequence[int], *, rope: bool = False) -> Rule:
     """``nn.Linear.weight [out, in]`` ↔ ``w [*in_shape, *out_shape]``; ``rope``: the last axis is a
     rotated head dimension (queries and keys of the rotate-half families)."""

@@ -11,14 +11,16 @@ from typing import Any
 from jaxformer.architecture import ModelConfig
 from jaxformer.hf.families.common import (ACTIVATIONS_OUT, activation_in, common_requirements, expect, field,
                                           norm_rules, requires)
-from jaxformer.hf.layout import Rule, head_bias, linear, same
+from jaxformer.hf.layout import Rule, copies, head_bias, linear, same
 
 MODEL_TYPES = ("bert",)
 PREFIX = "bert."  # BertModel checkpoints (sentence-transformers') have no prefix
 IGNORED = (".position_ids", ".token_type_ids", "cls.predictions.decoder.weight", "cls.predictions.decoder.bias",
            "cls.seq_relationship.")  # buffers; the tied decoder (and its copy of the bias); the NSP head
-# older checkpoints (TensorFlow ports) name LayerNorm parameters gamma/beta
-ALIASES = {".LayerNorm.weight": ".LayerNorm.gamma", ".LayerNorm.bias": ".LayerNorm.beta"}
+# older checkpoints (TensorFlow ports) name LayerNorm parameters gamma/beta; before transformers 5 an untied
+# head's decoder.bias was cls.predictions.bias itself (one tensor, saved under that name)
+ALIASES = {".LayerNorm.weight": ".LayerNorm.gamma", ".LayerNorm.bias": ".LayerNorm.beta",
+           "cls.predictions.decoder.bias": "cls.predictions.bias"}
 
 
 def to_config(hf: dict[str, Any], names: set[str]) -> ModelConfig:
@@ -93,7 +95,9 @@ def rules(cfg: ModelConfig) -> list[Rule]:
     if cfg.mlm_head:
         out += [linear("cls.predictions.transform.dense.weight", "head.transform", (E,), (E,)),
                 same("cls.predictions.transform.dense.bias", "head.transform_bias", (E,)),
-                same("cls.predictions.bias", "head.output_bias", (V,))]
+                same("cls.predictions.bias", "head.output_bias", (V,)) if cfg.tie_embeddings else
+                # untied, transformers ties no bias either: the head adds decoder.bias (read; both written)
+                copies(("cls.predictions.decoder.bias", "cls.predictions.bias"), "head.output_bias", (V,))]
         out += norm_rules("cls.predictions.transform.LayerNorm", "head.norm", cfg)
         if not cfg.tie_embeddings:
             out.append(linear("cls.predictions.decoder.weight", "head.output.w", (E,), (V,)))

@@ -12,7 +12,7 @@ from typing import Any
 from jaxformer.architecture import ModelConfig
 from jaxformer.hf.families.common import (ACTIVATIONS_OUT, activation_in, common_requirements, expect, field,
                                           norm_rules, requires, unsupported)
-from jaxformer.hf.layout import Rule, head_bias, linear, same
+from jaxformer.hf.layout import Rule, copies, head_bias, linear, same
 
 MODEL_TYPES = ("marian",)
 PREFIX = ""
@@ -21,6 +21,9 @@ AUTO_CLASS = "AutoModelForSeq2SeqLM"
 # the shared embedding's copies, the tied head, the sinusoid tables (computed, not learned)
 IGNORED = ("model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight", "lm_head.weight",
            ".embed_positions.weight")
+# before transformers 5 both stacks' embed_tokens were model.shared itself (saved under that name)
+ALIASES = {"model.encoder.embed_tokens.weight": "model.shared.weight",
+           "model.decoder.embed_tokens.weight": "model.shared.weight"}
 LAYER_NORM_EPS = 1e-5  # torch.nn.LayerNorm's default, which Marian uses
 
 
@@ -83,8 +86,11 @@ def _feed_forward(hf: str, ours: str, cfg: ModelConfig) -> list[Rule]:
 
 def rules(cfg: ModelConfig) -> list[Rule]:
     V, E = cfg.vocab_size, cfg.d_model
-    out = [same("model.shared.weight", "embedding.tokens", (V, E)),
-           same("final_logits_bias", "head.bias", (V,), (1, V))]
+    # untied, transformers ties neither stack's embed_tokens to shared: each is read (they must agree) and written
+    embedding = same("model.shared.weight", "embedding.tokens", (V, E)) if cfg.tie_embeddings else copies(
+        ("model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight", "model.shared.weight"),
+        "embedding.tokens", (V, E), read=2)
+    out = [embedding, same("final_logits_bias", "head.bias", (V,), (1, V))]
     for stack, layers in (("encoder", cfg.num_encoder_layers), ("decoder", cfg.num_layers)):
         for i in range(layers):
             hf, ours = f"model.{stack}.layers.{i}", f"{stack}.blocks.{i}"

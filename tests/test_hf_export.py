@@ -1,0 +1,117 @@
+"""Models built in jaxformer out to ``transformers`` (#19), beyond the imports of tests/test_hf.py: export of the
+families and head options no import there reaches, with ``transformers`` as the peer (its logits within 1e-4 in
+float32, its greedy generation token for token, the export read back bit for bit), and checkpoints with untied
+heads, which transformers 5 reads with none of the ties its tied models have."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+import transformers
+from flax import nnx
+from hf_helpers import VOCAB, assert_refused_in_one_line, hf_model, tokens
+
+import jaxformer
+from jaxformer import hf
+from jaxformer.hf.convert import flat_params, params_from_flat
+from jaxformer.models import ModelConfig, apply, init_params
+
+TOLERANCE = 1e-4
+SIZES = dict(vocab_size=VOCAB, d_model=32, num_heads=4, num_layers=2, max_seq_len=32)
+LLAMA = dict(SIZES, position="rope", activation="swiglu", norm="rmsnorm", use_bias=False)
+BERT = dict(SIZES, family="encoder", norm_position="post", embedding_norm=True, num_token_types=2)
+MARIAN = dict(SIZES, family="encoder_decoder", num_encoder_layers=1, position="sinusoidal", sinusoidal_layout="split",
+              norm_position="post", activation="silu", logit_bias=True)
+CASES = {
+    "gpt2-untied": dict(SIZES, tie_embeddings=False, activation="relu"),
+    "llama-gqa-untied-llama3": dict(LLAMA, num_kv_heads=2, tie_embeddings=False, rope_base=5e5, rope_scaling="llama3",
+                                    rope_original_max_seq_len=8),
+    "mistral-linear": dict(LLAMA, sliding_window=4, num_kv_heads=1, head_dim=16, rope_scale=0.25),
+    "qwen2-untied": dict(LLAMA, qkv_bias=True, num_kv_heads=2, tie_embeddings=False),
+    # untied: transformers read the export's MLM head with a random decoder.bias, and Marian's stacks with random
+    # embed_tokens (logits off by 0.46 and 0.43)
+    "bert-untied": dict(BERT, tie_embeddings=False, pooler=True),
+    "marian-untied": dict(MARIAN, tie_embeddings=False, scale_embeddings=True),
+}
+
+
+def _random_params(cfg: ModelConfig) -> nnx.State:
+    """Parameters ~ init + N(0, 0.2²): every bias and norm shift non-zero, so each one moves the logits."""
+    rng = np.random.default_rng(0)
+    flat = {name: (value + 0.2 * rng.standard_normal(value.shape)).astype(np.float32)
+            for name, value in flat_params(init_params(cfg, 0)[1]).items()}
+    return params_from_flat(cfg, flat, source="random")
+
+
+def _logits(model, cfg: ModelConfig, params, ids: np.ndarray, target: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(transformers', jaxformer's)`` logits (an encoder's: the masked-LM head's, on token types 0 and 1)."""
+    graphdef = init_params(cfg, 0)[0]
+    with torch.no_grad():
+        if cfg.family == "encoder_decoder":
+            theirs = model(input_ids=torch.tensor(ids), decoder_input_ids=torch.tensor(target)).logits
+            return theirs.numpy(), np.asarray(apply(graphdef, params, jnp.asarray(ids), jnp.asarray(target))[0])
+        if cfg.family == "encoder":
+            types = np.arange(ids.size).reshape(ids.shape) % 2
+            theirs = model(input_ids=torch.tensor(ids), token_type_ids=torch.tensor(types)).logits
+            return theirs.numpy(), np.asarray(apply(graphdef, params, jnp.asarray(ids),
+                                                    token_types=jnp.asarray(types))[0])
+        return model(input_ids=torch.tensor(ids)).logits.numpy(), np.asarray(apply(graphdef, params,
+                                                                                   jnp.asarray(ids))[0])
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_a_jaxformer_model_exports_with_the_same_logits_and_greedy_generation(name, tmp_path):
+    cfg = ModelConfig(**CASES[name])
+    params = _random_params(cfg)
+    hf.save(cfg, params, tmp_path / "out")
+    model = getattr(transformers, hf.families.auto_class(cfg)).from_pretrained(tmp_path / "out").eval()
+    ids, target = tokens(2, 10), tokens(2, 7, seed=1)
+    theirs, ours = _logits(model, cfg, params, ids, target)
+    assert np.abs(theirs).max() > 1.0 and np.abs(theirs - ours).max() <= TOLERANCE
+
+    if cfg.family != "encoder":
+        prompt = ids[0, :5]
+        with torch.no_grad():
+            out = model.generate(torch.tensor(prompt[None]), attention_mask=torch.ones(1, 5, dtype=torch.long),
+                                 max_new_tokens=8, do_sample=False)
+        expected = out[0, 1:] if cfg.family == "encoder_decoder" else out[0, 5:]
+        start = getattr(model.config, "decoder_start_token_id", None) or 0
+        generated = jaxformer.generate(nnx.merge(init_params(cfg, 0)[0], params), prompt, max_new_tokens=8,
+                                       temperature=0.0, start_token=start)
+        assert [int(t) for t in generated] == expected.tolist()
+
+    cfg2, params2 = hf.load(tmp_path / "out")
+    first, second = flat_params(params), flat_params(params2)
+    assert cfg2 == cfg and first.keys() == second.keys() and all(np.array_equal(first[k], second[k]) for k in first)
+
+
+def test_an_untied_bert_head_is_imported_with_the_bias_transformers_adds(tmp_path):
+    """transformers 5 unties cls.predictions.decoder.bias from cls.predictions.bias with the head; the import read
+    cls.predictions.bias, which that model never adds."""
+    model = hf_model("bert-untied")
+    head = model.cls.predictions
+    assert head.decoder.bias is not head.bias and not torch.equal(head.decoder.bias, head.bias)
+    model.save_pretrained(tmp_path / "src")
+    cfg, params = hf.load(tmp_path / "src")
+    theirs, ours = _logits(model, cfg, params, tokens(2, 10), None)
+    assert np.abs(theirs - ours).max() <= TOLERANCE
+
+
+def test_an_untied_marian_is_imported_from_the_embeddings_its_stacks_use(tmp_path, capsys):
+    """transformers 5 unties each stack's embed_tokens from model.shared with the head; the import read shared.
+    Stacks that embed alike import with the same logits; stacks that do not (jaxformer has one embedding) are
+    refused in one line naming the tensor."""
+    model = hf_model("marian-untied")
+    model.save_pretrained(tmp_path / "differ")
+    assert_refused_in_one_line(tmp_path / "differ", tmp_path / "imported",
+                               "model.decoder.embed_tokens.weight differs from model.encoder.embed_tokens.weight",
+                               capsys)
+    with torch.no_grad():
+        model.model.decoder.embed_tokens.weight.copy_(model.model.encoder.embed_tokens.weight)
+    assert not torch.equal(model.model.shared.weight, model.model.encoder.embed_tokens.weight)  # unused by both
+    model.save_pretrained(tmp_path / "src")
+    cfg, params = hf.load(tmp_path / "src")
+    theirs, ours = _logits(model, cfg, params, tokens(2, 10), tokens(2, 7, seed=1))
+    assert np.abs(theirs - ours).max() <= TOLERANCE
