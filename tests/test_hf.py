@@ -334,6 +334,7 @@ def test_training_starts_from_an_imported_checkpoint_and_exports_to_transformers
                                       max_new_tokens=6, do_sample=False, eos_token_id=None)[0, len(prompt):].tolist()
     stop = next(k for k in range(1, 6) if continuation[k] not in continuation[:k])
     model.config.eos_token_id = model.generation_config.eos_token_id = continuation[stop]
+    model.generation_config.repetition_penalty = 1.05  # generation_config.json's own: kept for the export too
     model.save_pretrained(tmp_path / "src")
     (tmp_path / "src" / "tokenizer.json").write_text(_small_tokenizer_json())
     (tmp_path / "src" / "tokenizer_config.json").write_text(json.dumps({"chat_template": CHAT_TEMPLATE}))
@@ -358,6 +359,7 @@ def test_training_starts_from_an_imported_checkpoint_and_exports_to_transformers
     exported = tmp_path / "exported"
     assert json.loads((exported / "config.json").read_text())["eos_token_id"] == continuation[stop]
     assert json.loads((exported / "tokenizer_config.json").read_text())["chat_template"] == CHAT_TEMPLATE
+    assert transformers.GenerationConfig.from_pretrained(exported).repetition_penalty == 1.05
     trained = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "exported").eval()
     # a learning rate of 1e-9 for 4 steps leaves the imported weights (a fresh N(0, 0.02²) init would not)
     for (name, before), after in zip(model.state_dict().items(), trained.state_dict().values()):

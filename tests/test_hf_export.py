@@ -115,3 +115,22 @@ def test_an_untied_marian_is_imported_from_the_embeddings_its_stacks_use(tmp_pat
     cfg, params = hf.load(tmp_path / "src")
     theirs, ours = _logits(model, cfg, params, tokens(2, 10), tokens(2, 7, seed=1))
     assert np.abs(theirs - ours).max() <= TOLERANCE
+
+
+def test_the_generation_config_survives_import_and_export(tmp_path, capsys):
+    """import-hf then export-hf dropped generation_config.json: transformers then generated from the export with
+    config.json's one EOS and greedily, where the source stops at either of two EOS and samples (Qwen2.5's)."""
+    from jaxformer.cli import main
+
+    model = hf_model("qwen2")
+    model.generation_config.update(eos_token_id=[5, 7], do_sample=True, temperature=0.7, top_p=0.8,
+                                   repetition_penalty=1.05)
+    model.config.eos_token_id = 5
+    model.save_pretrained(tmp_path / "src")
+    assert main(["import-hf", str(tmp_path / "src"), "--out", str(tmp_path / "imported")]) == 0
+    assert main(["export-hf", str(tmp_path / "imported"), "--out", str(tmp_path / "exported")]) == 0
+    capsys.readouterr()
+    source = transformers.GenerationConfig.from_pretrained(tmp_path / "src")
+    exported = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "exported").generation_config
+    assert exported.to_diff_dict() == source.to_diff_dict()
+    assert (exported.eos_token_id, exported.do_sample, exported.top_p) == ([5, 7], True, 0.8)

@@ -3,8 +3,8 @@
 RUN_DIR is a training run (its newest checkpoint, read-only), an ``import-hf`` directory, or a
 Hugging Face directory / GGUF file (a round trip). DIR receives ``config.json``,
 ``model.safetensors`` (float32) and ``tokenizer.json`` (the run's BPE, the byte tokenizer, or the
-imported one, with its ``tokenizer_config.json`` and special token ids — also for a run trained from
-a checkpoint with its tokenizer); ``transformers.AutoModelForCausalLM.from_pretrained(DIR)`` (AutoModelForMaskedLM /
+imported one, with its ``tokenizer_config.json``, special token ids and ``generation_config.json`` — also for
+a run trained from a checkpoint with its tokenizer); ``transformers.AutoModelForCausalLM.from_pretrained(DIR)`` (AutoModelForMaskedLM /
 AutoModel for an encoder, AutoModelForSeq2SeqLM for an encoder–decoder) loads it, with the same
 logits as jaxformer. A model with no Hugging Face equivalent exits 2 naming the field.
 """
@@ -22,8 +22,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def read_source(source: Path):
-    """``(cfg, params, tokenizer_json, source_config, tokenizer_config)`` of a run directory or any checkpoint
-    `jaxformer.hf` reads."""
+    """``(cfg, params, tokenizer_json, source_config, tokenizer_config, generation_config)`` of a run directory or
+    any checkpoint `jaxformer.hf` reads."""
     if (source / "config.yaml").is_file():
         from jaxformer.hf.tokenizer import byte_tokenizer_json
         from jaxformer.train.checkpoint import CheckpointError
@@ -46,14 +46,16 @@ def read_source(source: Path):
             tokenizer_json = byte_tokenizer_json()
         else:
             tokenizer_json = None
-        from jaxformer.hf import kept_token_metadata
+        from jaxformer.hf import kept_token_metadata, read_generation_config
 
         source_config, tokenizer_config = kept_token_metadata(source) or ({}, None)  # trained from a checkpoint
-        return config.model, restored[1], tokenizer_json, source_config, tokenizer_config
+        return (config.model, restored[1], tokenizer_json, source_config, tokenizer_config,
+                read_generation_config(source))
     from jaxformer.hf import read_checkpoint
 
     checkpoint = read_checkpoint(source)
-    return checkpoint.cfg, checkpoint.params, checkpoint.tokenizer_json, checkpoint.hf_config, checkpoint.tokenizer_config
+    return (checkpoint.cfg, checkpoint.params, checkpoint.tokenizer_json, checkpoint.hf_config,
+            checkpoint.tokenizer_config, checkpoint.generation_config)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -65,8 +67,9 @@ def run(args: argparse.Namespace) -> int:
         raise FileNotFoundError(f"no run directory or checkpoint at {source}")
     if out.exists() and any(out.iterdir()):
         raise ValueError(f"--out {out} exists and is not empty")
-    cfg, params, tokenizer_json, source_config, tokenizer_config = read_source(source)
+    cfg, params, tokenizer_json, source_config, tokenizer_config, generation_config = read_source(source)
     for_config(cfg).check_export(cfg)  # before writing anything
-    save(cfg, params, out, tokenizer_json=tokenizer_json, source_config=source_config, tokenizer_config=tokenizer_config)
+    save(cfg, params, out, tokenizer_json=tokenizer_json, source_config=source_config, tokenizer_config=tokenizer_config,
+         generation_config=generation_config)
     print(f"exported {cfg.family} model -> {out} (transformers.{auto_class(cfg)}.from_pretrained({str(out)!r}))")
     return 0

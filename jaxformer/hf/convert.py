@@ -9,7 +9,8 @@ so in → out → in reproduces every parameter bit for bit.
 An ``import-hf`` directory (`write_imported`) holds ``model.yaml`` (the ``model:`` section, usable
 as a config file by ``count``/``generate``/``train``), ``params.safetensors`` (jaxformer's
 parameter names), ``hf.json`` (the source's config.json) and ``tokenizer.json`` and ``tokenizer_config.json``
-(special tokens, chat template) when the source has them.
+(special tokens, chat template) and ``generation_config.json`` (transformers' generation defaults: stop tokens,
+sampling) when the source has them.
 """
 
 from __future__ import annotations
@@ -40,20 +41,23 @@ IMPORTED_PARAMS, IMPORTED_MODEL, IMPORTED_SOURCE = "params.safetensors", "model.
 TOKENIZER, TOKENIZER_CONFIG = "tokenizer.json", "tokenizer_config.json"
 # what transformers keeps beside tokenizer_config.json, read into it: its special tokens, its chat template
 SPECIAL_TOKENS_MAP, CHAT_TEMPLATE = "special_tokens_map.json", "chat_template.jinja"
+GENERATION_CONFIG = "generation_config.json"  # kept as it is: what transformers' generate does with the model
 # token ids a source checkpoint's config carries, kept through an import and written on export
 TOKEN_ID_FIELDS = ("bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id", "forced_eos_token_id")
 
 
 @dataclasses.dataclass(frozen=True)
 class Checkpoint:
-    """What a checkpoint holds: the model, its parameters, the source config.json, a tokenizer (JSON text) and
-    its ``tokenizer_config.json`` fields (special tokens, chat template; None without one)."""
+    """What a checkpoint holds: the model, its parameters, the source config.json, a tokenizer (JSON text), its
+    ``tokenizer_config.json`` fields (special tokens, chat template) and its ``generation_config.json`` (None
+    without one)."""
 
     cfg: ModelConfig
     params: nnx.State
     hf_config: dict[str, Any]
     tokenizer_json: str | None
     tokenizer_config: dict[str, Any] | None = None
+    generation_config: dict[str, Any] | None = None
 
 
 def _abstract_params(cfg: ModelConfig) -> nnx.State:
@@ -173,6 +177,18 @@ def _tokenizer_config(path: Path) -> dict[str, Any] | None:
     return config or None
 
 
+def read_generation_config(path: str | Path) -> dict[str, Any] | None:
+    """A directory's ``generation_config.json`` (a Hugging Face or import-hf directory, a run trained from a
+    checkpoint: `copy_token_metadata`); None when it has none (a GGUF file)."""
+    path = Path(path) / GENERATION_CONFIG
+    if not path.is_file():
+        return None
+    fields = json.loads(path.read_text())
+    if not isinstance(fields, dict):
+        raise ValueError(f"{path}: not a JSON object")
+    return fields
+
+
 def _existing(path: str | Path) -> Path:
     path = Path(path)
     if not path.exists():
@@ -216,7 +232,7 @@ def read_checkpoint(path: str | Path) -> Checkpoint:
         family = families.for_model_type(hf_config.get("model_type"))
         cfg = family.to_config(hf_config, set(tensors))
         return Checkpoint(cfg, params_from_tensors(cfg, family, tensors, source=source), hf_config, tokenizer_json,
-                          tokenizer_config)
+                          tokenizer_config, read_generation_config(path))
 
 
 def read_token_metadata(path: str | Path) -> tuple[dict[str, Any], dict[str, Any] | None]:
@@ -238,11 +254,13 @@ def kept_token_metadata(run_dir: str | Path) -> tuple[dict[str, Any], dict[str, 
 
 
 def copy_token_metadata(source: str | Path, out: Path) -> None:
-    """``out/hf.json`` and ``out/tokenizer_config.json`` of ``source`` (`read_token_metadata`): a run that trains
-    from a checkpoint with its tokenizer keeps them, so its export and its samples end at the source's EOS."""
+    """``out/hf.json``, ``out/tokenizer_config.json`` (`read_token_metadata`) and ``out/generation_config.json`` of
+    ``source``: a run that trains from a checkpoint with its tokenizer keeps them, so its export and its samples end
+    at the source's EOS (and transformers generates from the export as from the source)."""
     hf_config, tokenizer_config = read_token_metadata(source)
     _write_source(out, hf_config)
     _write_tokenizer(out, None, tokenizer_config)
+    _write_generation_config(out, read_generation_config(source))
 
 
 def load(path: str | Path) -> tuple[ModelConfig, nnx.State]:
@@ -273,9 +291,11 @@ def hf_tensors(cfg: ModelConfig, params: nnx.State) -> dict[str, np.ndarray]:
 
 
 def save(cfg: ModelConfig, params: nnx.State, out: str | Path, *, tokenizer_json: str | None = None,
-         source_config: dict[str, Any] | None = None, tokenizer_config: dict[str, Any] | None = None) -> Path:
+         source_config: dict[str, Any] | None = None, tokenizer_config: dict[str, Any] | None = None,
+         generation_config: dict[str, Any] | None = None) -> Path:
     """Writes a ``transformers`` directory for the model: ``config.json``, ``model.safetensors``, and
-    ``tokenizer.json`` and ``tokenizer_config.json`` (special tokens, chat template) when given. ``source_config``
+    ``tokenizer.json``, ``tokenizer_config.json`` (special tokens, chat template) and ``generation_config.json``
+    when given. ``source_config``
     (an imported checkpoint's config.json) supplies its special token ids. A model with no Hugging Face
     equivalent raises naming the field. ``out`` (absent, or an empty directory) is written whole or not at all."""
     out = _new_directory_path(out)
@@ -294,6 +314,7 @@ def save(cfg: ModelConfig, params: nnx.State, out: str | Path, *, tokenizer_json
         write_safetensors(directory / "model.safetensors", tensors)
         write_text_atomic(directory / "config.json", json.dumps(config, indent=2, sort_keys=True) + "\n")
         _write_tokenizer(directory, tokenizer_json, tokenizer_config)
+        _write_generation_config(directory, generation_config)
     return out
 
 
@@ -336,6 +357,11 @@ def _write_tokenizer(out: Path, tokenizer_json: str | None, tokenizer_config: di
         write_text_atomic(out / TOKENIZER_CONFIG, json.dumps(tokenizer_config, indent=2, sort_keys=True) + "\n")
 
 
+def _write_generation_config(out: Path, generation_config: dict[str, Any] | None) -> None:
+    if generation_config:
+        write_text_atomic(out / GENERATION_CONFIG, json.dumps(generation_config, indent=2, sort_keys=True) + "\n")
+
+
 def _write_source(out: Path, hf_config: dict[str, Any]) -> None:
     write_text_atomic(out / IMPORTED_SOURCE, json.dumps(hf_config, indent=2, sort_keys=True) + "\n")
 
@@ -347,6 +373,7 @@ def write_imported(checkpoint: Checkpoint, out: str | Path) -> Path:
         write_safetensors(directory / IMPORTED_PARAMS, flat_params(checkpoint.params))
         _write_source(directory, checkpoint.hf_config)
         _write_tokenizer(directory, checkpoint.tokenizer_json, checkpoint.tokenizer_config)
+        _write_generation_config(directory, checkpoint.generation_config)
         model = {"model": dataclasses.asdict(checkpoint.cfg)}
         write_text_atomic(directory / IMPORTED_MODEL, yaml.safe_dump(model, sort_keys=False))
     return out
@@ -366,5 +393,6 @@ def _read_imported(path: Path) -> Checkpoint:
     source = path / IMPORTED_SOURCE
     tokenizer = path / TOKENIZER
     return Checkpoint(cfg, params, json.loads(source.read_text()) if source.is_file() else {},
-                      tokenizer.read_text() if tokenizer.is_file() else None, _tokenizer_config(path))
+                      tokenizer.read_text() if tokenizer.is_file() else None, _tokenizer_config(path),
+                      read_generation_config(path))
 
