@@ -15,6 +15,7 @@ from jaxformer.sweep.directory import prepare_directory
 from jaxformer.sweep.formula import evaluate
 from jaxformer.sweep.plan import plan_runs
 from jaxformer.sweep.spec import load_spec
+from jaxformer.sweep.tune import matching_record, plan_tuning, with_rule, write_record
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "sweeps" / "tiny.yaml"
@@ -226,6 +227,44 @@ def test_a_tuning_run_that_failed_without_diverging_leaves_no_rule_until_it_trai
 GOOD = {"budget": 5e8, "params": [8e3, 16e3], "lr": [1e-3, 3e-3, 1e-2]}  # a valid tune: section
 
 
+def test_a_beta2_and_batch_grid_chooses_one_pair_applies_it_and_fits_the_rule_on_its_runs(tmp_path):
+    """With a beta2 × batch-size grid, the rule was fitted on each size's best pair while the sweep trained at the
+    base config's (0.95, 16): its rates belonged to other settings. Now one pair is chosen for all sizes (the lowest
+    mean over sizes of each size's best loss), set in the sweep's runs, and the rule is fitted on its runs alone.
+    The tuning runs' losses are the synthetic law's (no training): N = 8240 does best at (0.99, 8), N = 16496 at
+    (0.9, 8) by less, so (0.99, 8) wins on the mean; its runs' lr optimum is 2e-2 · (N / 8240)^-0.5."""
+    spec = load_spec(tuned_spec(tmp_path, tune={**GOOD, "lr": [3e-3, 1e-2, 3e-2, 1e-1], "beta2": [0.9, 0.99],
+                                                "batch_size": [8, 16]}))
+    runs = plan_tuning(spec)
+    offsets = {(0.99, 8): (0.0, 0.02), (0.9, 8): (0.05, -0.01), (0.9, 16): (0.2, 0.2), (0.99, 16): (0.3, 0.3)}
+
+    def loss(run) -> float:
+        beta2, batch, N = run.config["optimizer"]["beta2"], run.config["train"]["batch_size"], run.N
+        optimum = 2e-2 * (N / 8240) ** -0.5 * (1.5 if (beta2, batch) != (0.99, 8) else 1.0)
+        return 3.0 + offsets[beta2, batch][N > 10_000] + 0.1 * np.log(run.config["optimizer"]["lr"] / optimum) ** 2
+
+    rows = [{"run": run.name, "status": "done", "loss": loss(run), "reason": ""} for run in runs]
+    directory = tmp_path / "out" / "tune"
+    directory.mkdir(parents=True)
+    record, lines = write_record(spec, runs, rows, directory)
+    assert record["applied"] == {"optimizer.beta2": 0.99, "train.batch_size": 8}
+    assert [(b["N"], b["beta2"], b["batch_size"]) for b in record["best_by_size"]] == [(8240, 0.99, 8),
+                                                                                     (16496, 0.9, 8)]
+    assert record["rule"]["k"] == pytest.approx(-0.5, abs=1e-9)
+    assert evaluate(record["rule"]["formula"], {"N": 8240}) == pytest.approx(2e-2, rel=1e-5)
+    assert any(line.startswith("tuning: the sweep's runs train with optimizer.beta2 = 0.99, train.batch_size = 8 (")
+               for line in lines)
+    for run in plan_runs(with_rule(spec, record)):  # the sweep's runs at the chosen pair and the rule's rate
+        assert (run.config["optimizer"]["beta2"], run.config["train"]["batch_size"]) == (0.99, 8)
+        assert run.config["optimizer"]["lr"] == pytest.approx(evaluate(record["rule"]["formula"], {"N": run.N}))
+    # a record whose applied pair is edited to one outside the grid, or to another setting, matches nothing
+    assert matching_record(spec, runs, directory) == record
+    for applied in ({"optimizer.beta2": 0.5, "train.batch_size": 8}, {"optimizer.beta2": 0.99},
+                    {"optimizer.beta2": 0.99, "train.batch_size": 8, "optimizer.lr": 1.0}, None):
+        (directory / "tune.json").write_text(json.dumps({**record, "applied": applied}))
+        assert matching_record(spec, runs, directory) is None
+
+
 @pytest.mark.parametrize(("tune", "message"), [
     ({**GOOD, "budget": -1}, "tune.budget must be a positive number of FLOPs, got -1"),
     ({**GOOD, "params": [8e3]}, "tune.params must list two or more distinct positive sizes, got [8000.0]"),
@@ -243,7 +282,9 @@ def test_bad_tune_sections_name_the_field_and_value(tmp_path, tune, message):
 
 @pytest.mark.parametrize(("command", "changes", "message"), [
     ("tune", {"tune": None}, "has no tune: section to run"),  # tune: null, no section
-    ("tune", {"hyperparameters": {"optimizer.lr": "3e-3"}}, "tune and hyperparameters.optimizer.lr both set the"),
+    ("tune", {"hyperparameters": {"optimizer.lr": "3e-3"}}, "tune and hyperparameters.optimizer.lr both set optim"),
+    ("sweep", {"tune": {**GOOD, "beta2": [0.9, 0.99]}, "hyperparameters": {"optimizer.beta2": "0.95"}},
+     "tune.beta2 and hyperparameters.optimizer.beta2 both set optimizer.beta2; keep one"),
     ("tune", {"tune": {**GOOD, "budget": 1e6}}, "budget C=1e+06 is too small for params=8e+03"),
     ("sweep", {"tune": {**GOOD, "budget": 1e6}}, "budget C=1e+06 is too small for params=8e+03"),
     ("tune", {"tune": {**GOOD, "budget": 1e3}},  # under one token: the budget is named, not train.tokens=0

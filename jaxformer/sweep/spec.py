@@ -186,8 +186,10 @@ class TuneSpec:
     ``beta2`` and ``batch_size`` listed, in every combination) trained at each target size of ``params``
     on ``budget`` training FLOPs (counted under the sweep's ``flops`` rule) with ``seed``.
 
-    Each size's best learning rate gives the rule lr = c · (N / N0)^k the sweep's runs train with;
-    the best ``beta2`` and ``batch_size`` of each size are recorded, not applied.
+    Each size's best learning rate gives the rule lr = c · (N / N0)^k the sweep's runs train with.
+    Listed ``beta2`` and ``batch_size`` are chosen once for all sizes (the lowest mean over sizes of
+    each size's best loss), applied to the sweep's runs, and the rule is fitted on that pair's runs;
+    each size's own best pair is recorded beside it.
     """
 
     budget: float
@@ -361,9 +363,12 @@ def load_spec(path: str | Path) -> SweepSpec:
         if key.split(".")[0] not in ("model", "data", "optimizer", "train", "checkpoint", "logging", "parallel", "kernel"):
             raise ValueError(f"hyperparameters.{key}: not a training config field")
         evaluate_formula(key, formula, None)  # the grammar, before anything is planned or evaluated
-    if spec.tune is not None and "optimizer.lr" in spec.hyperparameters:
-        raise ValueError("tune and hyperparameters.optimizer.lr both set the learning rate; keep one "
-                         "(the tuning stage writes the rule the runs train with)")
+    if spec.tune is not None:
+        tuned = {"optimizer.lr": "tune", "optimizer.beta2": "tune.beta2", "train.batch_size": "tune.batch_size"}
+        for key, field in tuned.items():
+            if key in spec.hyperparameters and (key == "optimizer.lr" or getattr(spec.tune, key.split(".")[1])):
+                raise ValueError(f"{field} and hyperparameters.{key} both set {key}; keep one "
+                                 "(the tuning stage sets what the runs train with)")
     if spec.branches:
         check_branches(spec)
     return spec

@@ -4,11 +4,13 @@ Before the sweep's own runs are planned, every peak learning rate of ``tune.lr``
 and ``batch_size`` listed) trains at each size of ``tune.params`` on ``tune.budget`` FLOPs. Each
 size's best rate (`jaxformer.scaling.tuning`: the lowest final validation loss, refined by a
 parabola in ln lr) gives the rule ``lr = c · (N / N0)^k``, whose formula becomes the sweep's
-``hyperparameters.optimizer.lr``. The tuning runs are a sweep of their own, launched by `launch`
+``hyperparameters.optimizer.lr``. Listed ``beta2`` and ``batch_size`` are chosen once for all sizes
+(`best_settings`) and set for the sweep's runs too; the rule is fitted on that pair's runs. The tuning runs are a sweep of their own, launched by `launch`
 (so resume, locks and failure isolation are the sweep's), in ``SWEEP_DIR/tune/``::
 
     spec.yaml plan.json configs/ runs/ status/ logs/ results.csv   the tuning runs, as any sweep's
-    tune.json        the runs' losses, each size's optimum (edge flags), the rule c, k, N0 and its formula
+    tune.json        the runs' losses, each size's optimum (edge flags), the rule c, k, N0 and its formula,
+                     the beta2 and batch size applied (``applied``) and each size's own best (``best_by_size``)
     tune.png / .svg  loss against lr per size; the optima and the rule against N
 
 A later launch whose ``tune.json`` matches the spec (the same ``tune:`` and the same tuning runs)
@@ -90,9 +92,17 @@ def matching_record(spec: SweepSpec, runs: list[PlannedRun], directory: Path) ->
     record = read_json(directory / RECORD)
     entries, rule = record.get("runs"), record.get("rule")
     names = [r.get("run") for r in entries if isinstance(r, dict)] if isinstance(entries, list) else None
-    matches = _whole(rule, record.get("failed")) and record.get("tune") == _jsonable_tune(spec) \
-        and names == [r.name for r in runs]
+    matches = _whole(rule, record.get("failed")) and _applicable(spec, record.get("applied", {})) \
+        and record.get("tune") == _jsonable_tune(spec) and names == [r.name for r in runs]
     return record if matches and changed_setting(directory, runs) is None else None
+
+
+def _applicable(spec: SweepSpec, applied) -> bool:
+    """Whether a tune.json's ``applied`` sets exactly the settings ``tune:`` grids, each to one of its values
+    (written before session 40 without it: nothing, for a stage that grids neither)."""
+    grids = {"optimizer.beta2": spec.tune.beta2, "train.batch_size": spec.tune.batch_size}
+    return isinstance(applied, dict) and set(applied) == {key for key, grid in grids.items() if grid} \
+        and all(type(value) in (int, float) and value in grids[key] for key, value in applied.items())
 
 
 def _whole(rule, failed) -> bool:
@@ -108,9 +118,11 @@ def _whole(rule, failed) -> bool:
 
 
 def with_rule(spec: SweepSpec, record: dict) -> SweepSpec:
-    """``spec`` whose runs train with the recorded rule as ``hyperparameters.optimizer.lr``."""
+    """``spec`` whose runs train with the recorded rule as ``hyperparameters.optimizer.lr``, and with the
+    ``beta2`` and ``batch_size`` the stage chose where it tuned them (``applied``)."""
     formula = record["rule"]["formula"]
-    return dataclasses.replace(spec, hyperparameters={**spec.hyperparameters, "optimizer.lr": formula})
+    return dataclasses.replace(spec, hyperparameters={**spec.hyperparameters, "optimizer.lr": formula,
+                                                      **record.get("applied", {})})
 
 
 def diverged(row: dict) -> bool:
@@ -124,8 +136,8 @@ def unfinished(runs: list[PlannedRun], rows: list[dict]) -> list[str]:
     return [run.name for run in runs if status[run.name]["status"] != "done" and not diverged(status[run.name])]
 
 
-def _curves(runs: list[PlannedRun], rows: list[dict]) -> tuple[list[dict], list[dict]]:
-    """Every tuning run's record, and per size the runs of its best (beta2, batch size): the lowest loss."""
+def _records(runs: list[PlannedRun], rows: list[dict]) -> list[dict]:
+    """Every tuning run's record: its size, settings, final loss (None: diverged) and status."""
     rows_by_name = {row["run"]: row for row in rows}
     records = []
     for run in runs:
@@ -134,12 +146,25 @@ def _curves(runs: list[PlannedRun], rows: list[dict]) -> tuple[list[dict], list[
         records.append({"run": run.name, "N": run.N, "lr": run.config["optimizer"]["lr"],
                         "beta2": run.config["optimizer"]["beta2"], "batch_size": run.config["train"]["batch_size"],
                         "loss": loss, "status": row["status"]})
-    chosen = []
-    for size in sorted({r["N"] for r in records}):
-        here = [r for r in records if r["N"] == size]
-        best = min(here, key=lambda r: math.inf if r["loss"] is None else r["loss"])
-        chosen += [r for r in here if (r["beta2"], r["batch_size"]) == (best["beta2"], best["batch_size"])]
-    return records, chosen
+    return records
+
+
+def _best_loss(records: list[dict]) -> float:
+    return min((r["loss"] for r in records if r["loss"] is not None), default=math.inf)
+
+
+def best_settings(records: list[dict]) -> tuple[float, int]:
+    """The (beta2, batch size) the sweep trains with: the lowest mean over sizes of each size's best loss
+    across the learning rates. One pair for every size, so that the rule's rates are those of the runs' own
+    settings; each size's own best pair is reported beside it (`write_record`)."""
+    sizes = sorted({r["N"] for r in records})
+
+    def mean_best(pair: tuple[float, int]) -> float:
+        mine = [r for r in records if (r["beta2"], r["batch_size"]) == pair]
+        return float(np.mean([_best_loss([r for r in mine if r["N"] == size]) for size in sizes]))
+
+    pairs = sorted({(r["beta2"], r["batch_size"]) for r in records})
+    return min(pairs, key=mean_best)  # ties: the first in sorted order, so a relaunch chooses alike
 
 
 def write_record(spec: SweepSpec, runs: list[PlannedRun], rows: list[dict], directory: Path) -> tuple[dict, list[str]]:
@@ -150,21 +175,30 @@ def write_record(spec: SweepSpec, runs: list[PlannedRun], rows: list[dict], dire
     from jaxformer.scaling.tuning import edge_notes, fit_tuning
     from jaxformer.scaling.tuning import to_dict as fit_to_dict
 
-    records, chosen = _curves(runs, rows)
+    records = _records(runs, rows)
+    beta2, batch = best_settings(records)
+    chosen = [r for r in records if (r["beta2"], r["batch_size"]) == (beta2, batch)]
     fit = fit_tuning(*(np.array([r[key] for r in chosen], dtype=float) for key in ("N", "lr", "loss")))  # None: NaN
     fitted = fit_to_dict(fit)
-    for optimum in fitted["optima"]:  # the best beta2 and batch size of each size, as trained
-        first = next(r for r in chosen if r["N"] == optimum["N"])
-        optimum.update(beta2=first["beta2"], batch_size=first["batch_size"])
+    applied = {**({"optimizer.beta2": beta2} if spec.tune.beta2 else {}),
+               **({"train.batch_size": batch} if spec.tune.batch_size else {})}
+    by_size = []  # each size's own best (beta2, batch size), which may differ from the one applied
+    for size in sorted({r["N"] for r in records}):
+        best = min((r for r in records if r["N"] == size), key=lambda r: math.inf if r["loss"] is None else r["loss"])
+        by_size.append({key: best[key] for key in ("N", "beta2", "batch_size", "lr", "loss")})
     save(plot_tuning(fit), directory, "tune")
     failed = [r["run"] for r in records if r["status"] != "done"]
     record = {"tune": _jsonable_tune(spec), "flops_rule": spec.flops_rule, "runs": records, **fitted,
-              "failed": failed, "plot": "tune.png"}
+              "applied": applied, "best_by_size": by_size, "failed": failed, "plot": "tune.png"}
     write_bytes_atomic(directory / RECORD, (json.dumps(record, indent=1, allow_nan=False) + "\n").encode())
     lines = [f"tuning: N = {o['N']:,.0f}: best lr {o['lr']:.3g} "
              f"({'parabola through its neighbours' if o['refined'] else 'grid point'}), loss {o['loss']:.4f}"
-             + (f", beta2 {o['beta2']:g}" if spec.tune.beta2 else "")
-             + (f", batch size {o['batch_size']}" if spec.tune.batch_size else "") for o in fitted["optima"]]
+             for o in fitted["optima"]]
+    if applied:
+        lines += [f"tuning: N = {b['N']:,.0f}: its own best is beta2 {b['beta2']:g}, batch size {b['batch_size']} "
+                  f"(lr {b['lr']:.3g}, loss {b['loss']:.4f})" for b in by_size if b["loss"] is not None]
+        lines.append("tuning: the sweep's runs train with " + ", ".join(f"{k} = {v:g}" for k, v in applied.items())
+                     + " (the lowest mean over sizes of each size's best loss); the lr rule is fitted on its runs")
     lines += edge_notes(fit)
     if failed:
         lines.append(f"tuning: {len(failed)} of {len(records)} runs diverged, counted as worse than any "
