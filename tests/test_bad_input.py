@@ -58,7 +58,8 @@ def workspace(tmp_path_factory):
     (root / "bad-plan").mkdir()
     (root / "bad-plan" / "plan.json").write_text('{"runs": [{"name": "a"}]}\n')
     assert main(["export-hf", str(root / "run"), "--out", str(root / "hf")]) == 0
-    for name, part, text in [("hf-list", "config.json", "[1, 2]\n"), ("hf-cut", "model.safetensors", "garbage\n")]:
+    for name, part, text in [("hf-list", "config.json", "[1, 2]\n"), ("hf-cut", "model.safetensors", "garbage\n"),
+                             ("hf-gen", "generation_config.json", "{oops\n")]:
         shutil.copytree(root / "hf", root / name)
         (root / name / part).write_text(text)
     (root / "cut.gguf").write_bytes(b"GGUF")
@@ -133,8 +134,9 @@ CASES = [  # (argv, what stderr must name, directory that must stay unchanged or
     (["generate", "--preset", "tiny", "--prompt", "a", "--seed", "99999999999999999999"],
      "argument --seed: must be an integer in [0, 4294967295]", None),
     (["bench", "together", "--steps", "0"], "argument --steps: must be an integer at least 1, got 0", None),
-    (["import-hf", "{w}/hf-list", "--out", "{w}/imported"],
-     "hf-list: not a readable checkpoint (AttributeError: 'list' object has no attribute 'get')", "hf-list"),
+    (["import-hf", "{w}/hf-list", "--out", "{w}/imported"], "hf-list/config.json: not a JSON object", "hf-list"),
+    (["export-hf", "{w}/hf-gen", "--out", "{w}/exported"],
+     "hf-gen/generation_config.json: not valid JSON (Expecting property name", "hf-gen"),
     (["generate", "--hf", "{w}/hf-cut", "--prompt", "a"], "hf-cut: not a readable checkpoint (SafetensorError", "hf-cut"),
     (["import-hf", "{w}/cut.gguf", "--out", "{w}/imported"], "cut.gguf: not a readable checkpoint (IndexError", None),
     (["generate", "{w}/no-checkpoints", "--prompt", "a"], "finished training but holds no checkpoint", "no-checkpoints"),

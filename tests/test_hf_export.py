@@ -70,6 +70,9 @@ def test_a_jaxformer_model_exports_with_the_same_logits_and_greedy_generation(na
     ids, target = tokens(2, 10), tokens(2, 7, seed=1)
     theirs, ours = _logits(model, cfg, params, ids, target)
     assert np.abs(theirs).max() > 1.0 and np.abs(theirs - ours).max() <= TOLERANCE
+    # no special tokens, as jaxformer's own model has none: not the class's defaults (GPT-2's 50256, out of the
+    # vocabulary; Llama's 2, at which transformers' generation would stop and jaxformer's not)
+    assert (model.config.bos_token_id, model.config.eos_token_id) == (None, None)
 
     if cfg.family != "encoder":
         prompt = ids[0, :5]

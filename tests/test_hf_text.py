@@ -46,3 +46,33 @@ def test_a_checkpoints_token_metadata_is_read_without_its_weights(tmp_path):
     (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": "{{ messages }}"}))
     assert read_token_metadata(tmp_path) == ({"model_type": "llama", "eos_token_id": 2},
                                              {"chat_template": "{{ messages }}"})  # no weight file at all
+
+
+def test_generate_stops_at_the_eos_tokens_of_the_generation_config_as_transformers_does(tmp_path, capsys):
+    """Qwen2.5-style checkpoints list two EOS ids in generation_config.json and one in config.json; transformers'
+    generate stops at either of the two. `jaxformer generate --hf` read config.json's alone and ran past the other."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {"<unk>": 0, "Hello": 1, **{f"w{i}": i for i in range(2, VOCAB)}}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    model = hf_model("qwen2")
+    ids = tokenizer.encode("Hello w5 w9 w13").ids  # a prompt this model continues with varied tokens
+    mask = torch.ones(1, len(ids), dtype=torch.long)
+    with torch.no_grad():  # the greedy continuation; its stop: a token it makes first at the third step or later
+        free = model.generate(torch.tensor([ids]), attention_mask=mask, max_new_tokens=8, do_sample=False,
+                              eos_token_id=None, pad_token_id=0)[0, len(ids):].tolist()
+    stop = next(k for k in range(2, 8) if free[k] not in free[:k])
+    other = next(t for t in range(VOCAB) if t not in free)  # config.json's EOS, never generated
+    model.config.eos_token_id = other
+    model.generation_config.eos_token_id = [other, free[stop]]
+    model.save_pretrained(tmp_path / "src")
+    tokenizer.save(str(tmp_path / "src" / "tokenizer.json"))
+    reloaded = type(model).from_pretrained(tmp_path / "src").eval()
+    with torch.no_grad():  # transformers, with the saved files: stops at the generation config's second EOS
+        theirs = reloaded.generate(torch.tensor([ids]), attention_mask=mask, max_new_tokens=8, do_sample=False,
+                                   pad_token_id=0)[0, len(ids):].tolist()
+    assert theirs == free[:stop + 1]
+    assert main(["generate", "--hf", str(tmp_path / "src"), "--prompt", "Hello w5 w9 w13", "--max-new-tokens", "8",
+                 "--temperature", "0"]) == 0
+    assert capsys.readouterr().out == tokenizer.decode(ids + free[:stop]) + "\n"

@@ -120,12 +120,15 @@ def load_hf(path: str):
     graphdef, _ = nnx.split(nnx.eval_shape(lambda: build_model(checkpoint.cfg, rngs=nnx.Rngs(0))))
     start = checkpoint.hf_config.get("decoder_start_token_id")
     return (nnx.merge(graphdef, checkpoint.params), _CheckpointTokenizer(checkpoint.tokenizer_json),
-            0 if start is None else int(start), stop_tokens_of(checkpoint.hf_config))
+            0 if start is None else int(start), stop_tokens_of(checkpoint.hf_config, checkpoint.generation_config))
 
 
-def stop_tokens_of(hf_config: dict) -> tuple[int, ...]:
-    """A checkpoint config's ``eos_token_id`` (one id or a list; none: no stop) as stop tokens."""
-    eos = hf_config.get("eos_token_id")
+def stop_tokens_of(hf_config: dict, generation_config: dict | None = None) -> tuple[int, ...]:
+    """A checkpoint's stop tokens: ``eos_token_id`` (one id or a list; none: no stop) of its
+    ``generation_config.json`` where that sets one, as transformers' ``generate`` reads it (Qwen2.5 stops at
+    two there, one in config.json), else of its config."""
+    eos = (generation_config or {}).get("eos_token_id")
+    eos = hf_config.get("eos_token_id") if eos is None else eos
     return tuple(int(i) for i in (eos if isinstance(eos, list) else [] if eos is None else [eos]))
 
 
@@ -149,10 +152,10 @@ def run(args: argparse.Namespace) -> int:
     else:
         model, tokenizer = load_model(args.source, args.preset, args.seed)
         if args.source is not None:
-            from jaxformer.hf import kept_token_metadata
+            from jaxformer.hf import kept_token_metadata, read_generation_config
 
             kept = kept_token_metadata(args.source)  # a run trained from a checkpoint: its EOS
-            stop_tokens = stop_tokens_of(kept[0]) if kept else ()
+            stop_tokens = stop_tokens_of(kept[0], read_generation_config(args.source)) if kept else ()
     prompt = encode_text(args.prompt) if tokenizer is None else [int(t) for t in tokenizer.encode(args.prompt)]
     new_tokens = generate(model, prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                           top_k=args.top_k, top_p=args.top_p, seed=args.seed, start_token=start_token,

@@ -33,7 +33,7 @@ import yaml
 from flax import nnx
 
 from jaxformer.architecture import ModelConfig
-from jaxformer.files import write_text_atomic
+from jaxformer.files import load_json, write_text_atomic
 from jaxformer.hf import families
 from jaxformer.hf.tensors import read_safetensors, read_tensors, write_safetensors
 
@@ -150,7 +150,7 @@ def _open(path: Path) -> tuple[dict[str, Any], Mapping[str, np.ndarray], str | N
         return hf_config, tensors, tokenizer_json, tokenizer_config, str(gguf_path)
     config_path = _config_file(path)
     tokenizer_path = path / TOKENIZER
-    return (json.loads(config_path.read_text()), read_tensors(path),
+    return (_json_object(config_path), read_tensors(path),
             tokenizer_path.read_text() if tokenizer_path.is_file() else None, _tokenizer_config(path), str(path))
 
 
@@ -168,10 +168,7 @@ def _tokenizer_config(path: Path) -> dict[str, Any] | None:
     config: dict[str, Any] = {}
     for name in (TOKENIZER_CONFIG, SPECIAL_TOKENS_MAP):
         if (path / name).is_file():
-            fields = json.loads((path / name).read_text())
-            if not isinstance(fields, dict):
-                raise ValueError(f"{path / name}: not a JSON object")
-            config = {**fields, **config}  # tokenizer_config.json's own fields first
+            config = {**_json_object(path / name), **config}  # tokenizer_config.json's own fields first
     if (path / CHAT_TEMPLATE).is_file():
         config.setdefault("chat_template", (path / CHAT_TEMPLATE).read_text())
     return config or None
@@ -183,7 +180,12 @@ def read_generation_config(path: str | Path) -> dict[str, Any] | None:
     path = Path(path) / GENERATION_CONFIG
     if not path.is_file():
         return None
-    fields = json.loads(path.read_text())
+    return _json_object(path)
+
+
+def _json_object(path: Path) -> dict[str, Any]:
+    """The JSON object in ``path``; anything else (malformed, an array) raises one line naming the file."""
+    fields = load_json(path)
     if not isinstance(fields, dict):
         raise ValueError(f"{path}: not a JSON object")
     return fields
@@ -245,7 +247,7 @@ def read_token_metadata(path: str | Path) -> tuple[dict[str, Any], dict[str, Any
             hf_config, _, _, tokenizer_config, _ = _open(path)
             return hf_config, tokenizer_config
         source = path / IMPORTED_SOURCE if (path / IMPORTED_SOURCE).is_file() else _config_file(path)
-        return json.loads(source.read_text()), _tokenizer_config(path)
+        return _json_object(source), _tokenizer_config(path)
 
 
 def kept_token_metadata(run_dir: str | Path) -> tuple[dict[str, Any], dict[str, Any] | None] | None:
@@ -306,6 +308,8 @@ def save(cfg: ModelConfig, params: nnx.State, out: str | Path, *, tokenizer_json
     for name in TOKEN_ID_FIELDS:
         if source_config and source_config.get(name) is not None:
             config[name] = source_config[name]
+        elif name in ("bos_token_id", "eos_token_id"):  # none, as jaxformer's: not the class's (GPT-2's 50256)
+            config.setdefault(name, None)
     if cfg.family == "encoder_decoder":
         config.setdefault("decoder_start_token_id", 0)  # what jaxformer.generate starts from
         config.setdefault("pad_token_id", config["decoder_start_token_id"])
@@ -392,7 +396,7 @@ def _read_imported(path: Path) -> Checkpoint:
     params = params_from_flat(cfg, {name: tensors[name] for name in tensors}, source=str(path))
     source = path / IMPORTED_SOURCE
     tokenizer = path / TOKENIZER
-    return Checkpoint(cfg, params, json.loads(source.read_text()) if source.is_file() else {},
+    return Checkpoint(cfg, params, _json_object(source) if source.is_file() else {},
                       tokenizer.read_text() if tokenizer.is_file() else None, _tokenizer_config(path),
                       read_generation_config(path))
 
