@@ -227,6 +227,26 @@ def test_a_tuning_run_that_failed_without_diverging_leaves_no_rule_until_it_trai
 GOOD = {"budget": 5e8, "params": [8e3, 16e3], "lr": [1e-3, 3e-3, 1e-2]}  # a valid tune: section
 
 
+def test_a_diverged_tuning_run_is_retried_only_until_the_sweeps_runs_are_planned_with_the_rule(tmp_path, capsys):
+    """--retry-failed trains diverged tuning runs again, and a refit rule would change under the sweep's runs already
+    trained with the old one (and every later launch would be refused): once the sweep is planned, the rule is kept."""
+    spec, out = tuned_spec(tmp_path, tune={**GOOD, "lr": [1e-2, 3e-2, 1e3]}), tmp_path / "out"
+    code, stdout, _ = jaxformer(capsys, "tune", spec, "--out", out, "--workers", 1)
+    assert code == 0 and "2 of 6 runs diverged" in stdout, stdout
+    record = json.loads((out / "tune" / "tune.json").read_text())
+    assert record["failed"] == ["tune-lr1e+03-C5e08-N8240-s0", "tune-lr1e+03-C5e08-N16496-s0"]
+    code, stdout, _ = jaxformer(capsys, "tune", spec, "--out", out, "--retry-failed")  # not planned yet: retried
+    assert code == 0 and "6 runs, 2 to train" in stdout, stdout
+    code, stdout, _ = jaxformer(capsys, "sweep", spec, "--out", out, "--workers", 1)
+    assert code == 0 and (out / "plan.json").is_file()
+    trained = {p: p.stat().st_mtime_ns for p in (out / "tune" / "status").glob("*.json")}
+    for command in ("sweep", "tune"):
+        code, stdout, _ = jaxformer(capsys, command, spec, "--out", out, "--retry-failed")
+        assert code == 0 and "matches the spec, nothing to train" in stdout, stdout
+    assert trained == {p: p.stat().st_mtime_ns for p in (out / "tune" / "status").glob("*.json")}
+    assert json.loads((out / "tune" / "tune.json").read_text()) == record
+
+
 def test_a_beta2_and_batch_grid_chooses_one_pair_applies_it_and_fits_the_rule_on_its_runs(tmp_path):
     """With a beta2 × batch-size grid, the rule was fitted on each size's best pair while the sweep trained at the
     base config's (0.95, 16): its rates belonged to other settings. Now one pair is chosen for all sizes (the lowest

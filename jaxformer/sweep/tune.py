@@ -211,16 +211,19 @@ def write_record(spec: SweepSpec, runs: list[PlannedRun], rows: list[dict], dire
 def tune_stage(spec: SweepSpec, out: Path, options: LaunchOptions = LaunchOptions(), *,
                report: Callable[[str], None], pool: LocalPool | None = None) -> tuple[SweepSpec | None, list[str]]:
     """Trains the tuning runs not yet done in ``out/tune`` and fits their rule, unless its tune.json already
-    matches (and ``options.retry_failed`` has no failed run to retry); returns ``spec`` training with the
+    matches (and ``options.retry_failed`` has no diverged run to retry before the sweep's own runs are planned:
+    once they are, they train with the rule, and a retried run that came out otherwise would change it under
+    them); returns ``spec`` training with the
     rule and no names, else None (nothing is fitted) and the tuning runs that failed without diverging (none
     while another launch still trains some). ``pool``: the warm workers the sweep's own runs train on next
     (`jaxformer.sweep.launch.worker_pool`)."""
-    if (Path(out) / "plan.json").is_file():  # the sweep's own runs, planned already: they must be this spec's,
+    planned = (Path(out) / "plan.json").is_file()
+    if planned:  # the sweep's own runs, planned already: they must be this spec's,
         planned_after(Path(out), plan_runs(spec))  # refused before a tuning run trains in another sweep's directory
     runs = plan_tuning(spec)
     directory = Path(out) / TUNE_DIR
     record = matching_record(spec, runs, directory)
-    if record is not None and not (options.retry_failed and record["failed"]):
+    if record is not None and not (options.retry_failed and record["failed"] and not planned):
         report(f"tuning stage: {directory / RECORD} matches the spec, nothing to train; "
                f"optimizer.lr = {record['rule']['formula']}")
         return with_rule(spec, record), []
