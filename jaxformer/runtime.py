@@ -15,7 +15,12 @@ thread's heap the moment every block in it is free.
 
 XLA's YNNPACK fusions (matmuls fused with their neighbours) are switched off with
 ``--xla_cpu_experimental_ynn_fusion_type=``: they speed up a bare matmul but not the
-train step, which runs faster without them, most at the sweeps' small sizes.
+train step, which runs faster without them, most at the sweeps' small sizes. Only in a
+process of one device (a sweep worker, a one-core machine): with several, this jaxlib's
+(0.10.2) programs over a mesh come out wrong without the fusions once a loop in one program
+(the validation pass's batches, gradient accumulation's micro-batches) has run long enough
+on a large enough model (SmolLM2-135M's validation loss 10.35 nats for 4.85 after 28 of 64
+batches; ``tests/test_runtime_mesh_loop.py``).
 
 XLA:CPU runs each fused kernel on one thread (only large matmuls use the others), so one
 device leaves a second core mostly idle on a small model. ``--xla_force_host_platform_device_count``
@@ -68,6 +73,19 @@ def plugin_installed() -> bool:
             or bool(importlib.metadata.entry_points(group="jax_plugins")))
 
 
+def host_devices(flags: str) -> int:
+    """The CPU devices ``XLA_FLAGS`` text asks for (its last ``--xla_force_host_platform_device_count``; 1 without)."""
+    counts = re.findall(rf"{HOST_DEVICES}=(\d+)", flags)
+    return int(counts[-1]) if counts else 1
+
+
+def without_ynn_fusion_on_one_device(flags: str) -> str:
+    """``XLA_FLAGS`` text with YNNPACK's fusions switched off when it asks for one device and does not set them."""
+    if "xla_cpu_experimental_ynn_fusion_type" in flags or host_devices(flags) != 1:
+        return flags
+    return f"{NO_YNN_FUSION} {flags}".strip()
+
+
 def tuned_environment(env: Mapping[str, str]) -> dict[str, str]:
     """``env`` with the settings above added; a setting the user already made is kept as it is.
 
@@ -82,10 +100,9 @@ def tuned_environment(env: Mapping[str, str]) -> dict[str, str]:
             tunables = f"{tunables}:{setting}" if tunables else setting
     if tunables != tuned.get("GLIBC_TUNABLES", ""):
         tuned["GLIBC_TUNABLES"] = tunables
-    if "xla_cpu_experimental_ynn_fusion_type" not in flags:
-        flags = f"{flags} {NO_YNN_FUSION}".strip()
     if HOST_DEVICES not in flags:
-        flags = f"{flags} {HOST_DEVICES}={usable_cores()}"
+        flags = f"{flags} {HOST_DEVICES}={usable_cores()}".strip()
+    flags = without_ynn_fusion_on_one_device(flags)
     if flags != tuned.get("XLA_FLAGS", ""):
         tuned["XLA_FLAGS"] = flags
     return tuned
@@ -148,12 +165,20 @@ def scratch_compiler_options(lowered, backend: str) -> dict[str, int]:
     return {_MULTIHEAP: SCRATCH_BLOCK_BYTES}
 
 
-def compile_program(lowered):
+def compile_program(lowered, *, loop_free: bool = False):
     """``lowered.compile()`` with :func:`scratch_compiler_options` for the default backend: a large scratch served
-    from malloc's heaps, without page faults, on whichever thread runs the program."""
+    from malloc's heaps, without page faults, on whichever thread runs the program.
+
+    ``loop_free``: the program runs no long loop (a train step of one micro-batch), so YNNPACK's fusions are switched
+    off for it as on one device (module docstring), wherever the environment leaves them on and sets nothing.
+    """
     import jax
 
-    return lowered.compile(scratch_compiler_options(lowered, jax.default_backend()) or None)
+    options = scratch_compiler_options(lowered, jax.default_backend())
+    if loop_free and jax.default_backend() == "cpu" and "xla_cpu_experimental_ynn_fusion_type" not in \
+            os.environ.get("XLA_FLAGS", ""):
+        options[NO_YNN_FUSION.strip("-=")] = ""
+    return lowered.compile(options or None)
 
 
 _started_runs = 0

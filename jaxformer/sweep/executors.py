@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from jaxformer.runtime import HOST_DEVICES
+from jaxformer.runtime import HOST_DEVICES, without_ynn_fusion_on_one_device
 from jaxformer.sweep.accelerators import local_accelerators, worker_environment
 from jaxformer.sweep.queue import WorkQueue
 from jaxformer.sweep.runs import Outcome, RunPaths, run_lock
@@ -38,6 +38,8 @@ def thread_environment(threads: int) -> dict[str, str]:
         flags = " ".join(flag for flag in env.get("XLA_FLAGS", "").split() if not flag.startswith(HOST_DEVICES))
         env["XLA_FLAGS"] = f"{flags} --xla_cpu_multi_thread_eigen={'true' if threads > 1 else 'false'} " \
                            f"intra_op_parallelism_threads={threads} {HOST_DEVICES}={threads}".strip()
+        if env.get("JAXFORMER_TUNE") != "0":
+            env["XLA_FLAGS"] = without_ynn_fusion_on_one_device(env["XLA_FLAGS"])
         env["OMP_NUM_THREADS"] = env["OPENBLAS_NUM_THREADS"] = str(threads)
     return env
 

@@ -84,7 +84,8 @@ def compiled_steps(graphdef, optimizer_config: OptimizerConfig, optimizer: optax
         state_sharding = layout.shardings(state)
     lr = np.zeros((batch.shape[0],) if stacked else (), np.float32)
     train_step = compile_program(make_train_step(graphdef, optimizer, compute_dtype, state_sharding=state_sharding,
-                                                 batch_sharding=batch.sharding, stacked=stacked).lower(state, batch, lr))
+                                                 batch_sharding=batch.sharding, stacked=stacked).lower(state, batch, lr),
+                                 loop_free=not stacked and batch.shape[0] == 1)  # one micro-batch
     eval_pass = compile_program(make_eval_pass(graphdef, compute_dtype, params_sharding=state_sharding["params"],
                                                batch_sharding=val_batches.sharding,
                                                stacked=stacked).lower(state["params"], val_batches))

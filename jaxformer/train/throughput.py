@@ -51,7 +51,8 @@ class TrainStepRunner:
         started = time.perf_counter()
         self.step = compile_program(make_train_step(
             graphdef, optimizer, config.train.compute_dtype, state_sharding=layout.shardings(self.state),
-            batch_sharding=batch_sharding).lower(self.state, self.windows, self.lr))
+            batch_sharding=batch_sharding).lower(self.state, self.windows, self.lr),
+            loop_free=windows.shape[0] == 1)  # as `jaxformer.train.compiled` compiles the run's step
         self.state = jax.block_until_ready(self.step(self.state, self.windows, self.lr))
         self.compile_s = time.perf_counter() - started
 
