@@ -35,7 +35,8 @@ shardings, batches = layout.shardings(params), layout.batch_sharding(val.shape, 
 on_mesh = make_eval_pass(graphdef, "float32", params_sharding=shardings, batch_sharding=batches)
 mesh_loss = float(on_mesh(jax.device_put(params, shardings), layout.global_array(val, batches, val.shape)))
 one = jax.jit(lambda p, w: next_token_loss(graphdef, p, w, jnp.float32, drop_tokens=False)[1])
-print(json.dumps({"devices": jax.device_count(), "mesh": mesh_loss, "one_by_one": float(np.mean([one(params, b) for b in val]))}))
+one_by_one = float(np.mean([one(params, b) for b in val]))
+print(json.dumps({"devices": jax.device_count(), "mesh": mesh_loss, "one_by_one": one_by_one}))
 """
 
 

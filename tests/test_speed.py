@@ -107,7 +107,7 @@ def test_tuned_environment_adds_its_settings_once_and_keeps_the_users():
     devices = f"{HOST_DEVICES}={usable_cores()}"
     malloc = ("glibc.malloc.hugetlb=1:glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=4294967296"
               ":glibc.malloc.top_pad=134217728")
-    fusions_off = f"{NO_YNN_FUSION} " if usable_cores() == 1 else ""  # one device only (tests/test_runtime_mesh_loop.py)
+    fusions_off = f"{NO_YNN_FUSION} " if usable_cores() == 1 else ""  # one device only (test_runtime_mesh_loop)
     assert tuned_environment({}) == {"GLIBC_TUNABLES": malloc, "XLA_FLAGS": f"{fusions_off}{devices}"}
     tuned = tuned_environment({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2", "XLA_FLAGS": "--xla_foo=1"})
     assert tuned["GLIBC_TUNABLES"] == f"glibc.malloc.arena_max=2:{malloc}"

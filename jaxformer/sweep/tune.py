@@ -5,8 +5,9 @@ and ``batch_size`` listed) trains at each size of ``tune.params`` on ``tune.budg
 size's best rate (`jaxformer.scaling.tuning`: the lowest final validation loss, refined by a
 parabola in ln lr) gives the rule ``lr = c · (N / N0)^k``, whose formula becomes the sweep's
 ``hyperparameters.optimizer.lr``. Listed ``beta2`` and ``batch_size`` are chosen once for all sizes
-(`best_settings`) and set for the sweep's runs too; the rule is fitted on that pair's runs. The tuning runs are a sweep of their own, launched by `launch`
-(so resume, locks and failure isolation are the sweep's), in ``SWEEP_DIR/tune/``::
+(`best_settings`) and set for the sweep's runs too; the rule is fitted on that pair's runs. The tuning
+runs are a sweep of their own, launched by `launch` (so resume, locks and failure isolation are the
+sweep's), in ``SWEEP_DIR/tune/``::
 
     spec.yaml plan.json configs/ runs/ status/ logs/ results.csv   the tuning runs, as any sweep's
     tune.json        the runs' losses, each size's optimum (edge flags), the rule c, k, N0 and its formula,
