@@ -169,16 +169,22 @@ def compile_program(lowered, *, loop_free: bool = False):
     """``lowered.compile()`` with :func:`scratch_compiler_options` for the default backend: a large scratch served
     from malloc's heaps, without page faults, on whichever thread runs the program.
 
-    ``loop_free``: the program runs no long loop (a train step of one micro-batch), so YNNPACK's fusions are switched
-    off for it as on one device (module docstring), wherever the environment leaves them on and sets nothing.
+    ``loop_free``: the program runs no long loop (a train step of one micro-batch), so in the tuned environment of
+    several devices, which leaves YNNPACK's fusions on (module docstring), they are switched off for it as on one.
     """
     import jax
 
     options = scratch_compiler_options(lowered, jax.default_backend())
-    if loop_free and jax.default_backend() == "cpu" and "xla_cpu_experimental_ynn_fusion_type" not in \
-            os.environ.get("XLA_FLAGS", ""):
+    if loop_free and jax.default_backend() == "cpu" and jax.device_count() > 1 and in_tuned_environment() \
+            and "xla_cpu_experimental_ynn_fusion_type" not in os.environ.get("XLA_FLAGS", ""):
         options[NO_YNN_FUSION.strip("-=")] = ""
     return lowered.compile(options or None)
+
+
+def in_tuned_environment() -> bool:
+    """Whether this process runs with the settings `tuned_environment` makes (the `jaxformer` command's, its sweep
+    workers'), not as a library in a process of its user's."""
+    return os.environ.get("JAXFORMER_TUNE") != "0" and tuned_environment(os.environ) == dict(os.environ)
 
 
 _started_runs = 0
