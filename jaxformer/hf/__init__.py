@@ -10,7 +10,8 @@ This package sits above `jaxformer.models`; only the commands import it.
 """
 
 from jaxformer.hf.convert import (Checkpoint, copy_token_metadata, kept_token_metadata, load, read_checkpoint,
-                                  read_config, read_generation_config, read_token_metadata, save, write_imported)
+                                  read_config, read_token_metadata, save, write_imported)
+from jaxformer.hf.metadata import read_generation_config
 
 __all__ = ["Checkpoint", "copy_token_metadata", "kept_token_metadata", "load", "read_checkpoint", "read_config",
            "read_generation_config", "read_token_metadata", "save", "write_imported"]

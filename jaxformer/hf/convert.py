@@ -33,15 +33,13 @@ import yaml
 from flax import nnx
 
 from jaxformer.architecture import ModelConfig
-from jaxformer.files import load_json, write_text_atomic
+from jaxformer.files import write_text_atomic
 from jaxformer.hf import families
+from jaxformer.hf.metadata import (TOKENIZER, json_object, read_generation_config, tokenizer_config_of,
+                                   write_generation_config, write_tokenizer)
 from jaxformer.hf.tensors import read_safetensors, read_tensors, write_safetensors
 
 IMPORTED_PARAMS, IMPORTED_MODEL, IMPORTED_SOURCE = "params.safetensors", "model.yaml", "hf.json"
-TOKENIZER, TOKENIZER_CONFIG = "tokenizer.json", "tokenizer_config.json"
-# what transformers keeps beside tokenizer_config.json, read into it: its special tokens, its chat template
-SPECIAL_TOKENS_MAP, CHAT_TEMPLATE = "special_tokens_map.json", "chat_template.jinja"
-GENERATION_CONFIG = "generation_config.json"  # kept as it is: what transformers' generate does with the model
 # token ids a source checkpoint's config carries, kept through an import and written on export
 TOKEN_ID_FIELDS = ("bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id", "forced_eos_token_id")
 
@@ -150,8 +148,8 @@ def _open(path: Path) -> tuple[dict[str, Any], Mapping[str, np.ndarray], str | N
         return hf_config, tensors, tokenizer_json, tokenizer_config, str(gguf_path)
     config_path = _config_file(path)
     tokenizer_path = path / TOKENIZER
-    return (_json_object(config_path), read_tensors(path),
-            tokenizer_path.read_text() if tokenizer_path.is_file() else None, _tokenizer_config(path), str(path))
+    return (json_object(config_path), read_tensors(path),
+            tokenizer_path.read_text() if tokenizer_path.is_file() else None, tokenizer_config_of(path), str(path))
 
 
 def _config_file(path: Path) -> Path:
@@ -160,35 +158,6 @@ def _config_file(path: Path) -> Path:
         raise FileNotFoundError(f"{path} is not a Hugging Face model directory (no config.json), "
                                 "a .gguf file or an import-hf directory")
     return path / "config.json"
-
-
-def _tokenizer_config(path: Path) -> dict[str, Any] | None:
-    """A directory's ``tokenizer_config.json`` with what transformers keeps beside it (``special_tokens_map.json``,
-    ``chat_template.jinja``) folded in; None when it has none of them."""
-    config: dict[str, Any] = {}
-    for name in (TOKENIZER_CONFIG, SPECIAL_TOKENS_MAP):
-        if (path / name).is_file():
-            config = {**_json_object(path / name), **config}  # tokenizer_config.json's own fields first
-    if (path / CHAT_TEMPLATE).is_file():
-        config.setdefault("chat_template", (path / CHAT_TEMPLATE).read_text())
-    return config or None
-
-
-def read_generation_config(path: str | Path) -> dict[str, Any] | None:
-    """A directory's ``generation_config.json`` (a Hugging Face or import-hf directory, a run trained from a
-    checkpoint: `copy_token_metadata`); None when it has none (a GGUF file)."""
-    path = Path(path) / GENERATION_CONFIG
-    if not path.is_file():
-        return None
-    return _json_object(path)
-
-
-def _json_object(path: Path) -> dict[str, Any]:
-    """The JSON object in ``path``; anything else (malformed, an array) raises one line naming the file."""
-    fields = load_json(path)
-    if not isinstance(fields, dict):
-        raise ValueError(f"{path}: not a JSON object")
-    return fields
 
 
 def _existing(path: str | Path) -> Path:
@@ -247,7 +216,7 @@ def read_token_metadata(path: str | Path) -> tuple[dict[str, Any], dict[str, Any
             hf_config, _, _, tokenizer_config, _ = _open(path)
             return hf_config, tokenizer_config
         source = path / IMPORTED_SOURCE if (path / IMPORTED_SOURCE).is_file() else _config_file(path)
-        return _json_object(source), _tokenizer_config(path)
+        return json_object(source), tokenizer_config_of(path)
 
 
 def kept_token_metadata(run_dir: str | Path) -> tuple[dict[str, Any], dict[str, Any] | None] | None:
@@ -261,8 +230,8 @@ def copy_token_metadata(source: str | Path, out: Path) -> None:
     at the source's EOS (and transformers generates from the export as from the source)."""
     hf_config, tokenizer_config = read_token_metadata(source)
     _write_source(out, hf_config)
-    _write_tokenizer(out, None, tokenizer_config)
-    _write_generation_config(out, read_generation_config(source))
+    write_tokenizer(out, None, tokenizer_config)
+    write_generation_config(out, read_generation_config(source))
 
 
 def load(path: str | Path) -> tuple[ModelConfig, nnx.State]:
@@ -317,8 +286,8 @@ def save(cfg: ModelConfig, params: nnx.State, out: str | Path, *, tokenizer_json
     with _new_directory(out) as directory:
         write_safetensors(directory / "model.safetensors", tensors)
         write_text_atomic(directory / "config.json", json.dumps(config, indent=2, sort_keys=True) + "\n")
-        _write_tokenizer(directory, tokenizer_json, tokenizer_config)
-        _write_generation_config(directory, generation_config)
+        write_tokenizer(directory, tokenizer_json, tokenizer_config)
+        write_generation_config(directory, generation_config)
     return out
 
 
@@ -354,18 +323,6 @@ def _new_directory(out: Path) -> Iterator[Path]:
         raise
 
 
-def _write_tokenizer(out: Path, tokenizer_json: str | None, tokenizer_config: dict[str, Any] | None) -> None:
-    if tokenizer_json is not None:
-        write_text_atomic(out / TOKENIZER, tokenizer_json)
-    if tokenizer_config:
-        write_text_atomic(out / TOKENIZER_CONFIG, json.dumps(tokenizer_config, indent=2, sort_keys=True) + "\n")
-
-
-def _write_generation_config(out: Path, generation_config: dict[str, Any] | None) -> None:
-    if generation_config:
-        write_text_atomic(out / GENERATION_CONFIG, json.dumps(generation_config, indent=2, sort_keys=True) + "\n")
-
-
 def _write_source(out: Path, hf_config: dict[str, Any]) -> None:
     write_text_atomic(out / IMPORTED_SOURCE, json.dumps(hf_config, indent=2, sort_keys=True) + "\n")
 
@@ -376,8 +333,8 @@ def write_imported(checkpoint: Checkpoint, out: str | Path) -> Path:
     with _new_directory(out) as directory:
         write_safetensors(directory / IMPORTED_PARAMS, flat_params(checkpoint.params))
         _write_source(directory, checkpoint.hf_config)
-        _write_tokenizer(directory, checkpoint.tokenizer_json, checkpoint.tokenizer_config)
-        _write_generation_config(directory, checkpoint.generation_config)
+        write_tokenizer(directory, checkpoint.tokenizer_json, checkpoint.tokenizer_config)
+        write_generation_config(directory, checkpoint.generation_config)
         model = {"model": dataclasses.asdict(checkpoint.cfg)}
         write_text_atomic(directory / IMPORTED_MODEL, yaml.safe_dump(model, sort_keys=False))
     return out
@@ -396,7 +353,7 @@ def _read_imported(path: Path) -> Checkpoint:
     params = params_from_flat(cfg, {name: tensors[name] for name in tensors}, source=str(path))
     source = path / IMPORTED_SOURCE
     tokenizer = path / TOKENIZER
-    return Checkpoint(cfg, params, _json_object(source) if source.is_file() else {},
-                      tokenizer.read_text() if tokenizer.is_file() else None, _tokenizer_config(path),
+    return Checkpoint(cfg, params, json_object(source) if source.is_file() else {},
+                      tokenizer.read_text() if tokenizer.is_file() else None, tokenizer_config_of(path),
                       read_generation_config(path))
 
