@@ -34,6 +34,8 @@ CASES = {
     # embed_tokens (logits off by 0.46 and 0.43)
     "bert-untied": dict(BERT, tie_embeddings=False, pooler=True),
     "marian-untied": dict(MARIAN, tie_embeddings=False, scale_embeddings=True),
+    # no final_logits_bias written (transformers zeros the buffer): read back as no logit bias, not as zeros
+    "marian-no-logit-bias": dict(MARIAN, logit_bias=False),
 }
 
 
@@ -137,3 +139,26 @@ def test_the_generation_config_survives_import_and_export(tmp_path, capsys):
     exported = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "exported").generation_config
     assert exported.to_diff_dict() == source.to_diff_dict()
     assert (exported.eos_token_id, exported.do_sample, exported.top_p) == ([5, 7], True, 0.8)
+
+
+def test_a_marian_without_a_logit_bias_keeps_none_through_import_and_export(tmp_path, capsys):
+    """The export wrote final_logits_bias as zeros, and every import read it back as model.logit_bias=True: an
+    export → import-hf → export-hf → load came back with a [V] parameter the model never had."""
+    from safetensors import safe_open
+
+    from jaxformer.cli import main
+
+    cfg = ModelConfig(**dict(MARIAN, logit_bias=False))
+    params = _random_params(cfg)
+    hf.save(cfg, params, tmp_path / "out")
+    with safe_open(tmp_path / "out" / "model.safetensors", "np") as written:
+        assert "final_logits_bias" not in written.keys()
+    model = transformers.MarianMTModel.from_pretrained(tmp_path / "out").eval()
+    assert not model.final_logits_bias.any()  # transformers' zeros: the same logits (the CASES test)
+    assert main(["import-hf", str(tmp_path / "out"), "--out", str(tmp_path / "imported")]) == 0
+    assert main(["export-hf", str(tmp_path / "imported"), "--out", str(tmp_path / "exported")]) == 0
+    capsys.readouterr()
+    cfg2, params2 = hf.load(tmp_path / "exported")
+    first, second = flat_params(params), flat_params(params2)
+    assert not cfg2.logit_bias and cfg2 == cfg
+    assert first.keys() == second.keys() and all(np.array_equal(first[k], second[k]) for k in first)

@@ -250,9 +250,6 @@ def hf_tensors(cfg: ModelConfig, params: nnx.State) -> dict[str, np.ndarray]:
     family = families.for_config(cfg)
     family.check_export(cfg)
     flat = flat_params(params)
-    if family is families.marian and not cfg.logit_bias:  # Marian always has final_logits_bias: zeros are exact
-        flat["head.bias"] = np.zeros((cfg.vocab_size,), np.float32)
-        cfg = dataclasses.replace(cfg, logit_bias=True)
     tensors: dict[str, np.ndarray] = {}
     for rule in family.rules(cfg):
         tensors.update(zip(rule.hf, rule.save([flat[name] for name in rule.ours])))

@@ -2,7 +2,8 @@
 
 Sinusoidal positions laid out sines-then-cosines, token embeddings scaled by √d
 (``scale_embedding``), one embedding shared by encoder, decoder and the tied head, and a
-logit bias (``final_logits_bias``). The decoder starts from ``decoder_start_token_id``.
+logit bias (``final_logits_bias``; a checkpoint without one is a model without one, as transformers
+then starts the buffer at zeros). The decoder starts from ``decoder_start_token_id``.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ def to_config(hf: dict[str, Any], names: set[str]) -> ModelConfig:
         max_seq_len=field(hf, "max_position_embeddings"), activation=activation_in(hf, "activation_function"),
         norm="layernorm", norm_position="post", norm_eps=LAYER_NORM_EPS, position="sinusoidal",
         sinusoidal_layout="split", use_bias=True, tie_embeddings=bool(hf.get("tie_word_embeddings", True)),
-        scale_embeddings=bool(hf.get("scale_embedding", False)), logit_bias=True,
+        scale_embeddings=bool(hf.get("scale_embedding", False)), logit_bias="final_logits_bias" in names,
     )
 
 
@@ -90,7 +91,9 @@ def rules(cfg: ModelConfig) -> list[Rule]:
     embedding = same("model.shared.weight", "embedding.tokens", (V, E)) if cfg.tie_embeddings else copies(
         ("model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight", "model.shared.weight"),
         "embedding.tokens", (V, E), read=2)
-    out = [embedding, same("final_logits_bias", "head.bias", (V,), (1, V))]
+    out = [embedding]
+    if cfg.logit_bias:  # left out otherwise: the buffer transformers zeros when a checkpoint lacks it
+        out.append(same("final_logits_bias", "head.bias", (V,), (1, V)))
     for stack, layers in (("encoder", cfg.num_encoder_layers), ("decoder", cfg.num_layers)):
         for i in range(layers):
             hf, ours = f"model.{stack}.layers.{i}", f"{stack}.blocks.{i}"
