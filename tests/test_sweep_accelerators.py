@@ -93,4 +93,4 @@ def test_a_pool_on_gpus_starts_each_worker_with_its_device(monkeypatch, tmp_path
     ({"CPU": 8.0, "GPU": 8.0}, 2, 1.0, 4),        # CPUs run out first
 ])
 def test_ray_starts_only_the_actors_the_cluster_holds(resources, cpus, gpus_per_run, count):
-    assert ray_actor_count(resources, cpus, gpus_per_run) == count
+    assert ray_actor_count([resources], cpus, gpus_per_run) == count

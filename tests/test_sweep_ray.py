@@ -15,16 +15,32 @@ from jaxformer.sweep.runs import Outcome, RunPaths
 from sweep_helpers import variant
 
 
+TOO_FEW_CPUS = r"^--threads 4: each Ray actor asks for 4 CPUs, and the largest Ray node has 2$"
+
+
 def test_the_actors_are_capped_by_the_cluster_and_refused_when_none_fits():
-    assert ray_actor_count({"CPU": 4.0}, 2, 0.0, workers=8) == 2  # --workers 8 on a 4-CPU cluster: 2 of 2 CPUs
-    assert ray_actor_count({"CPU": 4.0}, 2, 0.0, workers=1) == 1
-    assert ray_actor_count({"CPU": 8.0, "GPU": 2.0}, 1, 1.0, workers=4) == 2
-    with pytest.raises(ValueError, match=r"^--gpus-per-run 1: the Ray cluster has 0 GPUs$"):
-        ray_actor_count({"CPU": 16.0}, 1, 1.0)
-    with pytest.raises(ValueError, match=r"^--gpus-per-run 0.5: the Ray cluster has 0.25 GPUs$"):
-        ray_actor_count({"CPU": 16.0, "GPU": 0.25}, 1, 0.5, workers=1)
-    with pytest.raises(ValueError, match=r"^--threads 4: each Ray actor asks for 4 CPUs, and the Ray cluster has 2$"):
-        ray_actor_count({"CPU": 2.0}, 4, 0.0)
+    assert ray_actor_count([{"CPU": 4.0}], 2, 0.0, workers=8) == 2  # --workers 8 on a 4-CPU cluster: 2 of 2 CPUs
+    assert ray_actor_count([{"CPU": 4.0}], 2, 0.0, workers=1) == 1
+    assert ray_actor_count([{"CPU": 8.0, "GPU": 2.0}], 1, 1.0, workers=4) == 2
+    with pytest.raises(ValueError, match=r"^--gpus-per-run 1: the largest Ray node has 0 GPUs$"):
+        ray_actor_count([{"CPU": 16.0}], 1, 1.0)
+    with pytest.raises(ValueError, match=r"^--gpus-per-run 0.5: the largest Ray node has 0.25 GPUs$"):
+        ray_actor_count([{"CPU": 16.0, "GPU": 0.25}], 1, 0.5, workers=1)
+    with pytest.raises(ValueError, match=TOO_FEW_CPUS):
+        ray_actor_count([{"CPU": 2.0}], 4, 0.0)
+
+
+def test_each_node_holds_whole_actors_of_its_own_resources():
+    """Cluster totals overcount: 2 nodes of 3 CPUs hold two 2-CPU actors, not three (the third would wait for
+    ever); 4 nodes of 2 CPUs hold no 4-CPU actor although the cluster has 8; GPUs and CPUs count on one node."""
+    assert ray_actor_count([{"CPU": 3.0}, {"CPU": 3.0}], 2, 0.0) == 2
+    assert ray_actor_count([{"CPU": 3.0}, {"CPU": 3.0}], 2, 0.0, workers=3) == 2
+    with pytest.raises(ValueError, match=TOO_FEW_CPUS):
+        ray_actor_count([{"CPU": 2.0}] * 4, 4, 0.0)
+    assert ray_actor_count([{"CPU": 8.0, "GPU": 1.0}, {"CPU": 1.0, "GPU": 4.0}], 1, 1.0) == 2  # 1 + 1, not 5
+    with pytest.raises(ValueError, match=r"^--threads 2 --gpus-per-run 1: no Ray node has both the CPUs and the GPUs "
+                                         r"of one actor$"):
+        ray_actor_count([{"CPU": 4.0}, {"CPU": 1.0, "GPU": 1.0}], 2, 1.0)
 
 
 def test_a_local_ray_instance_has_room_for_the_actors_asked_for():
@@ -34,9 +50,10 @@ def test_a_local_ray_instance_has_room_for_the_actors_asked_for():
 
 
 @pytest.mark.parametrize("flags, address_resources, message", [
-    (["--workers", "1", "--threads", "2", "--gpus-per-run", "1"], None, "--gpus-per-run 1: the Ray cluster has 0 GPUs"),
+    (["--workers", "1", "--threads", "2", "--gpus-per-run", "1"], None,
+     "--gpus-per-run 1: the largest Ray node has 0 GPUs"),
     (["--workers", "1", "--threads", "2", "--ray-address", "auto"], {"CPU": 1.0},
-     "--threads 2: each Ray actor asks for 2 CPUs, and the Ray cluster has 1"),
+     "--threads 2: each Ray actor asks for 2 CPUs, and the largest Ray node has 1"),
 ])
 def test_a_ray_request_no_actor_can_meet_exits_2_before_anything_is_written(tmp_path, monkeypatch, capsys, flags,
                                                                            address_resources, message):
@@ -47,7 +64,8 @@ def test_a_ray_request_no_actor_can_meet_exits_2_before_anything_is_written(tmp_
     def connect(address, cpus):
         started.append((address, cpus))
         resources = address_resources if address else {"CPU": float(cpus)}
-        return SimpleNamespace(cluster_resources=lambda: resources)
+        dead = {"Alive": False, "Resources": {"CPU": 64.0}}  # a node that left the cluster holds no actor
+        return SimpleNamespace(nodes=lambda: [{"Alive": True, "Resources": resources}, dead])
 
     monkeypatch.setattr("jaxformer.sweep.launch.connect_ray", connect)
     spec, out = variant(tmp_path, "ray-refused", isoflop={"budgets": [1e9], "params": [8e3]}), tmp_path / "out"

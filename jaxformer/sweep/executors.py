@@ -157,17 +157,34 @@ class _RayWorker:
         self.worker.close()
 
 
-def ray_actor_count(resources: dict[str, float], cpus: int, gpus_per_run: float, workers: int | None = None) -> int:
-    """How many actors of ``cpus`` CPUs and ``gpus_per_run`` GPUs to start: ``workers`` (default: as many as fit), at
-    most as many as the cluster's ``resources`` hold at once, since an actor that does not fit would wait for
-    resources that the others never free, and its runs with it. Raises ``ValueError`` when not even one fits."""
-    have_cpus, have_gpus = resources.get("CPU", 0.0), resources.get("GPU", 0.0)
-    if gpus_per_run > have_gpus:
-        raise ValueError(f"--gpus-per-run {gpus_per_run:g}: the Ray cluster has {have_gpus:g} GPUs")
-    if cpus > have_cpus:
-        raise ValueError(f"--threads {cpus}: each Ray actor asks for {cpus} CPUs, and the Ray cluster has "
-                         f"{have_cpus:g}")
-    fit = int(min([have_cpus // cpus] + ([have_gpus // gpus_per_run] if gpus_per_run > 0 else [])))
+def ray_nodes(ray) -> list[dict[str, float]]:
+    """The resources of each live node of the cluster ``ray`` is connected to."""
+    return [node["Resources"] for node in ray.nodes() if node.get("Alive")]
+
+
+def ray_actor_count(nodes: list[dict[str, float]], cpus: int, gpus_per_run: float, workers: int | None = None) -> int:
+    """How many actors of ``cpus`` CPUs and ``gpus_per_run`` GPUs to start on a cluster of ``nodes`` (each node's
+    resources, `ray_nodes`): ``workers`` (default: as many as fit), at most as many as the nodes hold at once. An
+    actor lives on one node, so each node holds whole actors of its own CPUs and GPUs (two nodes of 3 CPUs hold two
+    actors of 2, not three); an actor that does not fit would wait for resources the others never free, and its runs
+    with it. Raises ``ValueError`` when not even one fits."""
+
+    def most(key: str) -> float:
+        return max((node.get(key, 0.0) for node in nodes), default=0.0)
+
+    def holds(node: dict[str, float]) -> int:
+        fits = [node.get("CPU", 0.0) // cpus] + ([node.get("GPU", 0.0) // gpus_per_run] if gpus_per_run > 0 else [])
+        return int(min(fits))
+
+    if gpus_per_run > most("GPU"):
+        raise ValueError(f"--gpus-per-run {gpus_per_run:g}: the largest Ray node has {most('GPU'):g} GPUs")
+    if cpus > most("CPU"):
+        raise ValueError(f"--threads {cpus}: each Ray actor asks for {cpus} CPUs, and the largest Ray node has "
+                         f"{most('CPU'):g}")
+    fit = sum(holds(node) for node in nodes)
+    if fit == 0:
+        raise ValueError(f"--threads {cpus} --gpus-per-run {gpus_per_run:g}: no Ray node has both the CPUs and "
+                         f"the GPUs of one actor")
     return min(workers, fit) if workers else fit
 
 

@@ -17,7 +17,8 @@ from typing import Callable, Iterator
 from jaxformer.files import write_bytes_atomic
 from jaxformer.sweep.accelerators import keep_launcher_on_cpu, local_accelerators
 from jaxformer.sweep.branches import BranchCompute, train_branched, trunks_of
-from jaxformer.sweep.executors import LocalPool, connect_ray, local_ray_cpus, ray_actor_count, run_local, run_ray
+from jaxformer.sweep.executors import (LocalPool, connect_ray, local_ray_cpus, ray_actor_count, ray_nodes, run_local,
+                                       run_ray)
 from jaxformer.sweep.plan import PlannedRun, plan_run, repeated_data_note
 from jaxformer.sweep.progress import SweepProgress
 from jaxformer.sweep.queue import Prepare, WorkQueue
@@ -186,7 +187,7 @@ def launch(spec: SweepSpec, runs: list[PlannedRun], out: Path, options: LaunchOp
     ray = actors = None
     if options.executor == "ray":  # refused here, before anything is written, when not one actor fits
         ray = connect_ray(options.ray_address, local_ray_cpus(options.workers, threads))
-        actors = ray_actor_count(ray.cluster_resources(), max(threads, 1), options.gpus_per_run, options.workers)
+        actors = ray_actor_count(ray_nodes(ray), max(threads, 1), options.gpus_per_run, options.workers)
     own = len(runs)
     runs = prepare_directory(spec, runs, out)
     states = {run.name: RunPaths(out, run.name).state() for run in runs}
