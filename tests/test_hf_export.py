@@ -162,3 +162,31 @@ def test_a_marian_without_a_logit_bias_keeps_none_through_import_and_export(tmp_
     first, second = flat_params(params), flat_params(params2)
     assert not cfg2.logit_bias and cfg2 == cfg
     assert first.keys() == second.keys() and all(np.array_equal(first[k], second[k]) for k in first)
+
+
+@pytest.mark.parametrize("kind", ["run", "import-hf"])
+def test_export_refuses_a_model_without_equivalent_before_reading_its_parameters(kind, tmp_path, capsys):
+    """export-hf restored a run's checkpoint (or read an import's params.safetensors) before it checked the model:
+    a sandwich-norm model was refused only after the restore. Here the parameters are unreadable, so the refusal
+    naming the field shows that nothing was read: before, the unreadable checkpoint was the error."""
+    import yaml
+
+    from jaxformer.cli import main
+    from jaxformer.train.config import config_to_dict, load_config
+
+    config = load_config(None, ["model.norm_position=sandwich", "model.d_model=32", "model.num_heads=2",
+                                "model.num_layers=1"])
+    source = tmp_path / kind
+    if kind == "run":  # a step Orbax cannot read: restoring it raises CheckpointError
+        (source / "checkpoints" / "5" / "state").mkdir(parents=True)
+        (source / "config.yaml").write_text(yaml.safe_dump(config_to_dict(config), sort_keys=False))
+    else:
+        source.mkdir()
+        (source / "params.safetensors").write_bytes(b"garbage")
+        (source / "model.yaml").write_text(yaml.safe_dump({"model": config_to_dict(config)["model"]}))
+    capsys.readouterr()
+    assert main(["export-hf", str(source), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err == ("jaxformer export-hf: error: model.norm_position='sandwich' has no Hugging Face Llama equivalent "
+                   "(it needs model.norm_position='pre' or 'post')\n")
+    assert sorted(path.name for path in tmp_path.iterdir()) == [kind]

@@ -6,7 +6,8 @@ Hugging Face directory / GGUF file (a round trip). DIR receives ``config.json``,
 imported one, with its ``tokenizer_config.json``, special token ids and ``generation_config.json`` — also for
 a run trained from a checkpoint with its tokenizer); ``transformers.AutoModelForCausalLM.from_pretrained(DIR)`` (AutoModelForMaskedLM /
 AutoModel for an encoder, AutoModelForSeq2SeqLM for an encoder–decoder) loads it, with the same
-logits as jaxformer. A model with no Hugging Face equivalent exits 2 naming the field.
+logits as jaxformer. A model with no Hugging Face equivalent exits 2 naming the field, before any checkpoint
+is restored or read.
 """
 
 from __future__ import annotations
@@ -14,6 +15,10 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from jaxformer.architecture import ModelConfig
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -21,10 +26,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, help="the Hugging Face directory to write")
 
 
+def _is_run(source: Path) -> bool:
+    return (source / "config.yaml").is_file()
+
+
+def read_model(source: Path) -> ModelConfig:
+    """The `ModelConfig` of a run directory (its config.yaml) or a checkpoint (its config), no parameter read."""
+    if _is_run(source):
+        from jaxformer.train.restore import load_run_config
+
+        return load_run_config(source).model
+    from jaxformer.hf import read_config
+
+    return read_config(source)
+
+
 def read_source(source: Path):
     """``(cfg, params, tokenizer_json, source_config, tokenizer_config, generation_config)`` of a run directory or
     any checkpoint `jaxformer.hf` reads."""
-    if (source / "config.yaml").is_file():
+    if _is_run(source):
         from jaxformer.hf.tokenizer import byte_tokenizer_json
         from jaxformer.train.checkpoint import CheckpointError
         from jaxformer.train.restore import load_run_config, restore_params
@@ -67,8 +87,9 @@ def run(args: argparse.Namespace) -> int:
         raise FileNotFoundError(f"no run directory or checkpoint at {source}")
     if out.exists() and any(out.iterdir()):
         raise ValueError(f"--out {out} exists and is not empty")
+    model = read_model(source)
+    for_config(model).check_export(model)  # before restoring a checkpoint (minutes, and memory) only to refuse it
     cfg, params, tokenizer_json, source_config, tokenizer_config, generation_config = read_source(source)
-    for_config(cfg).check_export(cfg)  # before writing anything
     save(cfg, params, out, tokenizer_json=tokenizer_json, source_config=source_config, tokenizer_config=tokenizer_config,
          generation_config=generation_config)
     print(f"exported {cfg.family} model -> {out} (transformers.{auto_class(cfg)}.from_pretrained({str(out)!r}))")
