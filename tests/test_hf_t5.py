@@ -143,3 +143,31 @@ def test_t5_like_models_without_a_hugging_face_equivalent_are_refused(overrides,
     with pytest.raises(ValueError, match=message):
         hf.save(cfg, init_params(cfg, 0)[1], tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def test_more_decoder_than_encoder_layers_generate_as_transformers_does_without_its_cache(tmp_path):
+    """T5 v1.1 with 1 encoder and 2 decoder layers: transformers 5.25's own model (no export involved) fails in
+    ``generate`` with ``IndexError: list index out of range`` (cache_utils.py: its DynamicCache is sized by
+    ``num_hidden_layers``, which T5Config maps to ``num_layers``, the encoder's count). Our export writes the same
+    ``num_layers`` / ``num_decoder_layers`` as the native config, and greedy generation without transformers' cache
+    is the same, token for token, from the native model, the export and jaxformer (KV cache)."""
+    from flax import nnx
+
+    import jaxformer
+
+    model = hf_model("t5-v1_1")
+    model.save_pretrained(tmp_path / "src")
+    cfg, params = hf.load(tmp_path / "src")
+    hf.save(cfg, params, tmp_path / "out")
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert (config["num_layers"], config["num_decoder_layers"]) == (model.config.num_layers,
+                                                                    model.config.num_decoder_layers) == (1, 2)
+    exported = transformers.T5ForConditionalGeneration.from_pretrained(tmp_path / "out").eval()
+    prompt = tokens(1, 6, seed=3)
+    greedy = dict(attention_mask=torch.ones(1, 6, dtype=torch.long), max_new_tokens=10, do_sample=False,
+                  use_cache=False)
+    with torch.no_grad():
+        native, ours_in_theirs = (m.generate(torch.tensor(prompt), **greedy)[0, 1:].tolist() for m in (model, exported))
+    generated = jaxformer.generate(nnx.merge(init_params(cfg, 0)[0], params), prompt[0], max_new_tokens=10,
+                                   temperature=0.0, start_token=0)
+    assert native == ours_in_theirs == [int(t) for t in generated] and len(set(native)) > 1
