@@ -59,8 +59,9 @@ def write_text_atomic(path: Path, text: str) -> None:
     write_bytes_atomic(path, text.encode())
 
 
-def write_json_atomic(path: Path, payload: object, *, indent: int = 2) -> None:
-    write_text_atomic(path, json.dumps(payload, indent=indent) + "\n")
+def write_json_atomic(path: Path, payload: object, *, indent: int = 2, sort_keys: bool = False) -> None:
+    """``payload`` as indented JSON and a final newline; ``sort_keys``: keys in order (files diffed or compared)."""
+    write_text_atomic(path, json.dumps(payload, indent=indent, sort_keys=sort_keys) + "\n")
 
 
 def load_json(path: Path) -> object:

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from jaxformer import hf
+from jaxformer import files, hf
 from jaxformer.cli import main
 from jaxformer.hf import convert
 from jaxformer.models import ModelConfig, init_params
@@ -43,13 +43,18 @@ def _left_in(directory: Path) -> list[str]:
 @pytest.mark.parametrize("command", ["import-hf", "export-hf"])
 def test_a_disk_full_mid_write_leaves_no_out_and_a_rerun_writes_it(command, source, tmp_path, capsys, monkeypatch):
     """The weights were written, then a text file hit a full disk: --out kept the weights alone, and the rerun was
-    refused ("exists and is not empty")."""
+    refused ("exists and is not empty"). Here the first JSON file written (hf.json, config.json) fills the disk
+    half way through, in the atomic writer itself."""
     out = tmp_path / "out"
 
     def full(path, text):
-        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        def half_then_full(handle):
+            handle.write(text[:len(text) // 2].encode())
+            raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(convert, "write_text_atomic", full)
+        files.write_atomically(path, half_then_full)
+
+    monkeypatch.setattr(files, "write_text_atomic", full)  # what write_json_atomic writes through
     assert main(_argv(command, source, out)) == 1
     written = "hf.json" if command == "import-hf" else "config.json"
     assert f"[Errno 28] No space left on device: '{out / written}'" in _one_line(capsys)

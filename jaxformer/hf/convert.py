@@ -33,7 +33,7 @@ import yaml
 from flax import nnx
 
 from jaxformer.architecture import ModelConfig
-from jaxformer.files import write_text_atomic
+from jaxformer.files import write_json_atomic, write_text_atomic
 from jaxformer.hf import families
 from jaxformer.hf.metadata import (TOKENIZER, json_object, read_generation_config, tokenizer_config_of,
                                    write_generation_config, write_tokenizer)
@@ -282,7 +282,7 @@ def save(cfg: ModelConfig, params: nnx.State, out: str | Path, *, tokenizer_json
     config["dtype"] = "float32"
     with _new_directory(out) as directory:
         write_safetensors(directory / "model.safetensors", tensors)
-        write_text_atomic(directory / "config.json", json.dumps(config, indent=2, sort_keys=True) + "\n")
+        write_json_atomic(directory / "config.json", config, sort_keys=True)
         write_tokenizer(directory, tokenizer_json, tokenizer_config)
         write_generation_config(directory, generation_config)
     return out
@@ -321,7 +321,7 @@ def _new_directory(out: Path) -> Iterator[Path]:
 
 
 def _write_source(out: Path, hf_config: dict[str, Any]) -> None:
-    write_text_atomic(out / IMPORTED_SOURCE, json.dumps(hf_config, indent=2, sort_keys=True) + "\n")
+    write_json_atomic(out / IMPORTED_SOURCE, hf_config, sort_keys=True)
 
 
 def write_imported(checkpoint: Checkpoint, out: str | Path) -> Path:

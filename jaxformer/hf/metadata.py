@@ -4,11 +4,10 @@ generation defaults: stop tokens, sampling), read and written as `jaxformer.hf.c
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
-from jaxformer.files import load_json, write_text_atomic
+from jaxformer.files import load_json, write_json_atomic, write_text_atomic
 
 TOKENIZER, TOKENIZER_CONFIG = "tokenizer.json", "tokenizer_config.json"
 # what transformers keeps beside tokenizer_config.json, read into it: its special tokens, its chat template
@@ -49,9 +48,9 @@ def write_tokenizer(out: Path, tokenizer_json: str | None, tokenizer_config: dic
     if tokenizer_json is not None:
         write_text_atomic(out / TOKENIZER, tokenizer_json)
     if tokenizer_config:
-        write_text_atomic(out / TOKENIZER_CONFIG, json.dumps(tokenizer_config, indent=2, sort_keys=True) + "\n")
+        write_json_atomic(out / TOKENIZER_CONFIG, tokenizer_config, sort_keys=True)
 
 
 def write_generation_config(out: Path, generation_config: dict[str, Any] | None) -> None:
     if generation_config:
-        write_text_atomic(out / GENERATION_CONFIG, json.dumps(generation_config, indent=2, sort_keys=True) + "\n")
+        write_json_atomic(out / GENERATION_CONFIG, generation_config, sort_keys=True)
