@@ -1,5 +1,6 @@
 """What a run directory's checkpoints can meet besides a clean resume: a finished run without them, a disk that
-fills while saving, checkpoints of another model, foreign entries, Ctrl-C, a path the user may not write."""
+fills while saving, checkpoints of another model (bad input, kept) or unreadable ones (set aside), foreign entries,
+Ctrl-C, a path the user may not write."""
 
 import errno
 import gc
@@ -101,18 +102,86 @@ def test_a_write_failure_tensorstore_reports_maps_to_its_errno():
     assert _write_errno(ValueError("Requested shape: (64,) is not compatible with the stored shape: (32,)")) is None
 
 
-def test_checkpoints_of_another_model_fail_in_one_line_without_late_read_reports(tmp_path, finished, config_path,
-                                                                                 capsys, monkeypatch):
+def tree_md5s(root: Path) -> dict[str, str]:
+    """Every file under ``root`` by its relative path, with its MD5."""
+    return {str(path.relative_to(root)): hashlib.md5(path.read_bytes()).hexdigest()
+            for path in sorted(root.rglob("*")) if path.is_file()}
+
+
+@pytest.mark.parametrize(("change", "line"), [
+    (["model.d_model=64", "model.num_heads=4"],
+     "params.decoder.blocks.0.attention.wk.value is (32, 2, 16) float32 there, (64, 4, 16) float32 in the config's "
+     "model (and 32 other arrays)"),
+    (["model.num_layers=2"],
+     "params.decoder.blocks.1.attention.wk.value is absent there, (32, 2, 16) float32 in the config's model "
+     "(and 26 other arrays)"),
+])
+def test_checkpoints_of_another_model_are_bad_input_in_one_line_and_kept(tmp_path, finished, config_path, capsys,
+                                                                         monkeypatch, change, line):
+    """A run directory holding the checkpoints of another shape (its config.yaml gone, so no resume check names the
+    field): exit 2 naming the first array that differs, both shapes; no file moved, changed or added."""
     run_dir = tmp_path / "run"
     shutil.copytree(finished / "checkpoints", run_dir / "checkpoints")
+    before = tree_md5s(run_dir)
     reported = []
-    monkeypatch.setattr(sys, "unraisablehook", reported.append)  # under the hook restoring installs
-    code = main(["train", config_path, *TINY, "model.d_model=64", "model.num_heads=4", "--run-dir", str(run_dir)])
-    gc.collect()  # the reads' coroutines, closed unfinished, report as they are collected
-    err = capsys.readouterr().err.strip().splitlines()
-    assert code == 1 and err[-1].startswith("jaxformer train: error: none of the checkpoints [2, 4]")
-    assert len(err) == 3 and all("is unreadable" in line for line in err[:2])  # one warning per step set aside
+    monkeypatch.setattr(sys, "unraisablehook", reported.append)
+    capsys.readouterr()
+    code = main(["train", config_path, *TINY, *change, "--run-dir", str(run_dir)])
+    gc.collect()
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err == (f"jaxformer train: error: checkpoint step 4 in {run_dir / 'checkpoints'} holds "
+                                 f"another model: {line}; train it with the config that saved it, or use a new "
+                                 "train.run_dir")
+    assert tree_md5s(run_dir) == before and not (tmp_path / "run" / "corrupt_checkpoints").exists()
     assert [repr(r.object) for r in reported] == []
+    assert main(["train", config_path, *TINY, "--run-dir", str(run_dir)]) == 0  # its own config resumes it
+    assert json.loads((run_dir / "final.json").read_text())["resumed_from"]["step"] == 4
+
+
+def test_a_step_whose_metadata_does_not_read_is_corrupt_and_falls_back(tmp_path, finished, config_path, capsys):
+    """Not another model: unreadable metadata keeps the corrupt-checkpoint policy (set aside, the previous step)."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(finished, run_dir)
+    (run_dir / "final.json").unlink()
+    (run_dir / "checkpoints" / "4" / "state" / "_METADATA").write_text("garbage")
+    capsys.readouterr()
+    assert main(["train", config_path, *TINY, "--run-dir", str(run_dir)]) == 0
+    assert "warning: checkpoint step 4 is unreadable (JSONDecodeError" in capsys.readouterr().err
+    assert json.loads((run_dir / "final.json").read_text())["resumed_from"]["step"] == 2
+    assert (run_dir / "corrupt_checkpoints" / "4" / "state" / "_METADATA").read_text() == "garbage"
+    assert latest_saved_step(run_dir) == 4  # saved again as the run ended
+
+
+def test_restoring_another_models_checkpoints_raises_and_moves_nothing(tmp_path):
+    """`Checkpointer.restore_latest` itself, for every caller (training, a read-only restore): the newest step read
+    is another model's, refused before any step is restored or set aside."""
+    import jax
+    import jax.numpy as jnp
+
+    from jaxformer.train.checkpoint import Checkpointer
+    from jaxformer.train.checkpoint_shapes import CheckpointMismatch
+
+    checkpointer = Checkpointer(tmp_path / "checkpoints", keep=2)
+    for step in (1, 2):
+        checkpointer.save(step, {"params": {"w": jnp.full((3, 2), step, jnp.float32)}}, {})
+    checkpointer.close()
+    before = tree_md5s(tmp_path)
+    for read_only in (False, True):
+        checkpointer = Checkpointer(tmp_path / "checkpoints", keep=2, read_only=read_only)
+        try:
+            with pytest.raises(CheckpointMismatch) as error:
+                checkpointer.restore_latest({"params": {"w": jax.ShapeDtypeStruct((3, 4), jnp.float32)}})
+            with pytest.raises(CheckpointMismatch, match=r"params\.v is absent there, \(3, 2\) float32 in the config"):
+                checkpointer.restore_latest({"params": {"v": jax.ShapeDtypeStruct((3, 2), jnp.float32),
+                                                        "w": jax.ShapeDtypeStruct((3, 2), jnp.float32)}})
+            step, state, _ = checkpointer.restore_latest({"params": {"w": jax.ShapeDtypeStruct((3, 2), jnp.float32)}})
+        finally:
+            checkpointer.close()
+        assert str(error.value) == (f"checkpoint step 2 in {tmp_path / 'checkpoints'} holds another model: params.w is "
+                                    "(3, 2) float32 there, (3, 4) float32 in the config's model; train it with the "
+                                    "config that saved it, or use a new train.run_dir")
+        assert (step, float(state["params"]["w"][0, 0])) == (2, 2.0)
+        assert tree_md5s(tmp_path) == before
 
 
 async def _read_array_index_and_device_put():  # named as Orbax's read of one array

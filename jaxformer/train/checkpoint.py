@@ -10,7 +10,10 @@ Restoring tries the newest step first. A step that fails to load, or whose array
 match their digest, is skipped with a warning and the previous step is tried — a run never
 silently restarts from step 0 when checkpoints exist. Training moves such a step to
 ``RUN_DIR/corrupt_checkpoints/``; a read-only checkpointer (``read_only=True``: generation,
-inspection) leaves every file where it is and writes nothing.
+inspection) leaves every file where it is and writes nothing. A step whose metadata reads but
+describes other arrays than the state asked for (another model's checkpoints: another
+``d_model``, say) is not corrupt: `jaxformer.train.checkpoint_shapes` refuses it as bad input,
+before any step is restored or moved.
 
 Sharded state is saved sharded: each process writes the shards its devices hold. Restoring
 into an abstract state whose ``ShapeDtypeStruct`` leaves carry other shardings (another mesh,
@@ -40,6 +43,7 @@ import orbax.checkpoint as ocp
 from jax.sharding import NamedSharding, PartitionSpec
 
 from jaxformer.parallel.distributed import exchange
+from jaxformer.train.checkpoint_shapes import refuse_another_model
 
 
 
@@ -235,10 +239,12 @@ class Checkpointer:
         """``(step, state, meta)`` of the newest readable step; None when there is no checkpoint.
 
         abstract_state: a tree of ``jax.ShapeDtypeStruct`` (with shardings) shaped like the state.
-        Raises `CheckpointError` when steps exist but none restores.
+        Raises `CheckpointError` when steps exist but none restores, `CheckpointMismatch` (moving nothing) when
+        one holds another model's arrays (`refuse_another_model`).
         """
         _ignore_reads_outliving_their_loop()
         steps, unreadable = self.steps(), []
+        refuse_another_model(self.directory, steps, abstract_state)
         for step in reversed(steps):
             failure = local = None
             try:

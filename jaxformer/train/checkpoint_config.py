@@ -46,10 +46,15 @@ def has_checkpoints(run_dir: Path) -> bool:
     return latest_saved_step(run_dir) is not None
 
 
+def saved_steps(run_dir: Path) -> list[int]:
+    """The steps saved in ``RUN_DIR/checkpoints`` (readable or not), oldest first."""
+    directory = Path(run_dir) / "checkpoints"
+    if not directory.is_dir():
+        return []
+    # isascii: str.isdigit holds for "²", which int() refuses
+    return sorted(int(child.name) for child in directory.iterdir() if child.name.isascii() and child.name.isdigit())
+
+
 def latest_saved_step(run_dir: Path) -> int | None:
     """The newest step saved in ``RUN_DIR/checkpoints`` (readable or not); None when there is none."""
-    directory = Path(run_dir) / "checkpoints"
-    # isascii: str.isdigit holds for "²", which int() refuses
-    steps = ([int(child.name) for child in directory.iterdir() if child.name.isascii() and child.name.isdigit()]
-             if directory.is_dir() else [])
-    return max(steps, default=None)
+    return max(saved_steps(run_dir), default=None)

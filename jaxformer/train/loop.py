@@ -1,7 +1,7 @@
 """`train(config, run_dir)`: one run from a validated config to ``final.json``.
 
 Order of work: every check that can fail on user input (config, resume compatibility,
-corpus, sizes) runs before anything is written to the run directory. Then the resolved
+corpus, sizes, the checkpoints' model) runs before anything is written to the run directory. Then the resolved
 ``config.yaml``, ``data.json`` (corpus description and hash) and, for BPE, ``tokenizer.json``
 (from ``model.init_from``: with its ``hf.json`` and ``tokenizer_config.json``) are written; the
 model is initialised, or restored from the latest readable checkpoint (resume is the default);
@@ -38,7 +38,8 @@ from jaxformer.parallel.distributed import from_process_0
 from jaxformer.runtime import enable_compilation_cache, process_startup_s
 from jaxformer.files import write_json_atomic, write_text_atomic
 from jaxformer.train.checkpoint import Checkpointer
-from jaxformer.train.checkpoint_config import has_checkpoints
+from jaxformer.train.checkpoint_config import has_checkpoints, saved_steps
+from jaxformer.train.checkpoint_shapes import refuse_another_model
 from jaxformer.train.config import TrainConfig, config_to_dict, resume_conflict
 from jaxformer.train.dataset import Dataset, prepare_dataset
 from jaxformer.train.from_checkpoint import checkpoint_params, checkpoint_tokenizer, keep_token_metadata
@@ -136,6 +137,10 @@ def prepare_run(config: TrainConfig, run_dir: Path, runs: int = 1) -> tuple[Layo
                              f"(sha256 {str(saved)[:12]}… then, {dataset.info['sha256'][:12]}… now)")
     if resuming and (run_dir / "final.json").is_file():
         return layout, dataset, json.loads((run_dir / "final.json").read_text())
+    if steps := saved_steps(run_dir):  # another model's checkpoints are the user's valid files: refused, kept
+        abstract = initial_state(config.model, config.kernel, config.optimizer, make_optimizer(config.optimizer),
+                                 layout)[1]
+        refuse_another_model(run_dir / "checkpoints", steps, abstract)
     return layout, dataset, None
 
 
