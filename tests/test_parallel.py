@@ -287,13 +287,30 @@ def test_two_processes_on_one_host_choose_a_kernel_together_without_waiting_for_
 def test_a_process_whose_peers_never_connect_stops_after_the_initialization_timeout():
     code = ("import sys; from jaxformer.parallel.config import DistributedConfig; "
             "from jaxformer.parallel.distributed import initialize; "
-            "initialize(DistributedConfig(coordinator_address=sys.argv[1], num_processes=2, process_id=1, "
+            "initialize(DistributedConfig(coordinator_address=sys.argv[1], num_processes=2, process_id=0, "
             "initialization_timeout=2), {})")
-    started = time.perf_counter()  # process 1 of 2, and no coordinator at the address: JAX would wait 300 s
+    started = time.perf_counter()  # the coordinator, and its peer never comes: JAX would wait 300 s
     done = subprocess.run([sys.executable, "-c", code, f"127.0.0.1:{_free_port()}"], env=_env(1),
                           capture_output=True, text=True, timeout=200)
-    # JAX's client ends the process itself (SIGABRT) when the deadline passes
+    # JAX's client ends the coordinator's process itself (SIGABRT) when the deadline passes
     assert done.returncode != 0 and time.perf_counter() - started < 60 and "DEADLINE_EXCEEDED" in done.stderr
+
+
+def test_a_process_whose_coordinator_never_listens_exits_2_with_one_line(tmp_path):
+    """Process 1 of 2 and nothing at the coordinator's address: one line after the timeout, where JAX's client
+    aborted with a native stack."""
+    config, address = tmp_path / "run.yaml", f"127.0.0.1:{_free_port()}"
+    config.write_text("{}\n")
+    started = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "jaxformer.cli", "train", str(config),
+                           f"parallel.distributed.coordinator_address={address}", "parallel.distributed.num_processes=2",
+                           "parallel.distributed.process_id=1", "parallel.distributed.initialization_timeout=2",
+                           "--run-dir", str(tmp_path / "run")], env=_env(1), capture_output=True, text=True, timeout=200)
+    assert 2 <= time.perf_counter() - started < 60
+    assert (done.returncode, done.stderr) == (2, f"jaxformer train: error: parallel.distributed.coordinator_address "
+                                                 f"{address}: no coordinator listening after 2 s "
+                                                 f"(initialization_timeout): Connection refused\n")
+    assert [path.name for path in (tmp_path / "run").iterdir()] == ["error.json"]  # the failed attempt's record
 
 
 def test_one_device_mesh_product_mismatch_exits_2_before_anything_is_written(tmp_path, capsys):

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import collections
 import os
+import socket
+import time
 from typing import Mapping
 
 import jax
@@ -38,14 +40,32 @@ def launcher_detected(environ: Mapping[str, str]) -> bool:
     return (_env_int(environ, "SLURM_STEP_NUM_TASKS") or 1) > 1 or (_env_int(environ, "OMPI_COMM_WORLD_SIZE") or 1) > 1
 
 
+def wait_for_coordinator(address: str, timeout: float) -> float:
+    """Seconds until something listens at the coordinator's ``address`` (``host:port``); after ``timeout`` seconds
+    raises a one-line ``ValueError``. A process other than the coordinator waits here first because JAX's own client,
+    when its deadline passes, ends the process with a native stack instead of an error."""
+    host, _, port = address.rpartition(":")
+    started = time.monotonic()
+    while True:
+        try:
+            with socket.create_connection((host.strip("[]"), int(port)), timeout=1.0):
+                return time.monotonic() - started
+        except OSError as error:
+            reason = error.strerror or str(error)
+        if time.monotonic() - started >= timeout:
+            raise ValueError(f"parallel.distributed.coordinator_address {address}: no coordinator listening after "
+                             f"{timeout:g} s (initialization_timeout): {reason}")
+        time.sleep(0.25)
+
+
 def initialize(config: DistributedConfig, environ: Mapping[str, str] = os.environ) -> bool:
     """Initialises the JAX distributed system when asked to; returns whether it is initialised.
 
     Settings come from ``config``, else from ``JAX_COORDINATOR_ADDRESS``, ``JAX_NUM_PROCESSES``
     and ``JAX_PROCESS_ID``; what is still unset JAX detects on Cloud TPU, SLURM and Open MPI.
     ``config.initialize`` null (auto) initialises when any of the three is set or a launcher
-    started several processes. Calling it again is a no-op. A setting JAX cannot complete
-    raises ``ValueError`` naming ``parallel.distributed``.
+    started several processes. Calling it again is a no-op. A setting JAX cannot complete, or a
+    coordinator that never listens (`wait_for_coordinator`), raises ``ValueError`` naming ``parallel.distributed``.
     """
     if jax.distributed.is_initialized():
         return True
@@ -59,9 +79,12 @@ def initialize(config: DistributedConfig, environ: Mapping[str, str] = os.enviro
         return False
     if address is not None and not config.coordinator_address:
         check_address(address, "JAX_COORDINATOR_ADDRESS")
+    timeout = config.initialization_timeout
+    if address is not None and process_id:  # not the coordinator, which waits for its peers inside JAX
+        timeout = max(1, round(timeout - wait_for_coordinator(address, timeout)))
     try:
         jax.distributed.initialize(coordinator_address=address, num_processes=processes, process_id=process_id,
-                                   initialization_timeout=config.initialization_timeout)
+                                   initialization_timeout=timeout)
     except (ValueError, RuntimeError) as error:  # RuntimeError: what the coordination service reports
         raise ValueError(f"parallel.distributed: {error} (set coordinator_address, num_processes and process_id, "
                          "or launch under SLURM, Open MPI or on a Cloud TPU slice)") from None
