@@ -1,6 +1,6 @@
 """A damaged sweep directory, built here without training: a final.json cut short or emptied is no finished run (the
-table says so, a fit refuses it and a relaunch trains the run again, replacing the file); a damaged saved config is
-refused in one line naming it."""
+table says so, a fit refuses it, as it does in a directory of runs trained apart, and a relaunch trains the run again,
+replacing the file); a damaged saved config is refused in one line naming it."""
 
 import dataclasses
 import json
@@ -61,6 +61,29 @@ def test_a_damaged_final_json_is_no_finished_run_in_the_table(tmp_path, damage):
     with pytest.raises(ValueError) as error:  # what `jaxformer fit` reads: refused in the same words
         sweep_table(out)
     assert str(error.value) == damaged["reason"]
+
+
+@pytest.mark.parametrize("damage", DAMAGED)
+def test_a_damaged_final_json_in_runs_trained_apart_is_refused_by_a_fit_too(tmp_path, capsys, damage):
+    """A directory of runs with no plan.json (trained by `jaxformer train`, not a sweep): the same refusal, naming the
+    file, without the relaunch a sweep would make; the finished runs alone fit as they read."""
+    for n in (1000, 2000, 4000):
+        run_dir = tmp_path / "runs" / f"n{n}"
+        run_dir.mkdir(parents=True)
+        (run_dir / "final.json").write_text(json.dumps({**FINISHED, "params": n, "tokens": 20 * n,
+                                                        "flops_exact": 120 * n * n, "val_loss": 3 + 100 / n}))
+    assert sweep_table(tmp_path / "runs").loss.tolist() == [3.1, 3.05, 3.025]
+    damaged = tmp_path / "runs" / "a" / "final.json"
+    damaged.parent.mkdir()
+    damaged.write_text(DAMAGED[damage])
+    reason = f"{damaged} holds no finished run's record (a JSON object with a finite val_loss)"
+    with pytest.raises(ValueError) as error:
+        sweep_table(tmp_path / "runs")
+    assert str(error.value) == reason
+    capsys.readouterr()
+    assert main(["fit", str(tmp_path / "runs")]) == 2
+    assert capsys.readouterr().err == f"jaxformer fit: error: {reason}\n"
+    assert damaged.read_text() == DAMAGED[damage]  # a fit only reads
 
 
 class InProcessPool:

@@ -13,7 +13,8 @@ COLUMNS = ("run", "status", "N", "N_non_embedding", "D", "C", "C_exact", "C_6nd"
            "tokens_per_param", "loss", "train_loss", "val_bits_per_byte", "epochs", "seed", "wall_s", "reason")
 
 
-DAMAGED = "{final} holds no finished run's record (a JSON object with a finite val_loss); a relaunch trains it again"
+NOT_FINISHED = "{final} holds no finished run's record (a JSON object with a finite val_loss)"
+DAMAGED = NOT_FINISHED + "; a relaunch trains it again"  # a sweep's run
 
 
 def load_plan(sweep_dir: Path) -> list[dict]:

@@ -4,8 +4,11 @@
 this module does. ``sweep_table(DIR)`` reads one sub-directory per run (under ``runs/``, as
 ``jaxformer sweep`` writes it, or directly in ``DIR``) with ``final.json`` (``params``,
 ``tokens``, ``val_loss``…), the run's curve from its ``metrics.jsonl`` rows with a validation
-loss, and each run's IsoFLOP budget from ``plan.json``; with a plan, only the runs it lists. ``write_sweep`` lays a table out the
-same way (synthetic sweeps for tests and notebooks).
+loss, and each run's IsoFLOP budget from ``plan.json``; with a plan, only the runs it lists. A
+``final.json`` that holds no finished run's record (cut short, emptied, a loss that is not a
+finite number) is refused, naming it, with a plan or without: a directory of runs trained apart is
+fitted as a sweep is. ``write_sweep`` lays a table out the same way (synthetic sweeps for tests
+and notebooks).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import numpy as np
 
 from jaxformer.files import load_json, load_jsonl
 from jaxformer.scaling.table import RunTable, columns_table, find_column, records_to_columns
-from jaxformer.sweep.results import DAMAGED
+from jaxformer.sweep.results import DAMAGED, NOT_FINISHED
 from jaxformer.sweep.runs import final_record
 
 CURVE_FILE = "metrics.jsonl"
@@ -52,9 +55,6 @@ def sweep_table(path: str | Path, *, params: str = "total", flops: str | None = 
     if planned is not None:  # the plan's runs only: a held-out run (`jaxformer.sweep.verify`) is not the sweep's
         budgets = {r["name"]: r.get("budget") for r in planned}
         run_dirs = [d for d in run_dirs if d.name in budgets]
-        damaged = [d / "final.json" for d in run_dirs if final_record(d / "final.json") is None]
-        if damaged:  # not a finished run's (`jaxformer.sweep.runs`), though its run finished once
-            raise ValueError(DAMAGED.format(final=damaged[0]))
         planned_rule = next((r["flops_rule"] for r in planned if r.get("flops_rule")), None)
         if flops is None:
             flops = planned_rule or "exact"
@@ -67,7 +67,10 @@ def sweep_table(path: str | Path, *, params: str = "total", flops: str | None = 
     flops = flops or "exact"
     if not run_dirs:
         raise ValueError(f"{path}: no run sub-directories with final.json")
-    records = [load_json(d / "final.json") for d in run_dirs]
+    records = [final_record(d / "final.json") for d in run_dirs]
+    if None in records:  # not a finished run's (`jaxformer.sweep.runs`), though its run finished once: never fitted
+        damaged = run_dirs[records.index(None)] / "final.json"
+        raise ValueError((DAMAGED if planned is not None else NOT_FINISHED).format(final=damaged))
     if planned is not None and all(budgets[d.name] is not None for d in run_dirs):  # budgets live in the plan
         for record, d in zip(records, run_dirs):
             record.setdefault("budget", budgets[d.name])
