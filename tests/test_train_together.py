@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from jaxformer.train.attempt import attempt_run, attempt_together
+from jaxformer.train.checkpoint import CheckpointError
 from jaxformer.train.config import config_to_dict, load_config
 from jaxformer.train.loop import NonFiniteLoss, train
 from jaxformer.train.restore import restore_params
@@ -160,6 +161,26 @@ def test_a_run_none_of_whose_checkpoints_reads_fails_alone_and_is_not_trained_fr
     assert error["error"] == "CheckpointError" and error["message"].startswith("none of the checkpoints [4] in ")
     assert not (run_dirs[1] / "final.json").exists() and list((run_dirs[1] / "checkpoints").iterdir()) == []
     assert [p.name for p in (run_dirs[1] / "corrupt_checkpoints").iterdir()] == ["4"]
+
+
+def test_the_others_of_a_group_whose_one_run_has_no_readable_checkpoint_resume_together(tmp_path, together, alone):
+    """Three runs interrupted after step 16, the middle one's checkpoints all unreadable: it fails as it would alone
+    (its steps set aside, never a restart from step 0), and the other two are regrouped: trained together from step
+    16, ending as the uninterrupted runs trained alone."""
+    run_dirs = [tmp_path / d.name for d in together]
+    for source, target in zip(together, run_dirs):
+        shutil.copytree(source, target)
+        _interrupt(target, 16)
+    for chunk in (run_dirs[1] / "checkpoints").rglob("d/*"):
+        chunk.write_bytes(b"\0" * chunk.stat().st_size)
+    records = train_together(configs(), run_dirs)
+    assert isinstance(records[1], CheckpointError) and str(records[1]).startswith("none of the checkpoints [16] in ")
+    assert [records[i]["trained_with"] for i in (0, 2)] == [["lr2"], ["lr0"]]  # the group of the two that read
+    for i in (0, 2):
+        assert final(run_dirs[i])["resumed_from"]["step"] == 16
+        assert_same_run(run_dirs[i], alone[i])
+    assert not (run_dirs[1] / "final.json").exists() and list((run_dirs[1] / "checkpoints").iterdir()) == []
+    assert [p.name for p in (run_dirs[1] / "corrupt_checkpoints").iterdir()] == ["16"]
 
 
 def test_an_interrupted_group_resumes_together_or_alone_and_ends_as_uninterrupted(tmp_path, together, alone):

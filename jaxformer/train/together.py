@@ -28,7 +28,9 @@ its NaNs reach no other run).
 
 Resume: when every unfinished run's newest checkpoint is at the same step (or none has one)
 they are restored, each from its own directory, and stacked; otherwise, or when fewer than two
-are unfinished, the unfinished ones train alone, one after another, with `train`.
+are unfinished, the unfinished ones train alone, one after another, with `train`. A run none of
+whose checkpoints reads fails with `CheckpointError`, as it would alone, and the others are
+restored and stacked again without it.
 """
 
 from __future__ import annotations
@@ -136,7 +138,7 @@ def _train_claimed(configs: Sequence[TrainConfig], run_dirs: list[Path], stacked
     times["data_s"] = time.perf_counter() - started
     results: list[Result | None] = [final for _, _, final in prepared]
     todo = [i for i, result in enumerate(results) if result is None]
-    if len(todo) >= 2 and len({latest_saved_step(run_dirs[i]) for i in todo}) == 1:
+    while len(todo) >= 2 and len({latest_saved_step(run_dirs[i]) for i in todo}) == 1:
         # --- all input checks passed: from here on the run directories are written ---
         for i in todo:
             begin_run(configs[i], run_dirs[i], prepared[i][1])
@@ -161,7 +163,10 @@ def _train_claimed(configs: Sequence[TrainConfig], run_dirs: list[Path], stacked
                 results[i] = result
             if together is not None:
                 return results
-        todo = [i for i in todo if results[i] is None]
+        remaining = [i for i in todo if results[i] is None]
+        if len(remaining) == len(todo):  # none failed: their restored steps differ
+            break
+        todo = remaining  # a run whose checkpoints all failed to read is out: the others, together again
     for i in todo:  # one at a time, each from its own checkpoints
         results[i] = _alone(configs[i], run_dirs[i])
     return results
@@ -188,9 +193,9 @@ class _Together:
         self.results: list[Result | None] = [None] * len(runs)
 
     def run(self) -> list[Result] | None:
-        """Every run's result; None when their restored steps differ (a corrupt checkpoint fell back), so the
-        runs whose checkpoints read must train alone (a run none of whose checkpoints reads fails with
-        `CheckpointError`, as it would alone, in ``self.results``)."""
+        """Every run's result; None when a run none of whose checkpoints reads failed (its `CheckpointError`, as
+        it would alone, in ``self.results``: the others are grouped again) or when the restored steps differ (a
+        corrupt checkpoint fell back: the runs train alone)."""
         runs, lead, layout = self.runs, self.lead, self.layout
         programs = [lead._timed("init_s", lambda: initial_state(run.config.model, run.config.kernel,
                                                                 run.config.optimizer, run.optimizer, layout))
