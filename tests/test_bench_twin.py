@@ -18,6 +18,7 @@ from jaxformer.benchmarks.twin_model import jaxformer_init_stds
 from jaxformer.models import get_preset
 from jaxformer.models.pure import apply, init_params
 from jaxformer.train.config import config_from_dict, config_to_dict
+from jaxformer.train.loop import due_at
 
 SMALL = {"num_layers": 2, "d_model": 32, "num_heads": 2, "num_kv_heads": 2, "d_ff": 64}
 
@@ -117,14 +118,20 @@ def _planned(changes: dict, name: str = "run") -> tuple[ReplayedRun, object]:
 
 
 def test_the_twin_evaluates_and_saves_at_jaxformers_steps(tmp_path):
-    """``train.eval_interval`` and ``checkpoint.steps``, as jaxformer's loop (`due`) does them."""
-    planned, _ = _planned({"train": {"eval_interval": 2}, "checkpoint": {"interval": 100, "steps": [3]}})
+    """``train.eval_interval`` and ``checkpoint.steps``: the steps jaxformer's loop evaluates and saves at (`due_at`,
+    with no ``checkpoint.max_overhead`` to skip a save)."""
+    planned, config = _planned({"train": {"eval_interval": 2}, "checkpoint": {"interval": 100, "steps": [3]}})
+    steps = range(1, config.total_steps + 1)
+    evaluated = [step for step in steps if due_at(config, step, lambda: False)[1]]
+    saved = [step for step in steps if due_at(config, step, lambda: False)[2]]
+    assert evaluated[-1] == saved[-1] == config.total_steps and len(evaluated) > 2 and len(saved) > 1
     (run,) = twin_runs([planned], checkpoint_dir=str(tmp_path))
     tokens = np.random.default_rng(0).integers(0, 256, 4000, dtype=np.uint8)
     record = train_twin(run, tokens[:3000], tokens[3000:])
-    assert [step for step, _ in record["val_losses"]] == [2, 4, 6, 7]
+    assert [step for step, _ in record["val_losses"]] == evaluated
     assert record["val_loss"] == record["val_losses"][-1][1] and record["val_losses"][0][1] > record["val_loss"]
-    assert sorted(path.name for path in (tmp_path / "run").iterdir()) == ["3.pt", "7.pt"]
+    assert sorted(int(path.stem) for path in (tmp_path / "run").iterdir()) == saved
+    assert {path.suffix for path in (tmp_path / "run").iterdir()} == {".pt"}
 
 
 def test_a_schedule_computed_for_another_config_is_refused(tmp_path):

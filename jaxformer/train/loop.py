@@ -160,6 +160,16 @@ def _write_run_files(config: TrainConfig, run_dir: Path, dataset: Dataset) -> No
         keep_token_metadata(config, run_dir)
 
 
+def due_at(config: TrainConfig, step: int, over_budget: Callable[[], bool]) -> tuple[bool, bool, bool]:
+    """``(log, evaluate, save)`` at ``step`` of a run of ``config``: a train-loss row, a validation pass, a checkpoint;
+    ``over_budget()``, asked only at an interval save, whether saving has cost past ``checkpoint.max_overhead``."""
+    last = step == config.total_steps
+    log = step % config.logging.interval == 0 or last
+    evaluate = bool(config.train.eval_interval and step % config.train.eval_interval == 0) or last
+    save = last or step in config.checkpoint.steps or (step % config.checkpoint.interval == 0 and not over_budget())
+    return log, evaluate, save
+
+
 class _Silent:
     """The metrics logger of processes other than 0: process 0 reports for the whole run."""
 
@@ -292,13 +302,8 @@ class _Run:
         return state
 
     def due(self, step: int) -> tuple[bool, bool, bool]:
-        """``(log, evaluate, save)`` at ``step``: a train-loss row, a validation pass, a checkpoint."""
-        cfg, last = self.config, step == self.total_steps
-        log = step % cfg.logging.interval == 0 or last
-        evaluate = bool(cfg.train.eval_interval and step % cfg.train.eval_interval == 0) or last
-        save = last or step in cfg.checkpoint.steps or (step % cfg.checkpoint.interval == 0
-                                                        and not self._saving_over_budget())
-        return log, evaluate, save
+        """`due_at` of this run, saving's cost judged by `_saving_over_budget`."""
+        return due_at(self.config, step, self._saving_over_budget)
 
     def check_finite(self, first_nonfinite: int) -> None:
         """Raises `NonFiniteLoss` when the state has recorded a first non-finite step (``first_nonfinite ≥ 0``)."""
