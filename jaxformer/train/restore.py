@@ -7,12 +7,15 @@ run may be training in another process. Only `jaxformer train` sets corrupt chec
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import jax
+import orbax.checkpoint as ocp
 from flax import nnx
 
-from jaxformer.train.checkpoint import Checkpointer
+# the late TensorStore reports of a failed restore, which Checkpointer.restore_latest drops too
+from jaxformer.train.checkpoint import Checkpointer, CheckpointError, _ignore_reads_outliving_their_loop
 from jaxformer.train.checkpoint_config import has_checkpoints
 from jaxformer.train.config import TrainConfig, load_config
 from jaxformer.train.optimizer import make_optimizer
@@ -41,10 +44,11 @@ def run_tokenizer(run_dir: Path, config: TrainConfig) -> ByteTokenizer | BPEToke
 def restore_params(run_dir: Path, config: TrainConfig | None = None) -> tuple[int, nnx.State] | None:
     """``(step, params)`` of the run's newest readable checkpoint, read-only; None when it has none.
 
-    The abstract training state (parameters and optimizer state) is rebuilt from the run's
-    config so Orbax restores exactly what training saved, onto one device of this process
-    whatever the mesh that trained it. Raises `CheckpointError` when
-    checkpoints exist but none can be read (they are left in place).
+    Only the parameters are read (Orbax's partial restore): the optimizer state, twice their size under AdamW,
+    stays on disk. Their abstract tree is rebuilt from the run's config, onto one device of this process whatever
+    the mesh that trained it. A step that does not read is skipped for the one before (one warning line); raises
+    `CheckpointError` when checkpoints exist but none reads (they are left in place). The digest training checks
+    covers the whole state, so it is not checked here: a flipped bit that still decodes goes unnoticed.
     """
     run_dir = Path(run_dir)
     if not has_checkpoints(run_dir):
@@ -54,10 +58,28 @@ def restore_params(run_dir: Path, config: TrainConfig | None = None) -> tuple[in
                                                     config.kernel))
     # onto this process's first device, whatever mesh saved it (without a target Orbax wants the saving topology)
     device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-    abstract = jax.tree.map(lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=device), abstract)
+    item = {"params": jax.tree.map(lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=device),
+                                   abstract["params"])}
+    args = ocp.args.Composite(state=ocp.args.PyTreeRestore(
+        item=item, restore_args=ocp.checkpoint_utils.construct_restore_args(item), partial_restore=True))
+    _ignore_reads_outliving_their_loop()
     checkpointer = Checkpointer(run_dir / "checkpoints", config.checkpoint.keep, read_only=True)
     try:
-        step, state, _ = checkpointer.restore_latest(abstract)
+        steps, unreadable = checkpointer.steps(), []
+        for step in reversed(steps):
+            try:
+                params = checkpointer.manager.restore(step, args=args)["state"]["params"]
+            except Exception as error:  # noqa: BLE001 — any failure to read a step means: try the previous one
+                unreadable.append((step, f"{type(error).__name__}: {(str(error).splitlines() or [''])[0][:200]}"))
+                continue
+            if unreadable:  # one line for all the skipped steps
+                print(f"warning: checkpoint steps {[s for s, _ in unreadable]} are unreadable ({unreadable[0][1]}); "
+                      f"restored step {step}, leaving them in place", file=sys.stderr)
+            return step, params
     finally:
         checkpointer.close()
-    return step, state["params"]
+    if not steps:  # step directories Orbax does not count as steps
+        return None
+    raise CheckpointError(f"none of the checkpoints {steps} in {checkpointer.directory} could be restored "
+                          f"(step {unreadable[0][0]}: {unreadable[0][1]}); they were left in place "
+                          "(start a new run directory to begin again)")
