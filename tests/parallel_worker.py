@@ -45,8 +45,12 @@ MODELS = {
     # GELU experts, as in the moe-8x-top2 preset
     "moe": BASE + ["model.num_experts=4", "model.experts_per_token=2", "model.expert_d_ff=64", "model.activation=gelu"],
 }
-MESHES = [(8, 1, 1, 1), (1, 8, 1, 1), (2, 2, 2, 1), (1, 2, 4, 1)]
-EXPERT_MESH = (1, 2, 2, 2)  # MoE only: experts split two ways
+MESHES = {
+    "gqa": [(8, 1, 1, 1), (1, 8, 1, 1), (2, 2, 2, 1), (1, 2, 4, 1)],
+    # the MoE model on the meshes that split it otherwise than the GQA model does: its experts by tensor and by
+    # expert; pure data and pure FSDP (the GQA model's) are inside 2-2-2-1 already
+    "moe": [(2, 2, 2, 1), (1, 2, 4, 1), (1, 2, 2, 2)],
+}
 STEPS, TOTAL = 3, 5
 
 
@@ -161,7 +165,7 @@ def main(out: Path) -> None:
         before = reference.before
         if model == "gqa":
             np.savez(out / "gqa-ref5.npz", **reference.train(STEPS + 1, TOTAL))
-        for sizes in MESHES + ([EXPERT_MESH] if model == "moe" else []):
+        for sizes in MESHES[model]:
             name = f"{model}-{'-'.join(map(str, sizes))}"
             trainer = Trainer(overrides, layout(sizes), like=reference)
             np.savez(out / f"{name}.npz", **trainer.train(1, STEPS, forced=before))

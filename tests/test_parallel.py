@@ -42,10 +42,10 @@ from jaxformer.train.loop import train
 from jaxformer.train.optimizer import make_optimizer
 from jaxformer.train.restore import restore_params
 from jaxformer.train.step import build_state
+from parallel_worker import MESHES
 
 WORKER = Path(__file__).with_name("parallel_worker.py")
-MESHES = ["8-1-1-1", "1-8-1-1", "2-2-2-1", "1-2-4-1"]
-RUNS = [("gqa", mesh) for mesh in MESHES] + [("moe", mesh) for mesh in MESHES + ["1-2-2-2"]]
+RUNS = [(model, "-".join(map(str, sizes))) for model, meshes in MESHES.items() for sizes in meshes]
 TOLERANCE = 1e-5
 
 
