@@ -26,10 +26,10 @@ from jaxformer.parallel import Layout
 from jaxformer.parallel.config import ParallelConfig
 from jaxformer.train.step import make_eval_pass, next_token_loss
 cfg = ModelConfig(vocab_size=16384, d_model=576, num_layers=4, num_heads=9, num_kv_heads=3, head_dim=64, d_ff=1536,
-                  max_seq_len=64, position="rope", activation="swiglu", norm="rmsnorm", use_bias=False)
+                  max_seq_len=32, position="rope", activation="swiglu", norm="rmsnorm", use_bias=False)
 graphdef, params = nnx.split(build_model(cfg, rngs=nnx.Rngs(0)))
 params = jax.tree.map(lambda x: 4 * x, params)  # logits far from uniform, so that a wrong batch shows
-val = np.random.default_rng(0).integers(0, cfg.vocab_size, (128, 2, 65)).astype(np.int32)
+val = np.random.default_rng(0).integers(0, cfg.vocab_size, (128, 2, 33)).astype(np.int32)
 layout = Layout.for_run(ParallelConfig(), cfg, 2)
 shardings, batches = layout.shardings(params), layout.batch_sharding(val.shape, batch_dim=1)
 on_mesh = make_eval_pass(graphdef, "float32", params_sharding=shardings, batch_sharding=batches)
