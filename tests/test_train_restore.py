@@ -4,6 +4,7 @@ bit as the whole train state holds them, never the optimizer state; past an unre
 from __future__ import annotations
 
 import hashlib
+import json
 import shutil
 from pathlib import Path
 
@@ -13,7 +14,8 @@ import pytest
 import yaml
 
 from jaxformer.cli import main
-from jaxformer.train.checkpoint import Checkpointer, CheckpointError
+from jaxformer.train.checkpoint import Checkpointer, CheckpointError, params_digest
+from jaxformer.train.checkpoint_shapes import CheckpointMismatch
 from jaxformer.train.optimizer import make_optimizer
 from jaxformer.train.restore import load_run_config, restore_params
 from jaxformer.train.step import build_state
@@ -103,5 +105,43 @@ def test_an_unreadable_newest_step_falls_back_and_stays_in_place(trained, tmp_pa
     _corrupt(run_dir / "checkpoints" / "5")
     before = _files(run_dir)
     with pytest.raises(CheckpointError, match=r"none of the checkpoints \[5, 10\] .*; they were left in place"):
+        restore_params(run_dir)
+    assert _files(run_dir) == before
+
+
+def _meta(run_dir: Path, step: int) -> Path:
+    return run_dir / "checkpoints" / str(step) / "meta" / "metadata"
+
+
+def test_parameters_that_do_not_match_their_digest_are_skipped_and_older_checkpoints_read_unchecked(trained, tmp_path,
+                                                                                                    capsys):
+    """The parameters' own digest, saved beside the whole state's, is what the parameters read alone are checked
+    against (the whole state's needs the optimizer state): a step whose parameters differ from it is skipped."""
+    _, state = _whole_state(trained)
+    assert json.loads(_meta(trained, 10).read_text())["params_digest"] == params_digest(state["params"])
+    run_dir = tmp_path / "run"
+    shutil.copytree(trained, run_dir)
+    meta = json.loads(_meta(run_dir, 10).read_text())
+    _meta(run_dir, 10).write_text(json.dumps({**meta, "params_digest": "0" * 64}))  # as if the arrays had changed
+    capsys.readouterr()
+    assert restore_params(run_dir)[0] == 5
+    assert "checkpoint steps [10] are unreadable (ValueError: parameter contents do not match the digest saved " \
+           "with them)" in capsys.readouterr().err
+    del meta["params_digest"]  # a checkpoint saved before the parameters had a digest of their own
+    _meta(run_dir, 10).write_text(json.dumps(meta))
+    step, params = restore_params(run_dir)
+    assert step == 10 and capsys.readouterr().err == ""
+    _assert_same(params, state["params"])
+
+
+def test_another_models_parameters_are_refused_naming_the_first_that_differs(trained, tmp_path):
+    run_dir = tmp_path / "run"
+    shutil.copytree(trained, run_dir)
+    config = yaml.safe_load((run_dir / "config.yaml").read_text())
+    config["model"]["d_model"] = 64
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    before = _files(run_dir)
+    with pytest.raises(CheckpointMismatch, match=r"^checkpoint step 10 in .* holds another model: params\.\S+ is "
+                                                 r"\(32, [\d, ]+\) float32 there, \(64, [\d, ]+\) float32 in the config's model"):
         restore_params(run_dir)
     assert _files(run_dir) == before

@@ -2,7 +2,7 @@
 
 Each step directory holds two items: ``state`` (parameters, optimizer state, step and the
 metric accumulators, through ``StandardSave``) and ``meta`` (``JsonSave``: the loader's
-position, wall time so far, and a digest of every state array). Orbax writes a step
+position, wall time so far, a digest of every state array and one of the parameters alone). Orbax writes a step
 into a temporary directory and renames it when complete, so a process killed mid-save
 leaves no half-written step behind; ``max_to_keep`` keeps the last ``keep`` steps.
 
@@ -167,8 +167,24 @@ def state_digest(state: Any) -> str:
 
     The same in every process of a multi-process run, and for every sharding of the same values.
     """
-    leaves = jax.tree.leaves(state)
-    return _digest(leaves, _exchange_sums("state-digest", _local_sums(leaves)))
+    return state_digests(state)["digest"]
+
+
+def state_digests(state: Any) -> dict[str, str]:
+    """``digest``: `state_digest`; ``params_digest``: the same over the leaves under ``state["params"]`` alone, which
+    a reader of the parameters checks without reading the optimizer state (`jaxformer.train.restore`). One pass."""
+    flat = jax.tree_util.tree_flatten_with_path(state)[0]
+    leaves = [leaf for _, leaf in flat]
+    sums = _exchange_sums("state-digest", _local_sums(leaves))
+    rows = [i for i, (path, _) in enumerate(flat) if path and getattr(path[0], "key", None) == "params"]
+    return {"digest": _digest(leaves, sums),
+            "params_digest": _digest([leaves[i] for i in rows], [each[rows] for each in sums])}
+
+
+def params_digest(params: Any) -> str:
+    """`state_digests`' ``params_digest``, of parameters read without the rest of their state."""
+    leaves = jax.tree.leaves(params)
+    return _digest(leaves, _exchange_sums("params-digest", _local_sums(leaves)))
 
 
 class Checkpointer:
@@ -204,7 +220,7 @@ class Checkpointer:
 
     def save(self, step: int, state: Any, meta: dict) -> None:
         """Writes step ``step``; ``meta`` must be JSON-serialisable."""
-        meta = {**meta, "step": step, "digest": state_digest(state)}
+        meta = {**meta, "step": step, **state_digests(state)}
         self.wait()  # Orbax waits for the previous save anyway: its failure is named by its own step
         with self._writing(step):
             self.manager.save(

@@ -32,13 +32,16 @@ def _flat(tree: Any) -> dict[str, Any]:
     return {".".join(map(name, path)): leaf for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
 
 
-def _model_difference(step_dir: Path, wanted: dict[str, Any]) -> str | None:
+def _model_difference(step_dir: Path, wanted: dict[str, Any], only: str | None) -> str | None:
     """How the arrays saved in ``step_dir`` differ from ``wanted`` (`_flat` of an abstract state), naming the first
-    leaf (parameters first); None when they agree, or when the metadata does not read (restoring judges that)."""
+    leaf (parameters first); None when they agree, or when the metadata does not read (restoring judges that).
+    ``only``: compare the saved arrays under this top-level key alone (``params``: a reader of the parameters)."""
     try:
         saved = _flat(ocp.StandardCheckpointHandler().metadata(step_dir / "state"))
     except Exception:  # noqa: BLE001 — unreadable metadata is a corrupt step's, not another model's
         return None
+    if only is not None:
+        saved = {name: leaf for name, leaf in saved.items() if name.startswith(f"{only}.")}
 
     def describe(leaf: Any) -> str:
         return "absent" if leaf is None else f"{tuple(leaf.shape)} {np.dtype(leaf.dtype)}"
@@ -52,12 +55,13 @@ def _model_difference(step_dir: Path, wanted: dict[str, Any]) -> str | None:
             f"model{others}")
 
 
-def refuse_another_model(directory: Path, steps: Sequence[int], abstract_state: Any) -> None:
+def refuse_another_model(directory: Path, steps: Sequence[int], abstract_state: Any, only: str | None = None) -> None:
     """Raises `CheckpointMismatch` (one line: the step, the first differing leaf, both shapes) when a step of
-    ``steps`` in ``directory`` holds other arrays than ``abstract_state``; every process raises alike."""
+    ``steps`` in ``directory`` holds other arrays than ``abstract_state`` (``only``: as `_model_difference`); every
+    process raises alike."""
     wanted, reason = _flat(abstract_state), ""
     for step in reversed(steps):
-        if difference := _model_difference(Path(directory) / str(step), wanted):
+        if difference := _model_difference(Path(directory) / str(step), wanted, only):
             reason = (f"checkpoint step {step} in {directory} holds another model: {difference}; train it with the "
                       "config that saved it, or use a new train.run_dir")
             break

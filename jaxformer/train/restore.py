@@ -15,8 +15,10 @@ import orbax.checkpoint as ocp
 from flax import nnx
 
 # the late TensorStore reports of a failed restore, which Checkpointer.restore_latest drops too
-from jaxformer.train.checkpoint import Checkpointer, CheckpointError, _ignore_reads_outliving_their_loop
+from jaxformer.train.checkpoint import (Checkpointer, CheckpointError, _ignore_reads_outliving_their_loop,
+                                       params_digest)
 from jaxformer.train.checkpoint_config import has_checkpoints
+from jaxformer.train.checkpoint_shapes import refuse_another_model
 from jaxformer.train.config import TrainConfig, load_config
 from jaxformer.train.optimizer import make_optimizer
 from jaxformer.train.step import build_state
@@ -46,9 +48,10 @@ def restore_params(run_dir: Path, config: TrainConfig | None = None) -> tuple[in
 
     Only the parameters are read (Orbax's partial restore): the optimizer state, twice their size under AdamW,
     stays on disk. Their abstract tree is rebuilt from the run's config, onto one device of this process whatever
-    the mesh that trained it. A step that does not read is skipped for the one before (one warning line); raises
-    `CheckpointError` when checkpoints exist but none reads (they are left in place). The digest training checks
-    covers the whole state, so it is not checked here: a flipped bit that still decodes goes unnoticed.
+    the mesh that trained it. A step that does not read, or whose parameters do not match the digest saved with
+    them (``params_digest``; checkpoints written before it was saved are read unchecked), is skipped for the one
+    before (one warning line); raises `CheckpointError` when checkpoints exist but none reads (they are left in
+    place), `CheckpointMismatch` when they hold another model's parameters than the config's.
     """
     run_dir = Path(run_dir)
     if not has_checkpoints(run_dir):
@@ -61,14 +64,19 @@ def restore_params(run_dir: Path, config: TrainConfig | None = None) -> tuple[in
     item = {"params": jax.tree.map(lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=device),
                                    abstract["params"])}
     args = ocp.args.Composite(state=ocp.args.PyTreeRestore(
-        item=item, restore_args=ocp.checkpoint_utils.construct_restore_args(item), partial_restore=True))
+        item=item, restore_args=ocp.checkpoint_utils.construct_restore_args(item), partial_restore=True),
+        meta=ocp.args.JsonRestore())
     _ignore_reads_outliving_their_loop()
     checkpointer = Checkpointer(run_dir / "checkpoints", config.checkpoint.keep, read_only=True)
     try:
         steps, unreadable = checkpointer.steps(), []
+        refuse_another_model(checkpointer.directory, steps, item, only="params")
         for step in reversed(steps):
             try:
-                params = checkpointer.manager.restore(step, args=args)["state"]["params"]
+                restored = checkpointer.manager.restore(step, args=args)
+                params, saved = restored["state"]["params"], restored["meta"].get("params_digest")
+                if saved is not None and params_digest(params) != saved:
+                    raise ValueError("parameter contents do not match the digest saved with them")
             except Exception as error:  # noqa: BLE001 — any failure to read a step means: try the previous one
                 unreadable.append((step, f"{type(error).__name__}: {(str(error).splitlines() or [''])[0][:200]}"))
                 continue
