@@ -65,18 +65,24 @@ def write_json_atomic(path: Path, payload: object, *, indent: int = 2, sort_keys
 
 
 def load_json(path: Path) -> object:
-    """The JSON value in ``path``; a missing, binary or malformed file, or a directory, raises one line naming it."""
+    """The JSON value in ``path``; a missing, binary, empty or malformed file, or a directory, raises one line naming
+    it."""
     path = Path(path)
     if path.is_dir():
         raise IsADirectoryError(f"{path} is a directory, not a JSON file")
     if not path.is_file():
         raise FileNotFoundError(f"file not found: {path}")
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError:
         raise ValueError(f"{path}: not a text file (not UTF-8), so not JSON") from None
+    if not text.strip():  # json's own words for it, 'Expecting value at line 1, column 1', say less
+        raise ValueError(f"{path}: empty, not JSON")
+    try:
+        return json.loads(text)
     except json.JSONDecodeError as error:
-        raise ValueError(f"{path}: not valid JSON ({error.msg} at line {error.lineno}, column {error.colno})") from None
+        where = f"at line {error.lineno}, column {error.colno}"  # some messages end in "at" ("… starting at")
+        raise ValueError(f"{path}: not valid JSON ({error.msg.removesuffix(' at')} {where})") from None
 
 
 def load_jsonl(path: Path) -> list[object]:

@@ -6,6 +6,8 @@ batch, ``seq_len`` past the model's positions, non-positive budgets, a run direc
 holding a different run) exits 2 with one line naming the field and value, after writing
 only ``RUN_DIR/error.json`` — and nothing at all into a directory that already holds a run
 (`jaxformer.train.attempt`). A loss that turns NaN/inf exits 1, keeping the last good checkpoint.
+A finished run is reported, not trained again; a damaged ``final.json`` (`jaxformer.train.final`) trains the run
+again from its last checkpoint, and without one exits 2 naming the file, which is left as it is.
 """
 
 from __future__ import annotations
@@ -47,12 +49,21 @@ def run(args: argparse.Namespace) -> int:
     if attempt.status == "failed":
         print(f"jaxformer train: error: {attempt.error}", file=sys.stderr)
         return 1
-    record = attempt.record
-    bpb = record["val_bits_per_byte"]
-    print(
-        f"done: {record['steps']} steps, D = {record['tokens']:,} tokens, N = {record['params']:,} params, "
-        f"C = {record['flops_6nd']:.3g} FLOPs (6ND) | val loss {record['val_loss']:.4f} nats/token"
-        + (f" ({bpb:.4f} bits/byte)" if bpb is not None else "")
-        + f" | {record['wall_s']:.1f} s -> {run_dir / 'final.json'}"
-    )
+    print(summary(attempt.record, run_dir / "final.json"))
     return 0
+
+
+def summary(record: dict, final: Path) -> str:
+    """The line a run ends with, from its ``final.json`` record. Only a finite ``val_loss`` is sure to be there (a
+    finished run's record, `jaxformer.train.final`, may be one written by hand): a field missing or not a number
+    is left out."""
+
+    def shown(key: str, template: str) -> str | None:
+        value = record.get(key)
+        return template.format(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+    sizes = ", ".join(filter(None, (shown("steps", "{} steps"), shown("tokens", "D = {:,} tokens"),
+                                    shown("params", "N = {:,} params"), shown("flops_6nd", "C = {:.3g} FLOPs (6ND)"))))
+    loss = " ".join(filter(None, (shown("val_loss", "val loss {:.4f} nats/token"),
+                                  shown("val_bits_per_byte", "({:.4f} bits/byte)"))))
+    return f"done: {' | '.join(filter(None, (sizes, loss, shown('wall_s', '{:.1f} s'))))} -> {final}"

@@ -24,9 +24,10 @@ from jaxformer.sweep.progress import SweepProgress
 from jaxformer.sweep.queue import Prepare, WorkQueue
 from jaxformer.sweep.directory import prepare_directory, write_configs, write_plan
 from jaxformer.sweep.results import collect, render
-from jaxformer.sweep.runs import TO_TRAIN, RunPaths, final_record
+from jaxformer.sweep.runs import TO_TRAIN, RunPaths
 from jaxformer.sweep.spec import SweepSpec
 from jaxformer.train.checkpoint_config import has_checkpoints
+from jaxformer.train.final import final_record
 
 
 @dataclasses.dataclass(frozen=True)

@@ -10,7 +10,7 @@ Layout of a sweep directory::
     logs/NAME.log                        the run's stdout and stderr
     locks/NAME.lock                      held while a process trains the run
 
-A run is *done* when ``runs/NAME/final.json`` holds a finished run's record (`final_record`: a JSON
+A run is *done* when ``runs/NAME/final.json`` holds a finished run's record (`jaxformer.train.final`: a JSON
 object with a finite ``val_loss``), *damaged* when that file exists but does not (cut short, emptied:
 the next launch trains the run again, from its last checkpoint if any), *failed* when its status record
 says so (until ``--retry-failed``), *partial* when it has checkpoints, else *queued*.
@@ -25,7 +25,6 @@ import copy
 import dataclasses
 import fcntl
 import json
-import math
 import os
 import time
 from pathlib import Path
@@ -34,6 +33,7 @@ from typing import Iterator, Sequence
 from jaxformer.configs import load_yaml
 from jaxformer.files import write_json_atomic
 from jaxformer.train.checkpoint_config import has_checkpoints
+from jaxformer.train.final import final_record
 
 
 TO_TRAIN = ("queued", "partial", "damaged")  # the states a launch trains (a failed run too with --retry-failed)
@@ -84,15 +84,6 @@ def read_json(path: Path) -> dict:
     except (OSError, ValueError):  # ValueError: not JSON, or not UTF-8
         return {}
     return value if isinstance(value, dict) else {}
-
-
-def final_record(path: Path) -> dict | None:
-    """The record in ``path`` (a run's final.json) when it is a finished run's: a JSON object with a finite
-    ``val_loss``; None when it is missing or damaged."""
-    record = read_json(path)
-    loss = record.get("val_loss")
-    finite = isinstance(loss, (int, float)) and not isinstance(loss, bool) and math.isfinite(loss)
-    return record if finite else None
 
 
 def saved_config(path: Path) -> dict:

@@ -22,7 +22,7 @@ import numpy as np
 from jaxformer.files import load_json, load_jsonl
 from jaxformer.scaling.table import RunTable, columns_table, find_column, records_to_columns
 from jaxformer.sweep.results import DAMAGED, NOT_FINISHED
-from jaxformer.sweep.runs import final_record
+from jaxformer.train.final import final_record
 
 CURVE_FILE = "metrics.jsonl"
 

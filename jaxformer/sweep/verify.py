@@ -31,8 +31,9 @@ from jaxformer.scaling.bootstrap import percentiles, sample_laws
 from jaxformer.scaling.report import FitReport, jsonable
 from jaxformer.sweep.fit import pooled_seed_noise
 from jaxformer.sweep.plan import PlannedRun, plan_run
-from jaxformer.sweep.runs import RunPaths, final_record
+from jaxformer.sweep.runs import RunPaths
 from jaxformer.sweep.spec import SweepSpec
+from jaxformer.train.final import final_record
 
 TOLERANCE = 0.01  # the relative error within which a prediction counts as met
 NOISE_DRAWS = 64  # seed-noise draws per bootstrap law in the prediction interval

@@ -42,6 +42,7 @@ from jaxformer.train.checkpoint_config import has_checkpoints, saved_steps
 from jaxformer.train.checkpoint_shapes import refuse_another_model
 from jaxformer.train.config import TrainConfig, config_to_dict, resume_conflict
 from jaxformer.train.dataset import Dataset, prepare_dataset
+from jaxformer.train.final import finished_record
 from jaxformer.train.from_checkpoint import checkpoint_params, checkpoint_tokenizer, keep_token_metadata
 from jaxformer.train.loader import Loader, eval_batches
 from jaxformer.train.compiled import compiled_steps, initial_state
@@ -135,13 +136,28 @@ def prepare_run(config: TrainConfig, run_dir: Path, runs: int = 1) -> tuple[Layo
         if saved != dataset.info["sha256"]:
             raise ValueError(f"cannot resume {run_dir}: the contents of data.corpus {config.data.corpus!r} changed "
                              f"(sha256 {str(saved)[:12]}… then, {dataset.info['sha256'][:12]}… now)")
-    if resuming and (run_dir / "final.json").is_file():
-        return layout, dataset, json.loads((run_dir / "final.json").read_text())
+    if resuming and (run_dir / "final.json").is_file() and (final := finished_run(run_dir)) is not None:
+        return layout, dataset, final
     if steps := saved_steps(run_dir):  # another model's checkpoints are the user's valid files: refused, kept
         abstract = initial_state(config.model, config.kernel, config.optimizer, make_optimizer(config.optimizer),
                                  layout)[1]
         refuse_another_model(run_dir / "checkpoints", steps, abstract)
     return layout, dataset, None
+
+
+def finished_run(run_dir: Path) -> dict | None:
+    """The record of the finished run in ``run_dir``; None when its ``final.json`` is damaged (`finished_record`)
+    but checkpoints are there to train the run again from, as a sweep's relaunch does (the file is left as it is
+    until the new record replaces it); without checkpoints a damaged file raises ``ValueError`` naming it."""
+    try:
+        return finished_record(run_dir / "final.json")
+    except ValueError as error:
+        if not has_checkpoints(run_dir):  # training from the start would replace the run's metrics: the user's call
+            raise ValueError(f"{error}; {run_dir} holds no checkpoint to train the run again from (remove final.json "
+                             "to train it from the start, or use a new train.run_dir)") from None
+        if jax.process_index() == 0:
+            print(f"note: {error}; training the run again from its last checkpoint", file=sys.stderr, flush=True)
+        return None
 
 
 def begin_run(config: TrainConfig, run_dir: Path, dataset: Dataset) -> None:
