@@ -99,10 +99,16 @@ class MetricsLogger:
             from tqdm import tqdm
 
             self.bar = tqdm(total=total_steps, initial=start_step, unit="step", dynamic_ncols=True)
-        self._segment = (time.perf_counter(), start_step)  # for the ETA of plain lines
+        self.start_step = start_step
+        # (perf_counter seconds, step) when this process began to train, for the ETA of plain lines: set by the
+        # first `advance`, so the start-up, restore and compile before it are not read as the steps' pace
+        self._segment: tuple[float, int] | None = None
 
     def advance(self, steps: int = 1) -> None:
-        """Moves the progress bar (no device synchronisation)."""
+        """Moves the progress bar (no device synchronisation). The loop calls it after each step's dispatch: the
+        first call, once the step's programs are compiled, starts the clock of the plain lines' ETA."""
+        if self._segment is None:
+            self._segment = (time.perf_counter(), self.start_step)
         if self.bar is not None:
             self.bar.update(steps)
 
@@ -137,10 +143,12 @@ class MetricsLogger:
         return " | ".join(parts)
 
     def _eta(self, step: int) -> str:
+        """`` | ETA …``: the seconds since the first step of this process per step done since (evaluations and
+        checkpoints included, as they recur), times the steps left; empty before the first step and at the last."""
+        if self._segment is None or step >= self.total_steps or step <= self._segment[1]:
+            return ""
         start_time, start_step = self._segment
         done = step - start_step
-        if done <= 0 or step >= self.total_steps:
-            return ""
         remaining = (time.perf_counter() - start_time) / done * (self.total_steps - step)
         return f" | ETA {format_duration(remaining)}"
 
