@@ -5,7 +5,8 @@ with the device). Units: losses in nats/token, ``*_bits_per_byte`` in bits per b
 text, ``lr`` per update, ``tokens_per_s`` target tokens per second of training time,
 ``mfu`` the fraction of the probed matmul peak reached by the exact training FLOPs.
 On resume, rows after the restored step are dropped first, so a resumed run's file is
-the same as an uninterrupted run's.
+the same as an uninterrupted run's; so are the TensorBoard summaries of those steps, from the event files
+written before (`jaxformer.train.events`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Literal
 
 from jaxformer.configs import POSITIVE, Section, setting
 from jaxformer.files import write_text_atomic
+from jaxformer.train.events import drop_summaries_after
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,7 +60,8 @@ def truncate_rows(path: Path, last_step: int) -> None:
 
 
 def _summary_writer(logdir: Path, purge_step: int):
-    """A tensorboardX ``SummaryWriter`` that drops events after ``purge_step - 1`` (resume).
+    """A tensorboardX ``SummaryWriter`` that drops events after ``purge_step - 1`` (resume): a restart marker for
+    TensorBoard, and the summaries of those steps taken out of the event files written before.
 
     tensorboardX imports PyTorch when it is installed, only to accept torch tensors; that
     import costs seconds per run, so it is held off while tensorboardX loads.
@@ -71,6 +74,7 @@ def _summary_writer(logdir: Path, purge_step: int):
     finally:
         if held_off:
             del sys.modules["torch"]
+    drop_summaries_after(logdir, purge_step - 1)  # reads tensorboardX's protos, imported above without PyTorch
     return SummaryWriter(str(logdir), purge_step=purge_step)
 
 
