@@ -2,7 +2,7 @@
 
 A finished run's record is a JSON object with a finite ``val_loss`` (the loop writes it last, atomically). Any
 other file there — emptied, cut short, edited into text, a NaN loss — is *damaged*: a lone `jaxformer train`
-trains the run again from its last checkpoint, or refuses when it has none (`jaxformer.train.loop.prepare_run`); a sweep
+trains the run again from its last checkpoint, or refuses when it has none (`jaxformer.train.prepare`); a sweep
 counts the run as damaged and a relaunch trains it again (`jaxformer.sweep.runs`).
 """
 

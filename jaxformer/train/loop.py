@@ -1,14 +1,12 @@
 """`train(config, run_dir)`: one run from a validated config to ``final.json``.
 
 Order of work: every check that can fail on user input (config, resume compatibility,
-corpus, sizes, the checkpoints' model) runs before anything is written to the run directory. Then the resolved
-``config.yaml``, ``data.json`` (corpus description and hash) and, for BPE, ``tokenizer.json``
-(from ``model.init_from``: with its ``hf.json`` and ``tokenizer_config.json``) are written; the
-model is initialised, or restored from the latest readable checkpoint (resume is the default);
-the loop runs with host synchronisation only at log, evaluation and checkpoint steps;
-``final.json`` is the record sweeps and fits read. Run directory: ``config.yaml data.json
-[tokenizer.json …] checkpoints/ metrics.jsonl tensorboard/ final.json`` (or only ``error.json``
-when the input was bad).
+corpus, sizes, the checkpoints' model) runs before anything is written to the run directory, which then
+gets its first files (`jaxformer.train.prepare`); the model is initialised, or restored from the latest
+readable checkpoint (resume is the default); the loop runs with host synchronisation only at log,
+evaluation and checkpoint steps; ``final.json`` is the record sweeps and fits read. Run directory:
+``config.yaml data.json [tokenizer.json …] checkpoints/ metrics.jsonl tensorboard/ final.json`` (or only
+``error.json`` when the input was bad).
 
 Devices: the state lives on the mesh of ``parallel`` (`jaxformer.parallel.Layout`;
 data-parallel over every device by default, and the `jaxformer` command makes each CPU
@@ -21,8 +19,6 @@ process writes its shards of each checkpoint.
 from __future__ import annotations
 
 import contextlib
-import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -30,20 +26,16 @@ from typing import Any, Callable, Iterator
 
 import jax
 import numpy as np
-import yaml
 
 from jaxformer.accounting import count_params, training_flops, training_flops_per_token
-from jaxformer.parallel import Layout, initialize as initialize_distributed
+from jaxformer.parallel import Layout
 from jaxformer.parallel.distributed import from_process_0
 from jaxformer.runtime import enable_compilation_cache, process_startup_s
-from jaxformer.files import write_json_atomic, write_text_atomic
+from jaxformer.files import write_json_atomic
 from jaxformer.train.checkpoint import Checkpointer
-from jaxformer.train.checkpoint_config import has_checkpoints, saved_steps
-from jaxformer.train.checkpoint_shapes import refuse_another_model
-from jaxformer.train.config import TrainConfig, config_to_dict, resume_conflict
-from jaxformer.train.dataset import Dataset, prepare_dataset
-from jaxformer.train.final import finished_record
-from jaxformer.train.from_checkpoint import checkpoint_params, checkpoint_tokenizer, keep_token_metadata
+from jaxformer.train.config import TrainConfig, config_to_dict
+from jaxformer.train.dataset import Dataset
+from jaxformer.train.from_checkpoint import checkpoint_params
 from jaxformer.train.loader import Loader, eval_batches
 from jaxformer.train.compiled import compiled_steps, initial_state
 from jaxformer.train.kernel_choice import KernelChoice
@@ -51,42 +43,13 @@ from jaxformer.train.matmul_choice import MatmulChoice, choose_kernels
 from jaxformer.train.metrics import MetricsLogger, last_logged
 from jaxformer.train.optimizer import learning_rates, make_optimizer
 from jaxformer.train.peak import machine_peak_flops
+from jaxformer.train.prepare import begin_run, prepare_run
 from jaxformer.train.run_claim import claimed
 from jaxformer.train.step import empty_sums
 
 
 class NonFiniteLoss(RuntimeError):
     """The loss or gradient norm became NaN or infinite; the last good checkpoint is kept."""
-
-
-def check_resume(config: TrainConfig, run_dir: Path) -> bool:
-    """Whether the run resumes: ``run_dir`` holds checkpoints, or the ``final.json`` of a run that finished (its
-    checkpoints removed or never kept); raises ``ValueError`` when the run directory holds a different run."""
-    finished = (run_dir / "final.json").is_file()
-    held = "checkpoints" if has_checkpoints(run_dir) else "a finished run" if finished else None
-    if held is None:  # a fresh start, also over a run that diverged before its first checkpoint
-        return False
-    if not config.checkpoint.resume:
-        raise ValueError(f"checkpoint.resume=false but {run_dir} holds {held}; use a new train.run_dir")
-    saved = run_dir / "config.yaml"
-    if saved.is_file():
-        conflict = resume_conflict(yaml.safe_load(saved.read_text()) or {}, config)
-        if conflict:
-            raise ValueError(f"cannot resume {run_dir}: {conflict} (use a new train.run_dir)")
-    return True
-
-
-def _check_host_memory(config: TrainConfig, runs: int = 1) -> None:
-    """On a CPU, one fp32 copy of the training state (parameters, gradients, two AdamW moments) of each of
-    ``runs`` runs held at once must fit in RAM."""
-    if jax.default_backend() != "cpu":
-        return
-    need = 16 * count_params(config.model).total * runs
-    have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    if need > have:
-        held = f"{runs} training states" if runs > 1 else "training state"
-        raise ValueError(f"the model has {count_params(config.model).total:,} parameters, whose {held} needs "
-                         f"{need / 2**30:,.1f} GiB, more than this machine's {have / 2**30:,.1f} GiB of memory")
 
 
 class RunWriteError(OSError):
@@ -121,59 +84,6 @@ def train(config: TrainConfig, run_dir: Path) -> dict:
             config, kernel_choice, matmul_choice = choose_kernels(config)  # `auto`: timed here, or read from the cache
             times["kernel_choice_s"] = kernel_choice.seconds + matmul_choice.seconds
             return _Run(config, run_dir, dataset, layout, started, times, kernel_choice, matmul_choice).run()
-
-
-def prepare_run(config: TrainConfig, run_dir: Path, runs: int = 1) -> tuple[Layout, Dataset, dict | None]:
-    """Every check of a run's input, before anything is written: ``(layout, dataset, final)``, ``final`` the
-    ``final.json`` record of a run that has finished, else None. ``runs``: states held at once (the memory check)."""
-    initialize_distributed(config.parallel.distributed)
-    _check_host_memory(config, runs)
-    layout = Layout.for_run(config.parallel, config.model, config.micro_batch)
-    resuming = check_resume(config, run_dir)
-    dataset = prepare_dataset(config, run_dir / "tokenizer.json" if resuming else checkpoint_tokenizer(config))
-    if resuming and (run_dir / "data.json").is_file():
-        saved = json.loads((run_dir / "data.json").read_text()).get("sha256")
-        if saved != dataset.info["sha256"]:
-            raise ValueError(f"cannot resume {run_dir}: the contents of data.corpus {config.data.corpus!r} changed "
-                             f"(sha256 {str(saved)[:12]}… then, {dataset.info['sha256'][:12]}… now)")
-    if resuming and (run_dir / "final.json").is_file() and (final := finished_run(run_dir)) is not None:
-        return layout, dataset, final
-    if steps := saved_steps(run_dir):  # another model's checkpoints are the user's valid files: refused, kept
-        abstract = initial_state(config.model, config.kernel, config.optimizer, make_optimizer(config.optimizer),
-                                 layout)[1]
-        refuse_another_model(run_dir / "checkpoints", steps, abstract)
-    return layout, dataset, None
-
-
-def finished_run(run_dir: Path) -> dict | None:
-    """The record of the finished run in ``run_dir``; None when its ``final.json`` is damaged (`finished_record`)
-    but checkpoints are there to train the run again from, as a sweep's relaunch does (the file is left as it is
-    until the new record replaces it); without checkpoints a damaged file raises ``ValueError`` naming it."""
-    try:
-        return finished_record(run_dir / "final.json")
-    except ValueError as error:
-        if not has_checkpoints(run_dir):  # training from the start would replace the run's metrics: the user's call
-            raise ValueError(f"{error}; {run_dir} holds no checkpoint to train the run again from (remove final.json "
-                             "to train it from the start, or use a new train.run_dir)") from None
-        if jax.process_index() == 0:
-            print(f"note: {error}; training the run again from its last checkpoint", file=sys.stderr, flush=True)
-        return None
-
-
-def begin_run(config: TrainConfig, run_dir: Path, dataset: Dataset) -> None:
-    """The first writes into a checked run directory: the resolved config and the data record (`_write_run_files`)."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    if jax.process_index() == 0:
-        (run_dir / "error.json").unlink(missing_ok=True)
-        _write_run_files(config, run_dir, dataset)
-
-
-def _write_run_files(config: TrainConfig, run_dir: Path, dataset: Dataset) -> None:
-    write_text_atomic(run_dir / "config.yaml", yaml.safe_dump(config_to_dict(config), sort_keys=False))
-    write_json_atomic(run_dir / "data.json", dataset.info)
-    if dataset.tokenizer is not None and dataset.tokenizer.name == "bpe":
-        dataset.tokenizer.save(run_dir / "tokenizer.json")
-        keep_token_metadata(config, run_dir)
 
 
 def due_at(config: TrainConfig, step: int, over_budget: Callable[[], bool]) -> tuple[bool, bool, bool]:

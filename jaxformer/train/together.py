@@ -55,7 +55,8 @@ from jaxformer.train.checkpoint_config import latest_saved_step
 from jaxformer.train.compiled import compiled_steps, initial_state, stacked_shardings
 from jaxformer.train.config import TrainConfig, flatten_dotted, config_to_dict
 from jaxformer.train.matmul_choice import choose_kernels
-from jaxformer.train.loop import NonFiniteLoss, _Run, begin_run, prepare_run, train, written_runs
+from jaxformer.train.loop import NonFiniteLoss, _Run, train, written_runs
+from jaxformer.train.prepare import begin_run, prepare_run
 from jaxformer.train.run_claim import claimed
 from jaxformer.train.step import Stacked, empty_sums
 
