@@ -1,6 +1,7 @@
 """Training data: tokenizers, corpora, the Markov source's exact entropy, the split and the loader."""
 
 import collections
+import json
 import math
 
 import numpy as np
@@ -157,6 +158,42 @@ def test_bpe_bits_per_byte_count_the_bytes_of_the_tokens_scored(tmp_path, monkey
     assert dataset.scored_tokens_per_byte(easy) != dataset.scored_tokens_per_byte(hard)
     assert ByteTokenizer().token_bytes().tolist() == [1] * 256
 
+
+
+def sentencepiece_tokenizer_json() -> str:
+    """A Llama 2-style tokenizer.json, as a ``model.init_from`` checkpoint brings (SentencePiece converted): words
+    marked with ``▁``, bytes it has no piece for as byte-fallback tokens ``<0xNN>``, a BOS ``<s>`` before each text."""
+    from tokenizers import SentencePieceBPETokenizer, Tokenizer, processors
+
+    trained = SentencePieceBPETokenizer()
+    trained.train_from_iterator(["le café était très animé où les élèves mangeaient des crêpes"] * 20,
+                                vocab_size=120, special_tokens=["<unk>", "<s>"], show_progress=False)
+    spec = json.loads(trained.to_str())
+    vocab = spec["model"]["vocab"]
+    for byte in range(256):
+        vocab.setdefault(f"<0x{byte:02X}>", len(vocab))
+    spec["model"].update(byte_fallback=True, unk_token=None)
+    tokenizer = Tokenizer.from_str(json.dumps(spec))
+    tokenizer.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", vocab["<s>"])])
+    return tokenizer.to_str()
+
+
+def test_sentencepiece_bits_per_byte_count_the_bytes_of_the_text(tmp_path, monkeypatch):
+    """A checkpoint's SentencePiece-style tokenizer writes text, not GPT-2's byte alphabet: its tokens stand for
+    their text's UTF-8 bytes (``▁`` a space, ``<0xC3>`` one byte, the BOS none), so bits per byte divide by the
+    text's UTF-8 length plus the space ``▁`` marks before its first word (they counted characters: 'é' one byte,
+    '<0xC3>' six, '<s>' three)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "tokenizer.json").write_text(sentencepiece_tokenizer_json())
+    for i in range(6):
+        (tmp_path / f"f{i}.txt").write_text(f"le café {i} über straße 東京 🚀\n" * 30)
+    config = load_config(None, ["data.corpus=files:*.txt", "data.tokenizer=bpe", "data.bpe_vocab_size=400",
+                                "model.vocab_size=400", "data.token_cache=", "train.batch_size=2", "train.seq_len=16"])
+    dataset = prepare_dataset(config, tmp_path / "tokenizer.json")
+    for text in ("le café über straße 東京", "élèves\nmangeaient 🚀", "the cat"):
+        ids = dataset.tokenizer.encode(text)
+        assert dataset.bits_per_byte(math.log(2), dataset.scored_tokens_per_byte(ids)) == pytest.approx(
+            len(ids) / (len(text.encode()) + 1))
 
 def test_tokens_corpus_reads_nanogpt_bins(tmp_path):
     rng = np.random.default_rng(0)

@@ -9,6 +9,8 @@ with the run as ``tokenizer.json``, so a resumed run reads the same vocabulary b
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -92,12 +94,28 @@ class BPETokenizer:
         return self._tokenizer.decode([int(i) for i in ids], skip_special_tokens=False)
 
     def token_bytes(self) -> np.ndarray:
-        """``[vocab_size]`` the bytes of text each id stands for: byte-level BPE writes each byte of a token as
-        one character of its alphabet, so a token's length in characters is its length in bytes."""
+        """``[vocab_size]`` the bytes of text each id stands for. Byte-level BPE (this module's, and a checkpoint's
+        whose decoder is ``ByteLevel``, GPT-2's) writes each byte of a token as one character of its alphabet, so a
+        token's length in characters is its length in bytes. A checkpoint's SentencePiece-style tokenizer
+        (``model.init_from``) writes text: its mark ``▁`` stands for a space (the one it puts before a document's
+        first word too), a byte-fallback token ``<0xNN>`` for one byte, any other token for its UTF-8 bytes.
+        Special tokens (BOS, EOS…) stand for no text: 0."""
+        byte_level = "ByteLevel" in json.dumps(json.loads(self._tokenizer.to_str()).get("decoder"))
         lengths = np.zeros(self.vocab_size, np.int64)
         for token, index in self._tokenizer.get_vocab().items():
-            lengths[index] = len(token)
+            lengths[index] = len(token) if byte_level else _text_bytes(token)
+        for index, added in self._tokenizer.get_added_tokens_decoder().items():
+            if added.special:
+                lengths[index] = 0
         return lengths
+
+
+BYTE_FALLBACK = re.compile(r"<0x[0-9A-Fa-f]{2}>")  # SentencePiece's token for one byte of text it has no piece for
+
+
+def _text_bytes(token: str) -> int:
+    """Bytes of text a SentencePiece-style token stands for (`BPETokenizer.token_bytes`)."""
+    return 1 if BYTE_FALLBACK.fullmatch(token) else len(token.replace("\u2581", " ").encode("utf-8"))
 
 
 def _text(data: bytes | str) -> str:
