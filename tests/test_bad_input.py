@@ -67,6 +67,10 @@ def workspace(tmp_path_factory):
     (root / "law-bool.json").write_text('{"E": true, "A": 406.4, "B": 410.7, "alpha": 0.34, "beta": 0.28}\n')
     (root / "law-list.json").write_text('{"approach3": [1]}\n')
     shutil.copytree(root / "run", root / "no-checkpoints", ignore=shutil.ignore_patterns("checkpoints"))
+    for name, part, text in [("config-cut", "config.yaml", "model: [\n"), ("config-list", "config.yaml", "- 1\n"),
+                             ("data-empty", "data.json", ""), ("data-list", "data.json", "[1]\n")]:
+        shutil.copytree(root / "run", root / name)  # a resume reads the saved config and corpus hash
+        (root / name / part).write_text(text)
     (root / "latin1.csv").write_bytes("N,D,loss\n1e4,1e6,3.0 \u00b1 0.1\n".encode("latin-1"))
     study = ROOT / "experiments" / "quick_2seeds_zen1_session33"  # a committed study: no run directories
     shutil.copytree(study, root / "study", ignore=shutil.ignore_patterns("*.png"))
@@ -89,6 +93,16 @@ CASES = [  # (argv, what stderr must name, directory that must stay unchanged or
     (["train", "{w}/empty.yaml", *TINY_RUN, "model.d_model=48", "--run-dir", "{w}/run"],
      "model.d_model was 32 in the saved run, now 48", "run"),
     (["train", "{w}/empty.yaml", *TINY_RUN, "train.seed=3", "--run-dir", "{w}/run"], "train.seed was 0", "run"),
+    (["train", "{w}/empty.yaml", *TINY_RUN, "--run-dir", "{w}/config-cut"],
+     "{w}/config-cut/config.yaml: invalid YAML (while parsing a flow node)", "config-cut"),
+    (["train", "{w}/empty.yaml", *TINY_RUN, "--run-dir", "{w}/config-list"],
+     "{w}/config-list/config.yaml: expected a mapping at the top level, got list", "config-list"),
+    (["train", "{w}/empty.yaml", *TINY_RUN, "--run-dir", "{w}/data-empty"],
+     "{w}/data-empty/data.json: empty, not JSON, so the corpus cannot be checked against the run's (remove the file "
+     "to resume without that check)", "data-empty"),
+    (["train", "{w}/empty.yaml", *TINY_RUN, "--run-dir", "{w}/data-list"],
+     "{w}/data-list/data.json: no sha256 of the corpus, so the corpus cannot be checked against the run's (remove "
+     "the file to resume without that check)", "data-list"),
     (["sweep", "{w}/hostile.yaml", "--dry-run"], "hyperparameters.optimizer.lr: cannot evaluate", None),
     (["sweep", "{w}/hostile.yaml", "--out", "{w}/sweep-out"], "__subclasses__' (attribute access)", None),
     (["sweep", "{w}/import.yaml", "--dry-run"], "__import__", None),

@@ -10,7 +10,6 @@ description and hash) and, for BPE, ``tokenizer.json`` (from ``model.init_from``
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
@@ -19,7 +18,8 @@ import jax
 import yaml
 
 from jaxformer.accounting import count_params
-from jaxformer.files import write_json_atomic, write_text_atomic
+from jaxformer.configs import load_yaml
+from jaxformer.files import load_json, write_json_atomic, write_text_atomic
 from jaxformer.parallel import Layout, initialize as initialize_distributed
 from jaxformer.train.checkpoint_config import has_checkpoints, saved_steps
 from jaxformer.train.checkpoint_shapes import refuse_another_model
@@ -42,7 +42,7 @@ def check_resume(config: TrainConfig, run_dir: Path) -> bool:
         raise ValueError(f"checkpoint.resume=false but {run_dir} holds {held}; use a new train.run_dir")
     saved = run_dir / "config.yaml"
     if saved.is_file():
-        conflict = resume_conflict(yaml.safe_load(saved.read_text()) or {}, config)
+        conflict = resume_conflict(load_yaml(saved), config)  # a damaged file: one line naming it
         if conflict:
             raise ValueError(f"cannot resume {run_dir}: {conflict} (use a new train.run_dir)")
     return True
@@ -70,10 +70,10 @@ def prepare_run(config: TrainConfig, run_dir: Path, runs: int = 1) -> tuple[Layo
     resuming = check_resume(config, run_dir)
     dataset = prepare_dataset(config, run_dir / "tokenizer.json" if resuming else checkpoint_tokenizer(config))
     if resuming and (run_dir / "data.json").is_file():
-        saved = json.loads((run_dir / "data.json").read_text()).get("sha256")
+        saved = saved_corpus_hash(run_dir / "data.json")
         if saved != dataset.info["sha256"]:
             raise ValueError(f"cannot resume {run_dir}: the contents of data.corpus {config.data.corpus!r} changed "
-                             f"(sha256 {str(saved)[:12]}… then, {dataset.info['sha256'][:12]}… now)")
+                             f"(sha256 {saved[:12]}… then, {dataset.info['sha256'][:12]}… now)")
     if resuming and (run_dir / "final.json").is_file() and (final := finished_run(run_dir)) is not None:
         return layout, dataset, final
     if steps := saved_steps(run_dir):  # another model's checkpoints are the user's valid files: refused, kept
@@ -81,6 +81,20 @@ def prepare_run(config: TrainConfig, run_dir: Path, runs: int = 1) -> tuple[Layo
                                  layout)[1]
         refuse_another_model(run_dir / "checkpoints", steps, abstract)
     return layout, dataset, None
+
+
+def saved_corpus_hash(path: Path) -> str:
+    """The corpus's sha256 a run recorded in ``path`` (its ``data.json``); a damaged file raises ``ValueError``
+    naming it (a missing one is no record: the resume goes on unchecked, and `begin_run` writes it again)."""
+    unchecked = "so the corpus cannot be checked against the run's (remove the file to resume without that check)"
+    try:
+        record = load_json(path)
+    except ValueError as error:
+        raise ValueError(f"{error}, {unchecked}") from None
+    saved = record.get("sha256") if isinstance(record, dict) else None
+    if not isinstance(saved, str):
+        raise ValueError(f"{path}: no sha256 of the corpus, {unchecked}")
+    return saved
 
 
 def finished_run(run_dir: Path) -> dict | None:
