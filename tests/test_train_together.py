@@ -221,3 +221,16 @@ def test_runs_that_differ_in_more_than_the_schedule_are_refused_with_one_line(tm
     assert not (tmp_path / "lr0").exists() and not (tmp_path / "lr1").exists()  # refused before any write
     assert together_conflict([first]) == "training together needs two runs or more, got 1"
     assert together_groups({"a": first, "b": second, "c": configs(LRS)[2]}) == [("a", "c"), ("b",)]
+
+
+def test_a_step_that_only_saves_writes_no_row(tmp_path):
+    """Rows are written at log and eval steps (every 4th and the last here); a checkpoint at step 3 or 6 wrote a
+    row of tokens and wall time alone, in a lone run and in runs trained together."""
+    extra = ["train.tokens=2048", "checkpoint.interval=3", "checkpoint.max_overhead=1e9"]  # 8 steps, saves at 3, 6, 8
+    train(configs(LRS[:1], extra)[0], tmp_path / "alone")
+    run_dirs = [tmp_path / f"together{i}" for i in range(2)]
+    train_together(configs(LRS[:2], extra), run_dirs)
+    for run_dir in (tmp_path / "alone", *run_dirs):
+        assert [row["step"] for row in rows(run_dir)] == [4, 8]
+        assert all("train_loss" in row for row in rows(run_dir))
+        assert (run_dir / "checkpoints" / "6").is_dir()  # the saves were made

@@ -221,7 +221,8 @@ class _Run:
         val_loss = None
         if evaluate:
             val_loss = self._timed("eval_s", lambda: float(eval_pass(state["params"], self.val_batches)))
-        self.logger.log(self.row(step, host["sums"] if log else None, val_loss))
+        if log or evaluate:  # a step that only saves writes no row (metrics.jsonl holds log and eval steps)
+            self.logger.log(self.row(step, host["sums"] if log else None, val_loss))
         if save:
             self.save(step, state)
         self.mark = time.perf_counter()

@@ -285,7 +285,7 @@ class _Together:
         if log:
             state = {**state, "sums": jax.device_put(self.empty_sums, self.layout.replicated)}
         losses = self._evaluate(eval_pass, state) if evaluate else None
-        for i in self.live:
+        for i in self.live if log or evaluate else ():  # as a lone run: no row at a step that only saves
             runs[i].logger.log(runs[i].row(step, _slice(host["sums"], i) if log else None,
                                            None if losses is None else float(losses[i])))
         if save:
