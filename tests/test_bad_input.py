@@ -247,7 +247,7 @@ def test_the_unstarted_metadata_read_of_an_abandoned_restore_warns_no_more():
     import gc
     import warnings
 
-    from jaxformer.train.checkpoint import _ignore_reads_outliving_their_loop
+    from jaxformer.train.checkpoint import ignore_reads_outliving_their_loop
 
     class Store:
         async def _get_array_metadatas(self):
@@ -258,7 +258,7 @@ def test_the_unstarted_metadata_read_of_an_abandoned_restore_warns_no_more():
 
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
-        _ignore_reads_outliving_their_loop()
+        ignore_reads_outliving_their_loop()
         Store()._get_array_metadatas()  # created, never awaited, collected
         Store()._something_else()
         gc.collect()

@@ -258,7 +258,7 @@ class Checkpointer:
         Raises `CheckpointError` when steps exist but none restores, `CheckpointMismatch` (moving nothing) when
         one holds another model's arrays (`refuse_another_model`).
         """
-        _ignore_reads_outliving_their_loop()
+        ignore_reads_outliving_their_loop()
         steps, unreadable = self.steps(), []
         refuse_another_model(self.directory, steps, abstract_state)
         for step in reversed(steps):
@@ -359,7 +359,7 @@ def _keeps_log_record(record: logging.LogRecord) -> bool:
                 and error is not None and "tensorstore_spec" in str(error))
 
 
-def _ignore_reads_outliving_their_loop() -> None:
+def ignore_reads_outliving_their_loop() -> None:
     """Drops four known late reports for the rest of the process; every other goes on as before.
 
     When one array of a step fails to restore, Orbax closes the event loop of that restore while

@@ -15,7 +15,7 @@ import orbax.checkpoint as ocp
 from flax import nnx
 
 # the late TensorStore reports of a failed restore, which Checkpointer.restore_latest drops too
-from jaxformer.train.checkpoint import (Checkpointer, CheckpointError, _ignore_reads_outliving_their_loop,
+from jaxformer.train.checkpoint import (Checkpointer, CheckpointError, ignore_reads_outliving_their_loop,
                                        params_digest)
 from jaxformer.train.checkpoint_config import has_checkpoints
 from jaxformer.train.checkpoint_shapes import refuse_another_model
@@ -66,7 +66,7 @@ def restore_params(run_dir: Path, config: TrainConfig | None = None) -> tuple[in
     args = ocp.args.Composite(state=ocp.args.PyTreeRestore(
         item=item, restore_args=ocp.checkpoint_utils.construct_restore_args(item), partial_restore=True),
         meta=ocp.args.JsonRestore())
-    _ignore_reads_outliving_their_loop()
+    ignore_reads_outliving_their_loop()
     checkpointer = Checkpointer(run_dir / "checkpoints", config.checkpoint.keep, read_only=True)
     try:
         steps, unreadable = checkpointer.steps(), []
