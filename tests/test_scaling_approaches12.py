@@ -119,6 +119,21 @@ def test_frontier_bands_take_an_overflowing_resample_without_a_warning():
     assert np.all(np.isfinite(low)) and np.all(np.isfinite(high))  # two of 100 resamples stay outside 95%
 
 
+def test_an_approach_2_bootstrap_that_kept_no_resample_draws_no_band(tmp_path):
+    """Three sizes at each of two budgets: a resample of runs rarely holds all three sizes of both, so ten
+    resamples kept none. The N_opt figure then shades Approach 3 alone (np.nanpercentile of no rows gave one
+    array of K, which fill_between took as K arguments: the sweep's closing fit failed with a TypeError)."""
+    from jaxformer.scaling.report import fit_table
+
+    report = fit_table(isoflop_sweep(LAW, [1e19, 1e20], sizes=3, span=0.3), "all", resamples=10, seed=0)
+    assert report.approach2.samples["a"].shape == (0,)
+    assert "bootstrap: 0 of 10 resamples kept" in report.approach2.warnings[-1]
+    bands = report.frontier_bands(np.geomspace(1e18, 1e21, 5))
+    assert list(bands) == ["Approach 3"] and bands["Approach 3"][0].shape == (5,)
+    paths = report.write_plots(tmp_path)
+    assert (tmp_path / "n_opt.png").stat().st_size > 0 and len(paths) == 8
+
+
 def test_resampled_allocations_equal_the_law_through_each_resamples_optima():
     """`sample_allocations` (all resamples as one allocation of arrays) against `allocation_from_optima` run on
     each resample's optima alone, with exact-FLOPs compute per token (k = 23, p = 0.91)."""
