@@ -134,6 +134,22 @@ def test_an_approach_2_bootstrap_that_kept_no_resample_draws_no_band(tmp_path):
     assert (tmp_path / "n_opt.png").stat().st_size > 0 and len(paths) == 8
 
 
+def test_approaches_without_an_interval_are_not_said_to_disagree():
+    """Approach 2's ten resamples of a 2 x 3 study kept none, so its interval for a is NaN: the report says their
+    agreement is not assessed (it said they 'disagree: their 95% intervals for a, [nan, nan] and [...]')."""
+    from jaxformer.scaling.report import fit_table
+
+    report = fit_table(isoflop_sweep(LAW, [1e19, 1e20], sizes=3, span=0.3), "all", resamples=10, seed=0)
+    found = report.agreement()
+    assert found["agree"] is None and found["interval2"] is None
+    low, high = found["interval3"]
+    assert low < report.approach3.law.a < high
+    assert report.agreement_text() == (f"a = {report.approach2.allocation.a:.3f} (Approach 2) and "
+                                       f"{report.approach3.law.a:.3f} (Approach 3); no bootstrap interval for "
+                                       "Approach 2, so their agreement is not assessed")
+    assert report.to_dict()["agreement"]["agree"] is None
+
+
 def test_resampled_allocations_equal_the_law_through_each_resamples_optima():
     """`sample_allocations` (all resamples as one allocation of arrays) against `allocation_from_optima` run on
     each resample's optima alone, with exact-FLOPs compute per token (k = 23, p = 0.91)."""

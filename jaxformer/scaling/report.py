@@ -100,16 +100,17 @@ class FitReport:
     def agreement(self) -> dict | None:
         """Whether Approaches 2 and 3 agree on the exponent a: do their intervals overlap?
 
-        None unless both ran; ``agree`` is None when either has no bootstrap interval.
+        None unless both ran; ``agree`` is None when either has no bootstrap interval (none drawn, or none of its
+        resamples kept: a NaN interval, which overlaps nothing and contradicts nothing).
         """
         if not (self.approach2 and self.approach3):
             return None
         a2, a3 = (self.approach2.stats or {}).get("a"), (self.bootstrap3.stats if self.bootstrap3 else {}).get("a")
+        interval2, interval3 = _interval(a2), _interval(a3)
         out = {"a2": self.approach2.allocation.a, "a3": self.approach3.law.a, "level": self.level,
-               "interval2": None if a2 is None else [a2.low, a2.high],
-               "interval3": None if a3 is None else [a3.low, a3.high], "agree": None}
-        if a2 is not None and a3 is not None:
-            out["agree"] = bool(a2.low <= a3.high and a3.low <= a2.high)
+               "interval2": interval2, "interval3": interval3, "agree": None}
+        if interval2 is not None and interval3 is not None:
+            out["agree"] = bool(interval2[0] <= interval3[1] and interval3[0] <= interval2[1])
         return out
 
     def agreement_text(self) -> str | None:
@@ -118,7 +119,8 @@ class FitReport:
             return None
         values = f"a = {found['a2']:.3f} (Approach 2) and {found['a3']:.3f} (Approach 3)"
         if found["agree"] is None:
-            return f"{values}; no bootstrap intervals, so their agreement is not assessed"
+            missing = " or ".join(f"Approach {k}" for k in ("2", "3") if found[f"interval{k}"] is None)
+            return f"{values}; no bootstrap interval for {missing}, so their agreement is not assessed"
         level = f"{100 * found['level']:.0f}%"
         (l2, h2), (l3, h3) = found["interval2"], found["interval3"]
         verdict = "agree: their" if found["agree"] else "disagree: their"
@@ -177,6 +179,11 @@ class FitReport:
         flops_range = (t.C.min() / 3, max(t.C.max() * 3, 10 * REFERENCE_BUDGET))
         figures["n_opt"] = plots.plot_nopt(self.laws(), flops_range, points, bands=self.frontier_bands)
         return plots.save_all(figures, directory)
+
+
+def _interval(stat: Interval | None) -> list[float] | None:
+    """``[low, high]`` of a bootstrap interval, or None where there is none (no bootstrap, or no resample kept)."""
+    return None if stat is None or np.isnan(stat.low) or np.isnan(stat.high) else [stat.low, stat.high]
 
 
 def _line(name: str, value: float, interval: Interval | None, level: float) -> str:
