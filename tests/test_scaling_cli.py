@@ -69,6 +69,27 @@ def test_fit_all_approaches_on_a_sweep_directory_with_plots(tmp_path, capsys):
     assert not list((tmp_path / "fig").glob(".*"))  # no temporary files left
 
 
+def test_fit_all_skips_an_approach_the_sweep_cannot_support_and_keeps_the_others(tmp_path, capsys):
+    """Two sizes per budget make no IsoFLOP parabola: `--approach all` (the default) fits Approaches 3 and 1 and
+    notes why Approach 2 was skipped, as the sweep's own closing fit does; it used to exit 2 on Approach 2's error,
+    so a small sweep got no fit at all from `jaxformer fit DIR`."""
+    law = PRESETS["chinchilla"]
+    sweep = write_sweep(isoflop_sweep(law, np.logspace(18, 21, 4), sizes=2, noise=0.002), tmp_path / "s")
+    rc, out, err = run(capsys, "fit", str(sweep), "--bootstrap", "0", "--json")
+    assert rc == 0, err
+    fit = json.loads(out)
+    assert "approach2" not in fit and fit["runs"] == 8
+    assert fit["approach3"]["a"] == pytest.approx(law.a, abs=0.01)
+    assert 0 < fit["approach1"]["power_laws"]["a"] < 1  # two sizes per budget: an envelope, if a coarse one
+    assert fit["notes"] == ["Approach 2 skipped: Approach 2 needs IsoFLOP profiles (3+ sizes) at 2 or more budgets, "
+                            "got 0 (none); budget C=1e+18: 2 distinct sizes, need 3 for a parabola; skipped; budget "
+                            "C=1e+19: 2 distinct sizes, need 3 for a parabola; skipped; budget C=1e+20: 2 distinct "
+                            "sizes, need 3 for a parabola; skipped; budget C=1e+21: 2 distinct sizes, need 3 for a "
+                            "parabola; skipped"]
+    rc, out, err = run(capsys, "fit", str(sweep), "--bootstrap", "0", "--approach", "2")
+    assert rc == 2 and out == "" and "Approach 2 needs IsoFLOP profiles" in err
+
+
 def test_fit_text_summary_with_intervals(tmp_path, capsys):
     sweep = write_sweep(isoflop_sweep(PRESETS["chinchilla"], np.logspace(18, 21, 5), sizes=7), tmp_path / "s")
     rc, out, _ = run(capsys, "fit", str(sweep), "--approach", "2", "--bootstrap", "200", "--level", "0.9")

@@ -35,7 +35,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--flops", choices=("exact", "6ND"),
                         help="a sweep directory's C: exact training FLOPs or 6ND (default: as the sweep planned)")
     parser.add_argument("--approach", default="all", choices=APPROACHES,
-                        help="1 loss envelope, 2 IsoFLOP parabolas, 3 parametric law, all (default)")
+                        help="1 loss envelope, 2 IsoFLOP parabolas, 3 parametric law, all (default: each the runs "
+                             "support, the others noted as skipped)")
     parser.add_argument("--bootstrap", type=integer(0, MAX_RESAMPLES), default=4000, metavar="N",
                         help="resamples for intervals (0: none)")
     parser.add_argument("--level", type=number(above=0, below=1), default=0.95,

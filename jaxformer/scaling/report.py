@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -198,7 +199,10 @@ def fit_table(table: RunTable, approaches: str = "all", *, resamples: int = 4000
               bootstrap_starts: int = 4, keep_edges: bool = False, resample2: str = "runs") -> FitReport:
     """Runs the requested approaches (``"1"``, ``"2"``, ``"3"`` or ``"all"``) with bootstrap intervals;
     Approach 2 fits its power laws to the bracketed minima only, unless ``keep_edges``, and its bootstrap
-    draws ``resample2`` (`fit_isoflop`'s ``runs`` or ``residuals``)."""
+    draws ``resample2`` (`fit_isoflop`'s ``runs`` or ``residuals``).
+
+    With ``"all"``, an approach the runs cannot support (``ValueError``: too few runs, sizes or budgets) is
+    skipped with a note naming why, and the others stand; ``ValueError`` when none can be fitted."""
     if approaches not in APPROACHES:
         raise ValueError(f"approach must be one of {', '.join(APPROACHES)}, got {approaches!r}")
     if resamples < 0:
@@ -206,22 +210,45 @@ def fit_table(table: RunTable, approaches: str = "all", *, resamples: int = 4000
     table = table.canonical()  # the same runs in any order give the same fit
     report = FitReport(table, budgets=tuple(float(b) for b in budgets), level=level)
     run_all = approaches == "all"
-    if approaches in ("3", "all"):
-        report.approach3 = fit_parametric(table)
+
+    def approach3() -> None:
+        fitted = fit_parametric(table)
         if resamples:
-            report.bootstrap3 = bootstrap_parametric(table, report.approach3, resamples=resamples, seed=seed,
-                                                     level=level, budgets=report.budgets, starts=bootstrap_starts)
-    if approaches == "2" or (run_all and table.budget is not None):
+            report.bootstrap3 = bootstrap_parametric(table, fitted, resamples=resamples, seed=seed, level=level,
+                                                     budgets=report.budgets, starts=bootstrap_starts)
+        report.approach3 = fitted
+
+    def approach2() -> None:
         report.approach2 = fit_isoflop(table, budget_tol=budget_tol, resamples=resamples, seed=seed, level=level,
                                        keep_edges=keep_edges, resample=resample2)
+
+    def approach1() -> None:
+        report.approach1 = fit_envelope(table, resamples=resamples, seed=seed, level=level)
+
+    if approaches in ("3", "all"):
+        _fit_approach("3", approach3, report, skip=run_all)
+    if approaches == "2" or (run_all and table.budget is not None):
+        _fit_approach("2", approach2, report, skip=run_all)
     elif run_all:
         report.notes.append("Approach 2 skipped: the runs carry no IsoFLOP budget labels (use --approach 2 "
                             "to group them by C)")
     if approaches == "1" or (run_all and table.has_curves):
-        report.approach1 = fit_envelope(table, resamples=resamples, seed=seed, level=level)
+        _fit_approach("1", approach1, report, skip=run_all)
     elif run_all:
         report.notes.append("Approach 1 skipped: the runs carry no training curves")
+    if not (report.approach1 or report.approach2 or report.approach3):
+        raise ValueError("; ".join(report.notes))
     return report
+
+
+def _fit_approach(name: str, fit: Callable[[], None], report: FitReport, *, skip: bool) -> None:
+    """Runs ``fit``; with ``skip``, a ``ValueError`` (runs it cannot support) becomes a note on ``report``."""
+    try:
+        fit()
+    except ValueError as error:
+        if not skip:
+            raise
+        report.notes.append(f"Approach {name} skipped: {error}")
 
 
 def jsonable(obj):
