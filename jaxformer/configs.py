@@ -188,14 +188,20 @@ def _coerce(value: Any, annotation: Any, field: str) -> Any:
 
 
 def from_dict(cls: type[T], data: dict[str, Any] | None, *, prefix: str = "") -> T:
-    """Builds dataclass ``cls`` from ``data``; unknown keys and wrong types raise ``ValueError``."""
+    """Builds dataclass ``cls`` from ``data``; unknown keys, missing required keys and wrong types raise
+    ``ValueError``."""
     data = dict(data or {})
     hints = _hints(cls)
-    names = {f.name for f in dataclasses.fields(cls) if f.init}
+    fields = [f for f in dataclasses.fields(cls) if f.init]
+    names = {f.name for f in fields}
     unknown = sorted(set(data) - names)
+    where = f"{prefix}." if prefix else ""
     if unknown:
-        where = f"{prefix}." if prefix else ""
         raise ValueError(f"unknown config key '{where}{unknown[0]}' (known: {', '.join(sorted(names))})")
+    required = [f.name for f in fields if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    missing = [name for name in required if name not in data]
+    if missing:
+        raise ValueError(f"missing config key '{where}{missing[0]}' (required: {', '.join(required)})")
     kwargs = {key: _coerce(value, hints[key], f"{prefix}.{key}" if prefix else key) for key, value in data.items()}
     return cls(**kwargs)
 

@@ -174,6 +174,13 @@ def test_ray_executor_on_a_local_instance(tmp_path):
     ({"fit": {"approaches": [2, 3]}, "verify": {"seed": 1}}, "unknown config key 'verify.seed'"),
     ({"fit": {"approaches": [2, 3], "flops": "exact"}},
      "fit.flops must be isoflop.flops ('6ND') or unset, got 'exact': the runs of one IsoFLOP budget share its compute"),
+    # a section without a field it cannot do without: one line, not a TypeError traceback (exit 1)
+    ({"isoflop": {"params": [8e3, 16e3]}}, "missing config key 'isoflop.budgets' (required: budgets)"),
+    ({"isoflop": None, "grid": {"params": [8e3]}}, "missing config key 'grid.tokens' (required: params, tokens)"),
+    ({"isoflop": {"budgets": [1e9], "center": {"budget": 1e9}}},
+     "missing config key 'isoflop.center.n_opt' (required: n_opt, budget)"),
+    ({"hyperparameters": {}, "tune": {"params": [8e3, 16e3], "lr": [1e-3, 3e-3, 1e-2]}},
+     "missing config key 'tune.budget' (required: budget, params, lr)"),
 ])
 def test_bad_specs_exit_2_with_one_line_before_any_run(tmp_path, changes, message):
     spec = variant(tmp_path, "bad", **changes)
