@@ -174,6 +174,9 @@ def test_ray_executor_on_a_local_instance(tmp_path):
     ({"fit": {"approaches": [2, 3]}, "verify": {"seed": 1}}, "unknown config key 'verify.seed'"),
     ({"fit": {"approaches": [2, 3], "flops": "exact"}},
      "fit.flops must be isoflop.flops ('6ND') or unset, got 'exact': the runs of one IsoFLOP budget share its compute"),
+    # a section given as a hyperparameter replaced the base's whole section (its other fields silently defaults)
+    ({"hyperparameters": {"optimizer": {"lr": 3e-3}}},
+     "hyperparameters.optimizer: each key names one field, dotted, with a number or formula"),
     # a section without a field it cannot do without: one line, not a TypeError traceback (exit 1)
     ({"isoflop": {"params": [8e3, 16e3]}}, "missing config key 'isoflop.budgets' (required: budgets)"),
     ({"isoflop": None, "grid": {"params": [8e3]}}, "missing config key 'grid.tokens' (required: params, tokens)"),

@@ -362,6 +362,9 @@ def load_spec(path: str | Path) -> SweepSpec:
     for key, formula in spec.hyperparameters.items():
         if key.split(".")[0] not in ("model", "data", "optimizer", "train", "checkpoint", "logging", "parallel", "kernel"):
             raise ValueError(f"hyperparameters.{key}: not a training config field")
+        if "." not in key or isinstance(formula, dict):  # a mapping would replace the base's whole section
+            raise ValueError(f"hyperparameters.{key}: each key names one field, dotted, with a number or formula "
+                             f"(e.g. optimizer.lr: \"3e-3 * (N / 1e4) ** -0.25\"), not a section")
         evaluate_formula(key, formula, None)  # the grammar, before anything is planned or evaluated
     if spec.tune is not None:
         tuned = {"optimizer.lr": "tune", "optimizer.beta2": "tune.beta2", "train.batch_size": "tune.batch_size"}
