@@ -178,3 +178,20 @@ def test_a_temperature_below_float32s_normal_range_is_greedy_not_nan():
     for temperature in (1e-30, 1e-44, 1e-300):
         np.testing.assert_array_equal(F.sampling_distribution(logits, temperature=temperature), [[0, 0, 1], [1, 0, 0]])
         assert F.sample_logits(jax.random.key(0), logits, temperature=temperature).tolist() == [2, 0]
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+@pytest.mark.parametrize("split", [False, True])
+def test_a_half_precision_sinusoid_table_is_the_float64_table_rounded(dtype, split):
+    # positions past 256 (bf16) or 2048 (fp16) are not representable in the table's dtype: the angles must not be
+    positions, dim = 4096, 64
+    omega = 10000.0 ** (-np.arange(0, dim, 2) / dim)
+    angles = np.arange(positions)[:, None] * omega
+    sines, cosines = np.sin(angles), np.cos(angles)
+    reference = (np.concatenate([sines, cosines], axis=1) if split
+                 else np.stack([sines, cosines], axis=-1).reshape(positions, dim))
+    table = F.sinusoidal_positions(positions, dim, dtype=dtype, split=split)
+    assert table.dtype == dtype
+    # half an ulp at 1 in the table's dtype, plus float32's angle rounding at position 4095 (~2.5e-4)
+    tolerance = float(jnp.finfo(dtype).eps) / 2 + 3e-4
+    assert np.abs(np.asarray(table, np.float64) - reference).max() <= tolerance

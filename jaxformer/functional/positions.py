@@ -23,14 +23,20 @@ def sinusoidal_positions(num_positions: int, dim: int, *, base: float = 10000.0,
     ``ω_i = base^(-2i/dim)`` (Vaswani et al. 2017). ``PE_p · PE_{p+k}`` depends only on k.
     ``split``: the same values laid out as all sines then all cosines,
     ``PE[p, i] = sin(p·ω_i)``, ``PE[p, dim/2 + i] = cos(p·ω_i)`` (Marian, fairseq).
+    ``dtype``: the table's; positions and angles are computed in at least float32 (float64 when
+    asked for), as `apply_rope` does, and the values rounded to ``dtype`` at the end.
     """
     require_positive("num_positions", num_positions)
     require_positive("dim", dim, even=True)
+    compute_dtype = jnp.promote_types(dtype, jnp.float32)  # bf16 holds positions exactly only up to 256
     with jax.ensure_compile_time_eval():  # a constant of the compiled program, as RoPE's tables (apply_rope)
-        angles_PJ = jnp.arange(num_positions, dtype=dtype)[:, None] * _inverse_frequencies(dim, base, dtype)[None]
+        angles_PJ = (jnp.arange(num_positions, dtype=compute_dtype)[:, None]
+                     * _inverse_frequencies(dim, base, compute_dtype)[None])
         if split:
-            return jnp.concatenate([jnp.sin(angles_PJ), jnp.cos(angles_PJ)], axis=-1)
-        return jnp.stack([jnp.sin(angles_PJ), jnp.cos(angles_PJ)], axis=-1).reshape(num_positions, dim)
+            table_PE = jnp.concatenate([jnp.sin(angles_PJ), jnp.cos(angles_PJ)], axis=-1)
+        else:
+            table_PE = jnp.stack([jnp.sin(angles_PJ), jnp.cos(angles_PJ)], axis=-1).reshape(num_positions, dim)
+        return table_PE.astype(dtype)
 
 
 def rope_frequencies(head_dim: int, base: float = 10000.0, *, llama3: tuple[float, float, float, int] | None = None
