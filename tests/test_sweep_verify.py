@@ -222,3 +222,26 @@ def test_held_out_run_and_seed_repeats_after_the_fit(tmp_path):
     assert again.returncode == 0 and "3 held-out runs at C = 8e+09" in again.stdout, again.stdout
     assert "0 to train" in again.stdout.split("verify:")[1]
     assert json.loads((out / "fit" / "verify.json").read_text()) == verify
+
+
+def test_a_law_without_a_compute_optimal_size_trains_no_held_out_run(tmp_path):
+    """Approach 3 fitted to losses rising with N (alpha < 0) has no N_opt (nan). The held-out run was planned
+    all the same, at nan parameters, which the size rule turned into its smallest model (1 layer of 1 head), and
+    judged 'within 1%' as if compute-optimal; now planning it is refused, and the launch says 'verify skipped'."""
+    from jaxformer.scaling.report import fit_table
+    from jaxformer.scaling.table import load_table
+    from jaxformer.sweep.sizing import shape_for_params
+    from jaxformer.sweep.verify import plan_verify
+    from jaxformer.train.config import config_from_dict
+
+    table = tmp_path / "rising.csv"
+    table.write_text("N,D,loss\n" + "".join(f"1e{k},{1 + k % 2}e6,{2.0 + 0.1 * k:.1f}\n" for k in range(1, 8)))
+    report = fit_table(load_table(table), "3", resamples=0)
+    assert report.approach3.law.alpha < 0 and np.isnan(report.laws()["Approach 3"].n_opt(4e9))
+    spec = load_spec(variant(tmp_path, "rising", fit={"approaches": [3]}, verify={"factor": 2}))
+    with pytest.raises(ValueError, match=r"^the fitted Approach 3 gives no compute-optimal size at C = 4e\+09 "
+                                         r"\(N_opt nan\), so there is no held-out run to train$"):
+        plan_verify(spec, plan_runs(spec), report)
+    base = plan_runs(spec)[0]
+    with pytest.raises(ValueError, match="target params must be a positive number, got nan"):
+        shape_for_params(float("nan"), config_from_dict(base.config).model, spec.shape)

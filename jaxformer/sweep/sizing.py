@@ -69,8 +69,8 @@ def shape_for_params(target: float, base: ModelConfig, rule: ShapeRule) -> Model
     than the tolerance (the rule would need fewer layers than ``min_layers``), or when even ``max_layers``
     layers of ``max_heads`` heads fall short of it by more than the tolerance (it would need more).
     """
-    if target <= 0:
-        raise ValueError(f"target params must be positive, got {target}")
+    if not (math.isfinite(target) and target > 0):
+        raise ValueError(f"target params must be a positive number, got {target}")
     candidates = []
     for layers in range(rule.min_layers, rule.max_layers + 1):
         best = min(

@@ -52,6 +52,9 @@ def plan_verify(spec: SweepSpec, runs: list[PlannedRun], report: FitReport) -> l
     largest = max(run.C_exact if rule == "exact" else run.C_6nd for run in runs)
     budget = verify.budget or verify.factor * (max(run.budget for run in runs) if spec.isoflop else largest)
     n_opt = float(laws[f"Approach {verify.approach}"].n_opt(budget))
+    if not (np.isfinite(n_opt) and n_opt > 0):  # e.g. an Approach 3 law whose loss does not fall with N
+        raise ValueError(f"the fitted Approach {verify.approach} gives no compute-optimal size at C = {budget:.3g} "
+                         f"(N_opt {n_opt:g}), so there is no held-out run to train")
     shape = dataclasses.replace(spec.shape, count=fit.params)
     planned: dict[str, PlannedRun] = {}
     for multiple in sorted(verify.sizes, key=lambda m: (m != 1, m)):
