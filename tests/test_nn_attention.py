@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from flax.nnx.nn.attention import dot_product_attention_weights
 from model_helpers import tiny
 
 import jaxformer.functional as F
@@ -81,3 +82,32 @@ def test_unknown_attention_impl_is_one_line_error():
     q = jnp.zeros((1, 2, 1, 4))
     with pytest.raises(ValueError, match=r"attention_impl must be one of naive, blockwise, xla, fused, got 'flash'"):
         F.attention(q, q, q, impl="flash")
+
+
+@pytest.mark.parametrize("overrides, causal", [
+    (dict(position="rope", num_kv_heads=2, sliding_window=3), True),   # GQA, causal, windowed
+    (dict(position="alibi"), True),
+    (dict(position="relative_bias"), False),                           # T5's encoder: bidirectional buckets
+])
+def test_self_attention_weights_are_the_ones_its_forward_mixes(overrides, causal):
+    cfg = tiny(d_model=32, num_heads=4, use_bias=True, **overrides)
+    attention = Attention(cfg, causal=causal, rngs=nnx.Rngs(0))
+    x, lengths = x_BTE(cfg, length=7), jnp.array([7, 4])
+    table = (jax.random.normal(jax.random.key(3), (cfg.relative_attention_num_buckets, cfg.num_heads))
+             if cfg.position == "relative_bias" else None)
+    weights = attention.weights(x, key_lengths=lengths, relative_bias=table)
+    q, k, v = attention.queries_keys_values(x)
+    if cfg.position == "rope":  # no bias: flax's own weights of the same queries, keys and mask
+        mask = F.attention_mask(7, 7, causal=True, window=3, key_lengths=lengths)
+        peer = dot_product_attention_weights(q, jnp.repeat(k, 2, axis=2), mask=mask)
+        visible = jnp.any(mask, axis=-1, keepdims=True)  # flax spreads a row with no visible key evenly; ours is 0
+        np.testing.assert_allclose(weights, jnp.where(visible, peer, 0.0), atol=1e-6)
+    if causal:
+        assert float(jnp.abs(jnp.triu(weights, 1)).max()) == 0.0
+    assert float(jnp.abs(weights[1, :, :, 4:]).max()) == 0.0
+    mixed = jnp.einsum("bhts,bshd->bthd", weights, jnp.repeat(v, cfg.num_heads // cfg.num_kv_heads, axis=2))
+    expected = jnp.einsum("bthd,hde->bte", mixed, attention.wo[...]) + attention.bo[...]
+    out, _ = attention(x, key_lengths=lengths, relative_bias=table)
+    np.testing.assert_allclose(out, expected, atol=1e-5)
+    with pytest.raises(ValueError, match="self-attention takes no context_BSE"):
+        attention.weights(x, x)

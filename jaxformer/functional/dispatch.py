@@ -145,11 +145,8 @@ def attention(
     q, k, v, unbatched = validate_qkv(q, k, v)
     check_structured_args(q, key_lengths, window, alibi_slopes, relative_bias)
     T, S = q.shape[1], k.shape[1]
-    bias_HTS = None if alibi_slopes is None else alibi_bias_from_slopes(alibi_slopes, T, S, offset=q_offset)
-    if relative_bias is not None:
-        relative_HTS = relative_position_bias(relative_bias, T, S, offset=q_offset,
-                                              bidirectional=relative_bidirectional, max_distance=relative_max_distance)
-        bias_HTS = relative_HTS if bias_HTS is None else bias_HTS + relative_HTS
+    bias_HTS = attention_bias(T, S, q_offset=q_offset, alibi_slopes=alibi_slopes, relative_bias=relative_bias,
+                              relative_bidirectional=relative_bidirectional, relative_max_distance=relative_max_distance)
     if impl == "naive":
         mask_B1TS = attention_mask(T, S, causal=causal, window=window, key_lengths=key_lengths, offset=q_offset)
         out_BTHD = dot_product_attention(q, k, v, mask=mask_B1TS, bias=bias_HTS, scale=scale)
@@ -159,6 +156,19 @@ def attention(
             bias_HTS=bias_HTS, scale=scale,
         )
     return out_BTHD[0] if unbatched else out_BTHD
+
+
+def attention_bias(q_len: int, k_len: int, *, q_offset: int | jax.Array = 0, alibi_slopes: jax.Array | None = None,
+                   relative_bias: jax.Array | None = None, relative_bidirectional: bool = True,
+                   relative_max_distance: int = 128) -> jax.Array | None:
+    """``[H, q_len, k_len]``: the ALiBi and T5 relative biases :func:`attention` adds to the scaled scores (their
+    sum when both are given), None without either; arguments as in :func:`attention`."""
+    bias_HTS = None if alibi_slopes is None else alibi_bias_from_slopes(alibi_slopes, q_len, k_len, offset=q_offset)
+    if relative_bias is not None:
+        relative_HTS = relative_position_bias(relative_bias, q_len, k_len, offset=q_offset,
+                                              bidirectional=relative_bidirectional, max_distance=relative_max_distance)
+        bias_HTS = relative_HTS if bias_HTS is None else bias_HTS + relative_HTS
+    return bias_HTS
 
 
 def _causal_query_blocks(q, k, v, *, query_block_size: int, **kwargs) -> jax.Array:

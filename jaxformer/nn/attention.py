@@ -19,6 +19,7 @@ from flax import nnx
 import jaxformer.functional as F
 from jaxformer.kernel import KernelConfig
 from jaxformer.architecture import ModelConfig
+from jaxformer.functional.dispatch import attention_bias
 from jaxformer.nn import kv, params
 from jaxformer.nn.kv import KV
 
@@ -69,6 +70,11 @@ class Attention(nnx.Module):
                             frequencies=None if self.rope_frequencies is None else np.asarray(
                                 self.rope_frequencies, np.float32))
 
+    def _check_relative_bias(self, relative_bias: jax.Array | None) -> None:
+        if (self.cfg.position == "relative_bias" and not self.cross) != (relative_bias is not None):
+            raise ValueError("position relative_bias: self-attention needs the stack's relative_bias table, "
+                             "cross-attention and other positions take none")
+
     def queries_keys_values(self, x_BTE, context_BSE=None, *, offset=0):
         """``q [B, T, H, D]``, ``k, v [B, S, K, D]`` with RoPE applied at positions ``offset + t``."""
         source_BSE = x_BTE if context_BSE is None else context_BSE
@@ -110,10 +116,7 @@ class Attention(nnx.Module):
         if not self.cross and context_BSE is not None:
             raise ValueError("self-attention takes no context_BSE")
         cfg = self.cfg
-        relative = cfg.position == "relative_bias" and not self.cross
-        if relative != (relative_bias is not None):
-            raise ValueError("position relative_bias: self-attention needs the stack's relative_bias table, "
-                             "cross-attention and other positions take none")
+        self._check_relative_bias(relative_bias)
         q_offset, supported = (0 if self.cross else offset), None
         if self.cross and kv_cache is not None:
             (k_BSKD, v_BSKD), q_BTHD = kv_cache, self._project(x_BTE, self.wq, self.bq)
@@ -142,9 +145,29 @@ class Attention(nnx.Module):
         out_BTE = F.dense(out_BTHD, self.wo[...], in_axes=2, impl=self.kernel.matmul_impl)
         return (out_BTE if self.bo is None else out_BTE + self.bo[...]), kv_cache
 
-    def weights(self, x_BTE: jax.Array, context_BSE: jax.Array, *, key_lengths: jax.Array | None = None) -> jax.Array:
-        """Cross-attention weights ``[B, H, T, S]`` (rows sum to one over the S context positions)."""
+    def weights(self, x_BTE: jax.Array, context_BSE: jax.Array | None = None, *, key_lengths: jax.Array | None = None,
+                relative_bias: jax.Array | None = None) -> jax.Array:
+        """The softmax weights ``[B, H, T, S]`` that :meth:`__call__` (no cache) mixes the values with.
+
+        Cross-attention: over the ``S`` positions of ``context_BSE``. Self-attention (no
+        ``context_BSE``; ``S = T``): with the module's causal mask and sliding window, its ALiBi
+        bias, and T5's bias from ``relative_bias`` (the stack's table, as in :meth:`__call__`).
+        ``key_lengths [B]`` hides padded keys. Rows sum to one over their visible keys; a row
+        with none is zeros.
+        """
+        if self.cross and context_BSE is None:
+            raise ValueError("cross-attention weights need context_BSE")
+        if not self.cross and context_BSE is not None:
+            raise ValueError("self-attention takes no context_BSE")
+        cfg = self.cfg
+        self._check_relative_bias(relative_bias)
         q_BTHD, k_BSKD, v_BSKD = self.queries_keys_values(x_BTE, context_BSE)
-        mask = None if key_lengths is None else F.padding_mask(key_lengths, k_BSKD.shape[1])
-        return F.dot_product_attention(q_BTHD, k_BSKD, v_BSKD, mask=mask, scale=self.cfg.attention_scale,
+        T, S = q_BTHD.shape[1], k_BSKD.shape[1]
+        mask_B1TS = F.attention_mask(T, S, causal=self.causal, window=cfg.sliding_window if self.causal else None,
+                                     key_lengths=key_lengths)
+        alibi = cfg.position == "alibi" and not self.cross
+        bias_HTS = attention_bias(T, S, alibi_slopes=F.alibi_slopes(cfg.num_heads) if alibi else None,
+                                  relative_bias=relative_bias, relative_bidirectional=not self.causal,
+                                  relative_max_distance=cfg.relative_attention_max_distance)
+        return F.dot_product_attention(q_BTHD, k_BSKD, v_BSKD, mask=mask_B1TS, bias=bias_HTS, scale=cfg.attention_scale,
                                        return_weights=True)[1]
