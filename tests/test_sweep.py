@@ -174,6 +174,10 @@ def test_ray_executor_on_a_local_instance(tmp_path):
     ({"fit": {"approaches": [2, 3]}, "verify": {"seed": 1}}, "unknown config key 'verify.seed'"),
     ({"fit": {"approaches": [2, 3], "flops": "exact"}},
      "fit.flops must be isoflop.flops ('6ND') or unset, got 'exact': the runs of one IsoFLOP budget share its compute"),
+    # a negative seed planned, then failed every run at its start ('expected non-negative integer')
+    ({"seeds": [-1]}, "seeds must be non-negative (each run's train.seed), got [-1]"),
+    ({"hyperparameters": {}, "tune": {"budget": 1e9, "params": [8e3, 16e3], "lr": [1e-3, 3e-3, 1e-2], "seed": -2}},
+     "tune.seed must be non-negative (each run's train.seed), got -2"),
     # a section given as a hyperparameter replaced the base's whole section (its other fields silently defaults)
     ({"hyperparameters": {"optimizer": {"lr": 3e-3}}},
      "hyperparameters.optimizer: each key names one field, dotted, with a number or formula"),

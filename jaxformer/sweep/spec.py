@@ -256,6 +256,9 @@ class SweepSpec:
             raise ValueError("the sweep's size and budget lists must not be empty")
         if not self.seeds:
             raise ValueError("seeds must list at least one seed")
+        for field, seeds in self._seeds().items():
+            if any(seed < 0 for seed in (seeds if isinstance(seeds, list) else [seeds])):
+                raise ValueError(f"{field} must be non-negative (each run's train.seed), got {seeds}")
         if self.isoflop and self.fit and self.fit.flops not in (None, self.isoflop.flops):
             raise ValueError(f"fit.flops must be isoflop.flops ({self.isoflop.flops!r}) or unset, got "
                              f"{self.fit.flops!r}: the runs of one IsoFLOP budget share its compute only as the "
@@ -267,6 +270,17 @@ class SweepSpec:
             self._check_verify(self.verify)
         if self.isoflop and self.isoflop.fill and not self.branches:
             raise ValueError("isoflop.fill needs branches: true (it adds cooldowns to the sweep's WSD trunks)")
+
+    def _seeds(self) -> dict[str, list[int] | int]:
+        """Every seed the spec lists, by the field that lists it."""
+        found = {"seeds": self.seeds}
+        if self.isoflop and self.isoflop.repeat:
+            found["isoflop.repeat.seeds"] = self.isoflop.repeat.seeds
+        if self.verify and self.verify.seeds:
+            found["verify.seeds"] = self.verify.seeds
+        if self.tune:
+            found["tune.seed"] = self.tune.seed
+        return found
 
     @staticmethod
     def _check_adapt(isoflop: IsoFlopSpec) -> None:

@@ -50,7 +50,7 @@ class LoopConfig(Section):
     batch_size: int = setting(32, POSITIVE)
     seq_len: int = setting(128, POSITIVE)
     grad_accum: int = setting(1, POSITIVE)
-    seed: int = 0
+    seed: int = setting(0, NON_NEGATIVE)  # numpy's and JAX's generators take no negative seed
     compute_dtype: Literal["float32", "bfloat16"] = "float32"
     eval_interval: int = setting(0, NON_NEGATIVE)
     eval_tokens: int = setting(65_536, POSITIVE)
