@@ -153,3 +153,21 @@ def test_models_package_imports_without_flax():
     code = "import sys, jaxformer.models; jaxformer.models.get_preset('gpt2'); print('flax' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("name, published", [("gpt2", {}), ("gpt2-medium", dict(n_embd=1024, n_layer=24, n_head=16))])
+def test_gpt2_presets_are_the_published_architecture(name, published):
+    import numpy as np
+    import torch
+    import transformers
+    from transformers.activations import ACT2FN
+
+    from jaxformer.functional.feedforward import ACTIVATIONS
+    from jaxformer.hf.families import gpt2
+
+    config = transformers.GPT2Config(**published)  # defaults: the published gpt2 (124M)
+    assert get_preset(name) == gpt2.to_config(config.to_dict(), set())
+    x = np.linspace(-6.0, 6.0, 4001, dtype=np.float32)
+    ours = np.asarray(ACTIVATIONS[get_preset(name).activation](x))
+    peer = ACT2FN[config.activation_function](torch.from_numpy(x)).numpy()  # gelu_new
+    assert np.abs(ours - peer).max() < 1e-6

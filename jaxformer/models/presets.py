@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from jaxformer.architecture import DERIVED_FIELDS, ModelConfig
 
-_GPT2 = dict(vocab_size=50257, max_seq_len=1024, activation="gelu", norm="layernorm", position="learned",
+# GPT-2's MLP takes the tanh approximation of GELU (its `gelu_new`), as nanoGPT does
+_GPT2 = dict(vocab_size=50257, max_seq_len=1024, activation="gelu_tanh", norm="layernorm", position="learned",
              use_bias=True, tie_embeddings=True)
 _LLAMA = dict(activation="swiglu", norm="rmsnorm", norm_eps=1e-5, position="rope", use_bias=False,
               tie_embeddings=False, d_model=4096, num_layers=32, num_heads=32)
