@@ -44,6 +44,7 @@ def test_yaml_plus_dotted_overrides_resolve_to_a_reloadable_config(tmp_path):
     ("train.grad_accum=3", "train.batch_size (32) must be a multiple of train.grad_accum (3)"),
     ("kernel.attention_query_block_size=0", "kernel.attention_query_block_size must be a positive integer, got 0"),
     ("train.seed=-1", "train.seed must be >= 0, got -1"),  # numpy's generator refused it at the run's start
+    ("data.markov.seed=-1", "data.markov.seed must be >= 0, got -1"),  # likewise: 'expected non-negative integer'
 ])
 def test_bad_values_raise_one_line_naming_the_field(override, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")) as error:

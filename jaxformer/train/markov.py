@@ -18,7 +18,7 @@ import dataclasses
 
 import numpy as np
 
-from jaxformer.configs import POSITIVE, Range, Section, setting
+from jaxformer.configs import NON_NEGATIVE, POSITIVE, Range, Section, setting
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,7 +36,7 @@ class MarkovConfig(Section):
     branching: int = 4
     concentration: float = setting(1.0, POSITIVE)
     bytes: int = setting(2_000_000, POSITIVE)
-    seed: int = 0
+    seed: int = setting(0, NON_NEGATIVE)  # numpy's generator takes no negative seed
 
     def check(self) -> None:
         Range(1, self.alphabet).check("data.markov.branching", self.branching)
