@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import jax
+import numpy as np
 import pytest
 from flax import nnx
 
@@ -120,7 +121,6 @@ def test_moe_total_and_active_match_the_accounting():
 def test_residual_projections_start_at_gpt2s_scale_for_the_depth_of_their_own_stack():
     """N(0, 0.02²) weights; the projections into the residual stream 0.02/√(2·layers) with the layers of their own
     stack: an encoder of 2 layers under a decoder of 8 is scaled for 2, the decoder (and its MoE experts) for 8."""
-    import numpy as np
 
     from jaxformer.models import ModelConfig
 
@@ -157,7 +157,6 @@ def test_models_package_imports_without_flax():
 
 @pytest.mark.parametrize("name, published", [("gpt2", {}), ("gpt2-medium", dict(n_embd=1024, n_layer=24, n_head=16))])
 def test_gpt2_presets_are_the_published_architecture(name, published):
-    import numpy as np
     import torch
     import transformers
     from transformers.activations import ACT2FN
@@ -171,3 +170,17 @@ def test_gpt2_presets_are_the_published_architecture(name, published):
     ours = np.asarray(ACTIVATIONS[get_preset(name).activation](x))
     peer = ACT2FN[config.activation_function](torch.from_numpy(x)).numpy()  # gelu_new
     assert np.abs(ours - peer).max() < 1e-6
+
+
+def test_transformer_base_embeds_as_the_paper_does():
+
+    from jaxformer.nn import Embedding
+
+    cfg = get_preset("transformer-base")
+    embedding = Embedding(cfg, rngs=nnx.Rngs(0))
+    tokens = np.array([[5, 36999, 0, 123]])
+    # §3.4: embedding weights times √d_model; §3.5: plus PE(p, 2i) = sin(p / 10000^(2i/d)), PE(p, 2i+1) = cos(…)
+    angles = np.arange(4)[:, None] / 10000.0 ** (np.arange(0, 512, 2) / 512)
+    positions = np.stack([np.sin(angles), np.cos(angles)], axis=-1).reshape(4, 512)
+    expected = np.asarray(embedding.tokens[...])[tokens] * np.sqrt(512) + positions
+    np.testing.assert_allclose(np.asarray(embedding(tokens)), expected, atol=1e-5)

@@ -36,10 +36,11 @@ PRESETS: dict[str, ModelConfig] = {
     "bert-base": ModelConfig(family="encoder", vocab_size=30522, d_model=768, num_layers=12, num_heads=12,
                              max_seq_len=512, activation="gelu", norm="layernorm", norm_position="post",
                              norm_eps=1e-12, position="learned", use_bias=True, tie_embeddings=True),
+    # Vaswani et al. 2017, §3.4: the shared embedding's weights are multiplied by √d_model
     "transformer-base": ModelConfig(family="encoder_decoder", vocab_size=37000, d_model=512, num_layers=6,
                                     num_encoder_layers=6, num_heads=8, max_seq_len=1024, activation="relu",
                                     norm="layernorm", norm_position="post", position="sinusoidal",
-                                    use_bias=True, tie_embeddings=True),
+                                    use_bias=True, tie_embeddings=True, scale_embeddings=True),
     # T5 (Raffel et al. 2020): relative position biases, unscaled attention, RMSNorm, no biases, tied and rescaled head
     "t5-small": ModelConfig(family="encoder_decoder", vocab_size=32128, d_model=512, num_layers=6,
                             num_encoder_layers=6, num_heads=8, head_dim=64, d_ff=2048, max_seq_len=512,
