@@ -69,6 +69,15 @@ def test_learned_positions_past_the_table_raise():
         model(tokens(1, 17))
 
 
+def test_a_numpy_integer_offset_is_checked_against_the_table_as_a_python_one():
+    embedding = build_model(tiny(position="learned"), rngs=nnx.Rngs(0)).embedding
+    ids = tokens(1, 8)
+    with pytest.raises(ValueError, match=r"length 18 is past the learned position table \(model.max_seq_len=16\)"):
+        embedding(ids, offset=np.int64(10))
+    expected = np.asarray(embedding.tokens[...])[np.asarray(ids)] + np.asarray(embedding.positions[...])[3:11]
+    np.testing.assert_allclose(embedding(ids, offset=np.int64(3)), expected, atol=1e-7)
+
+
 def test_appending_a_token_leaves_earlier_outputs_unchanged():
     model = build_model(tiny(position="learned", norm_position="sandwich", sliding_window=3), rngs=nnx.Rngs(0))  # eager
     x = tokens(2, 9)

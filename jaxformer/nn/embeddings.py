@@ -6,8 +6,11 @@ so for them, and for ``position: none``, the embedding adds nothing here.
 
 from __future__ import annotations
 
+import numbers
+
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 import jaxformer.functional as F
@@ -33,7 +36,7 @@ class Embedding(nnx.Module):
         self.token_types = params.normal(rngs, (types, cfg.d_model), (None, "embed")) if types else None
         self.norm = Norm(cfg) if cfg.embedding_norm else None
 
-    def __call__(self, tokens_BT: jax.Array, *, offset: int | jax.Array = 0,
+    def __call__(self, tokens_BT: jax.Array, *, offset: int | np.integer | jax.Array = 0,
                  token_types_BT: jax.Array | None = None) -> jax.Array:
         """Token ``t`` of the sequence sits at position ``offset + t`` (``offset`` = cache length when decoding).
 
@@ -41,12 +44,13 @@ class Embedding(nnx.Module):
         embedding norm if any. ``token_types_BT`` (ids below ``cfg.num_token_types``; None: all 0)
         needs a model with token types.
 
-        A static length past the table raises; a traced offset that runs past it (a
-        caller that skipped the cache's length check) gives NaN rows, never a wrap-around.
+        A static length (``offset`` a Python or NumPy integer) past the table raises; a traced
+        offset that runs past it (a caller that skipped the cache's length check) gives NaN rows,
+        never a wrap-around.
         """
         cfg = self.cfg
         T = tokens_BT.shape[1]
-        if isinstance(offset, int):
+        if isinstance(offset, numbers.Integral):  # a Python or NumPy integer: static
             check_context(cfg, offset + T)
         x_BTE = self.tokens[...][tokens_BT]
         if cfg.scale_embeddings:
