@@ -119,3 +119,37 @@ def test_approaches_1_and_2_draw_whole_groups_as_approach_3_does():
     assert approach1[0] == approach1[1] and approach1[0].low < approach1[0].high
     residuals = fit_isoflop(twice_grouped, resamples=50, seed=0, resample="residuals")
     assert any("residuals are drawn run by run" in warning for warning in residuals.warnings)
+
+
+def test_groups_that_hold_every_run_are_refused_not_drawn_as_zero_width_intervals(tmp_path):
+    """One seed grouped by seed (or a grid grouped by budget, which its runs lack) made one group: every resample
+    was all the runs, and the fit printed 95% intervals of zero width ('alpha 0.935 [0.935, 0.935]', 'each
+    resample draws 1 groups'). The fit now exits 2 naming the cause, and a spec that would do it is refused."""
+    import yaml
+
+    from jaxformer.scaling.allocation import PRESETS
+    from jaxformer.scaling.synthetic import isoflop_sweep
+    from jaxformer.sweep.spec import load_spec
+
+    t = isoflop_sweep(PRESETS["chinchilla"], np.logspace(18, 20, 3), sizes=5, noise=0.002)
+    path = tmp_path / "runs.csv"
+    path.write_text("N,D,loss,budget,seed\n" + "".join(f"{n},{d},{loss},{b},0\n"
+                                                      for n, d, loss, b in zip(t.N, t.D, t.loss, t.budget)))
+    message = ("jaxformer fit: error: a bootstrap drawing groups of runs needs 2 or more groups, got 1: every run has "
+               "the same value of the grouping columns (fit.bootstrap_groups, --bootstrap-groups)\n")
+    for approach in (["--approach", "3"], ["--approach", "2", "--approach2-resample", "wild"]):
+        result = subprocess.run([sys.executable, "-m", "jaxformer.cli", "fit", str(path), "--bootstrap", "20",
+                                 "--bootstrap-groups", "seed", *approach], capture_output=True, text=True)
+        assert result.returncode == 2 and result.stderr == message, result.stderr
+    spec = yaml.safe_load((Path(__file__).resolve().parents[1] / "sweeps" / "tiny.yaml").read_text())
+    one = "fit.bootstrap_groups: every run of this sweep has the same {}, so the runs are one group"
+    spec_path = tmp_path / "spec.yaml"
+    spec_path.write_text(yaml.safe_dump({**spec, "fit": {"bootstrap": 10, "bootstrap_groups": ["seed"]}}))
+    with pytest.raises(ValueError, match=one.format("seed")):
+        load_spec(spec_path)
+    grid = {k: v for k, v in spec.items() if k != "isoflop"} | {"grid": {"params": [8e3, 16e3], "tokens": [1e4, 2e4]}}
+    spec_path.write_text(yaml.safe_dump({**grid, "fit": {"bootstrap": 10, "bootstrap_groups": ["budget"]}}))
+    with pytest.raises(ValueError, match=one.format("budget")):
+        load_spec(spec_path)
+    spec_path.write_text(yaml.safe_dump({**grid, "fit": {"bootstrap": 10, "bootstrap_groups": ["N", "budget"]}}))
+    assert load_spec(spec_path).fit.bootstrap_groups == ["N", "budget"]  # two sizes: two groups

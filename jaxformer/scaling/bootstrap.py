@@ -96,6 +96,16 @@ def summarize(point: dict[str, float], samples: dict[str, np.ndarray], level: fl
     return stats
 
 
+def group_count(groups: np.ndarray) -> int:
+    """How many bootstrap groups ``groups`` (a cluster 0 … G−1 per run) holds; ``ValueError`` under two, where every
+    resample would be all the runs (or, for wild signs, all of them flipped together) and its interval zero-wide."""
+    clusters = int(groups.max()) + 1
+    if clusters < 2:
+        raise ValueError("a bootstrap drawing groups of runs needs 2 or more groups, got 1: every run has the same "
+                         "value of the grouping columns (fit.bootstrap_groups, --bootstrap-groups)")
+    return clusters
+
+
 def resample_counts(n_runs: int, resamples: int, seed: int, groups: np.ndarray | None = None) -> np.ndarray:
     """``[resamples, n_runs]`` how often each run is drawn: R draws of runs with replacement or, with ``groups``
     (a cluster 0 … G−1 per run), G draws of clusters, each draw taking all of its cluster's runs (the cluster
@@ -103,7 +113,7 @@ def resample_counts(n_runs: int, resamples: int, seed: int, groups: np.ndarray |
     rng = np.random.default_rng(seed)
     if groups is None:
         return rng.multinomial(n_runs, np.full(n_runs, 1.0 / n_runs), size=resamples).astype(np.float64)
-    clusters = int(groups.max()) + 1
+    clusters = group_count(groups)
     drawn = rng.multinomial(clusters, np.full(clusters, 1.0 / clusters), size=resamples)
     return drawn[:, groups].astype(np.float64)
 

@@ -33,7 +33,7 @@ from typing import Literal
 import numpy as np
 
 from jaxformer.scaling.allocation import SIX_ND, FlopsPerToken, PowerLawAllocation, budget_labels
-from jaxformer.scaling.bootstrap import Interval, resample_counts, summarize
+from jaxformer.scaling.bootstrap import Interval, group_count, resample_counts, summarize
 from jaxformer.scaling.powerlaw import allocation_from_optima, power_law_samples
 from jaxformer.scaling.table import RunTable
 
@@ -230,7 +230,7 @@ def _bootstrap(table, profiles, groups, allocation, resamples, seed, level, resa
     sigma = np.sqrt(np.sum(residuals**2) / max(len(residuals) - 3 * len(profiles), 1))
     if resample == "wild":  # one sign per run, or per group of runs
         clusters = table.group if table.group is not None else np.arange(len(table))
-        signs = rng.choice([-1.0, 1.0], size=(resamples, int(clusters.max()) + 1))
+        signs = rng.choice([-1.0, 1.0], size=(resamples, group_count(clusters)))
     if resample == "runs" and table.group is not None:  # whole groups, one draw for every budget
         counts = resample_counts(len(table), resamples, seed, table.group)
     for k, (p, idx) in enumerate(zip(profiles, groups)):

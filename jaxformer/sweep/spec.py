@@ -270,6 +270,17 @@ class SweepSpec:
             self._check_verify(self.verify)
         if self.isoflop and self.isoflop.fill and not self.branches:
             raise ValueError("isoflop.fill needs branches: true (it adds cooldowns to the sweep's WSD trunks)")
+        groups = self.fit.bootstrap_groups if self.fit else []
+        if groups and all(len(values) < 2 for field, values in self._labels().items() if field in groups):
+            raise ValueError(f"fit.bootstrap_groups: every run of this sweep has the same {', '.join(groups)}, so the "
+                             "runs are one group and every resample would be all of them (zero-width intervals)")
+
+    def _labels(self) -> dict[str, set]:
+        """The values each bootstrap-group field takes over the sweep's runs, where the spec alone fixes them."""
+        budgets = set(self.isoflop.budgets) if self.isoflop else {None}  # a grid's runs have no budget
+        sizes = {n for b in budgets for n in self.isoflop.targets(b)} if self.isoflop else set(self.grid.params)
+        seeds = set(self.seeds) | set(self.isoflop.repeat.seeds if self.isoflop and self.isoflop.repeat else [])
+        return {"budget": budgets, "seed": seeds, "N": sizes, "N_non_embedding": sizes}
 
     def _seeds(self) -> dict[str, list[int] | int]:
         """Every seed the spec lists, by the field that lists it."""
