@@ -97,16 +97,18 @@ def param_shardings(tree: Any, mesh: Mesh, rules: Rules) -> Any:
     logical axes `jaxformer.models.pure.logical_axes` reads — the parameters from
     ``init_params``, or a whole train state: Optax builds the moments by mapping over the
     parameters, so they are ``nnx.Param`` with the same logical axes and get the same
-    sharding. Scalars and counters (step, sums) are replicated. The result is a prefix tree
-    of ``tree``, as ``jax.jit``'s ``in_shardings``/``out_shardings`` and ``jax.device_put`` take it.
+    sharding (an ``nnx.Optimizer``'s state likewise: its moments are variables that keep the
+    parameters' axes). Scalars and counters (step, sums; an ``nnx.Optimizer``'s step count,
+    a variable without axes) are replicated. The result is a prefix tree of ``tree``, as
+    ``jax.jit``'s ``in_shardings``/``out_shardings`` and ``jax.device_put`` take it.
     """
     replicated = NamedSharding(mesh, PartitionSpec())
 
     def sharding(leaf):
-        if not _is_variable(leaf):
+        names = leaf.get_metadata().get("out_sharding") if _is_variable(leaf) else None
+        if names is None:
             return replicated
-        names = tuple(leaf.get_metadata()["out_sharding"])  # what `logical_axes` reports for it
-        return NamedSharding(mesh, spec_for(names, leaf.shape, mesh, rules))
+        return NamedSharding(mesh, spec_for(tuple(names), leaf.shape, mesh, rules))  # what `logical_axes` reports
 
     return jax.tree.map(sharding, tree, is_leaf=_is_variable)
 
