@@ -196,6 +196,20 @@ def test_bad_specs_exit_2_with_one_line_before_any_run(tmp_path, changes, messag
     assert len(result.stderr.strip().splitlines()) == 1 and not (tmp_path / "out").exists()
 
 
+def test_a_spec_without_a_name_whose_file_name_is_not_one_says_so(tmp_path):
+    """A spec without name: takes its file's; 'my sweep.yaml' was refused as "name must be a plain name ...,
+    got 'my sweep'", a name the spec does not hold. The line now says it came from the file name."""
+    spec = {k: v for k, v in yaml.safe_load(TINY.read_text()).items() if k != "name"}
+    path = tmp_path / "my sweep.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    result = jaxformer("sweep", path, "--out", tmp_path / "out", "--dry-run", "--no-probe")
+    assert result.returncode == 2 and result.stderr == (
+        f"jaxformer sweep: error: {path}: the spec has no name:, and its file name 'my sweep' is no plain name of "
+        "letters, digits, '.', '_' and '-' to stand for one; add name: NAME\n"), result.stderr
+    (tmp_path / "my-sweep.yaml").write_text(yaml.safe_dump(spec))
+    assert load_spec(tmp_path / "my-sweep.yaml").name == "my-sweep"
+
+
 def test_unreachable_ray_address_exits_2_before_any_run(tmp_path):
     result = jaxformer("sweep", TINY, "--out", tmp_path / "out", "--executor", "ray", "--ray-address", "127.0.0.1:1")
     assert result.returncode == 2 and "cannot reach Ray" in result.stderr, result.stderr

@@ -212,6 +212,9 @@ class TuneSpec:
             raise ValueError(f"tune.batch_size must list distinct positive integers, got {self.batch_size}")
 
 
+NAME = r"[A-Za-z0-9_][A-Za-z0-9._-]{0,99}"  # a sweep's name: the default output directory is runs/NAME
+
+
 @dataclasses.dataclass(frozen=True)
 class SweepSpec:
     name: str
@@ -228,7 +231,7 @@ class SweepSpec:
     together: bool = False
 
     def __post_init__(self) -> None:
-        if not (isinstance(self.name, str) and re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,99}", self.name)):
+        if not (isinstance(self.name, str) and re.fullmatch(NAME, self.name)):
             raise ValueError(f"name must be a plain name of letters, digits, '.', '_' and '-' (the default "
                              f"output directory is runs/NAME), got {self.name!r}")
         if (self.isoflop is None) == (self.grid is None):
@@ -284,14 +287,10 @@ class SweepSpec:
 
     def _seeds(self) -> dict[str, list[int] | int]:
         """Every seed the spec lists, by the field that lists it."""
-        found = {"seeds": self.seeds}
-        if self.isoflop and self.isoflop.repeat:
-            found["isoflop.repeat.seeds"] = self.isoflop.repeat.seeds
-        if self.verify and self.verify.seeds:
-            found["verify.seeds"] = self.verify.seeds
-        if self.tune:
-            found["tune.seed"] = self.tune.seed
-        return found
+        repeat = self.isoflop.repeat if self.isoflop else None
+        return {"seeds": self.seeds, "isoflop.repeat.seeds": repeat.seeds if repeat else [],
+                "verify.seeds": (self.verify.seeds or []) if self.verify else [],
+                "tune.seed": self.tune.seed if self.tune else 0}
 
     @staticmethod
     def _check_adapt(isoflop: IsoFlopSpec) -> None:
@@ -380,6 +379,9 @@ def check_planned_fields(spec: SweepSpec) -> None:
 def load_spec(path: str | Path) -> SweepSpec:
     """Reads and validates a sweep YAML: unknown keys, bad values and bad formulas raise ``ValueError``."""
     data = load_yaml(path)
+    if "name" not in data and not re.fullmatch(NAME, Path(path).stem):
+        raise ValueError(f"{path}: the spec has no name:, and its file name {Path(path).stem!r} is no plain name of "
+                         "letters, digits, '.', '_' and '-' to stand for one; add name: NAME")
     data.setdefault("name", Path(path).stem)
     spec = from_dict(SweepSpec, data)
     config_from_dict(dict(spec.base))  # the base config must itself be valid
