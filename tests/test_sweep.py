@@ -174,6 +174,14 @@ def test_ray_executor_on_a_local_instance(tmp_path):
     ({"fit": {"approaches": [2, 3]}, "verify": {"seed": 1}}, "unknown config key 'verify.seed'"),
     ({"fit": {"approaches": [2, 3], "flops": "exact"}},
      "fit.flops must be isoflop.flops ('6ND') or unset, got 'exact': the runs of one IsoFLOP budget share its compute"),
+    # a value listed twice was blamed on the size rule or a seed ("the size rule mapped two targets to one model,
+    # or a seed is listed twice"); the line now names the list
+    ({"isoflop": {"budgets": [1e9, 2e9, 1e9], "params": [8e3, 16e3], "flops": "6ND"}},
+     "same shape and budget (C1e09-N8240-s0): isoflop.budgets lists 1e+09 twice"),
+    ({"isoflop": {"budgets": [1e9], "params": [8e3, 16e3], "flops": "6ND", "repeat": {"budget": 1e9, "seeds": [0]}}},
+     "same shape and budget (C1e09-N8240-s0): isoflop.repeat.seeds (with seeds) lists 0 twice"),
+    ({"isoflop": {"budgets": [1e9], "params": [8e3, 8.3e3], "flops": "6ND"}},
+     "same shape and budget (C1e09-N8240-s0): the size rule mapped two targets to one model"),
     # a negative seed planned, then failed every run at its start ('expected non-negative integer')
     ({"seeds": [-1]}, "seeds must be non-negative (each run's train.seed), got [-1]"),
     ({"hyperparameters": {}, "tune": {"budget": 1e9, "params": [8e3, 16e3], "lr": [1e-3, 3e-3, 1e-2], "seed": -2}},

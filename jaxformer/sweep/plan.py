@@ -120,14 +120,27 @@ def plan_runs(spec: SweepSpec) -> list[PlannedRun]:
     names = [run.name for run in runs]
     if len(set(names)) != len(names):
         duplicate = next(name for name in names if names.count(name) > 1)
-        raise ValueError(f"two runs of the sweep have the same shape and budget ({duplicate}); "
-                         "the size rule mapped two targets to one model, or a seed is listed twice")
+        raise ValueError(f"two runs of the sweep have the same shape and budget ({duplicate}): {_repeated(spec)}")
     if not spec.branches:
         return runs
     branches = fork_runs(runs)
     if spec.isoflop and spec.isoflop.fill:
         branches = sorted(branches + fill_runs(spec, branches), key=lambda run: (run.budget, run.N, run.seed))
     return branches
+
+
+def _repeated(spec: SweepSpec) -> str:
+    """Why two planned runs share a name: a value the spec lists twice, else the size rule."""
+    repeat = spec.isoflop.repeat.seeds if spec.isoflop and spec.isoflop.repeat else []
+    lists = {"seeds": spec.seeds, "isoflop.repeat.seeds (with seeds)": spec.seeds + repeat,
+             "isoflop.budgets": spec.isoflop.budgets if spec.isoflop else [],
+             "isoflop.params": spec.isoflop.params if spec.isoflop else [],
+             "grid.params": spec.grid.params if spec.grid else [], "grid.tokens": spec.grid.tokens if spec.grid else []}
+    for field, values in lists.items():
+        twice = next((value for value in values if values.count(value) > 1), None)
+        if twice is not None:
+            return f"{field} lists {twice:g} twice"
+    return "the size rule mapped two targets to one model (list sizes further apart, or change shape)"
 
 
 def fill_runs(spec: SweepSpec, branches: list[PlannedRun]) -> list[PlannedRun]:
