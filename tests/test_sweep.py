@@ -182,6 +182,11 @@ def test_ray_executor_on_a_local_instance(tmp_path):
      "same shape and budget (C1e09-N8240-s0): isoflop.repeat.seeds (with seeds) lists 0 twice"),
     ({"isoflop": {"budgets": [1e9], "params": [8e3, 8.3e3], "flops": "6ND"}},
      "same shape and budget (C1e09-N8240-s0): the size rule mapped two targets to one model"),
+    # a model field set by a hyperparameter trained another model than the one planned (N 8,240 planned, 12,368
+    # trained, with the planned model's D and C)
+    ({"hyperparameters": {"optimizer.lr": 3e-3, "model.num_layers": 2}},
+     "hyperparameters.model.num_layers: changes the model the size rule shaped for params=8e+03 (N 8,240, trained "
+     "12,368)"),
     # a negative seed planned, then failed every run at its start ('expected non-negative integer')
     ({"seeds": [-1]}, "seeds must be non-negative (each run's train.seed), got [-1]"),
     ({"hyperparameters": {}, "tune": {"budget": 1e9, "params": [8e3, 16e3], "lr": [1e-3, 3e-3, 1e-2], "seed": -2}},

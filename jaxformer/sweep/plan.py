@@ -97,6 +97,7 @@ def plan_run(spec: SweepSpec, budget_or_tokens: float, target: float, seed: int,
         )
     tokens = steps * step
     config = _run_config(spec, model, tokens, seed, variables)
+    _check_shaped(spec, model, config, target)
     budget = budget_or_tokens if isoflop else None
     name = prefix + (f"C{_short(budget_or_tokens)}-N{params.total}" if isoflop
                      else f"N{params.total}-D{_short(tokens)}") + f"-s{seed}"
@@ -106,6 +107,21 @@ def plan_run(spec: SweepSpec, budget_or_tokens: float, target: float, seed: int,
         C_exact=counts["exact"], C_6nd=counts["6ND"], flops_rule=rule, budget=budget,
         target_params=target, steps=config.total_steps, seed=seed, config=to_dict(config),
     )
+
+
+def _check_shaped(spec: SweepSpec, model: ModelConfig, config: TrainConfig, target: float) -> None:
+    """Refuses hyperparameters that change the model the size rule shaped (its count or FLOPs per token): the run's
+    N, D and C are that model's, so it must be the one that trains."""
+    seq_len = config.train.seq_len
+    if (count_params(config.model) == count_params(model)
+            and training_flops_per_token(config.model, seq_len, "exact") == training_flops_per_token(model, seq_len,
+                                                                                                     "exact")):
+        return
+    keys = [key for key in spec.hyperparameters if key.startswith("model.")] or list(spec.hyperparameters)
+    raise ValueError(f"hyperparameters.{keys[0]}: changes the model the size rule shaped for params={target:.3g} "
+                     f"(N {count_params(model).total:,}, trained {count_params(config.model).total:,}), whose N, D "
+                     "and C the sweep plans with; the size rule sets layers and widths (shape:), other architecture "
+                     "goes in base.model")
 
 
 def plan_runs(spec: SweepSpec) -> list[PlannedRun]:
