@@ -245,3 +245,24 @@ def test_a_law_without_a_compute_optimal_size_trains_no_held_out_run(tmp_path):
     base = plan_runs(spec)[0]
     with pytest.raises(ValueError, match="target params must be a positive number, got nan"):
         shape_for_params(float("nan"), config_from_dict(base.config).model, spec.shape)
+
+
+def test_a_new_fit_removes_the_verify_json_that_judged_the_old_one(tmp_path):
+    """fit/verify.json compares held-out runs with one fit's law. A relaunch that refitted and then did not verify
+    (verify skipped: the new law has no N_opt; or verify: removed from the spec) left the old verify.json beside
+    the new fit.json, still saying the held-out run met the law; the new fit now removes it."""
+    from jaxformer.scaling.allocation import PRESETS
+    from jaxformer.scaling.synthetic import isoflop_sweep
+    from jaxformer.sweep.fit import fit_sweep
+    from jaxformer.sweep.spec import FitSpec
+    from jaxformer.sweep.table import write_sweep
+
+    table = isoflop_sweep(PRESETS["chinchilla"], np.logspace(18, 20, 3), sizes=5)
+    out = write_sweep(table, tmp_path / "sweep")
+    rows = [{"status": "done", "flops_rule": "exact", "N": n, "D": d, "loss": loss}
+            for n, d, loss in zip(table.N, table.D, table.loss)]  # the results rows the launch hands the fit
+    (out / "fit").mkdir()
+    (out / "fit" / "verify.json").write_text(json.dumps({"run": "verify-old", "within_tolerance": True}))
+    text, report = fit_sweep(out, rows, FitSpec(approaches=[3], bootstrap=0))
+    assert report is not None and "wrote" in text
+    assert sorted(path.name for path in (out / "fit").glob("*.json")) == ["fit.json"]

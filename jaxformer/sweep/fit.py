@@ -69,6 +69,7 @@ def fit_and_write(table: RunTable, done: list[dict], spec: FitSpec, directory: P
             lines.append(f"  {label:<12}{row['flops']:>12.3g}{row['N_opt']:>12.4g}{row['D_opt']:>12.4g}"
                          f"{row['tokens_per_param']:>8.1f}{loss:>8}")
     directory.mkdir(exist_ok=True)
+    (directory / "verify.json").unlink(missing_ok=True)  # it judged the fit this one replaces (verify.py)
     paths = report.write_plots(directory)
     write_bytes_atomic(directory / "fit.json",
                  (json.dumps(jsonable({**report.to_dict(), "allocation": allocations}), indent=1) + "\n").encode())
