@@ -76,3 +76,20 @@ def test_results_output_errors_name_the_users_path_and_leave_no_temporary_file(t
     with pytest.raises(FileNotFoundError) as raised:  # an error about another file (one the writer reads) is kept
         write_atomically(tmp_path / "y.png", lambda handle: open(tmp_path / "font.ttf", "rb"))
     assert raised.value.filename == str(tmp_path / "font.ttf") and sorted(p.name for p in tmp_path.iterdir()) == ["dd", "out"]
+
+
+def test_a_seq_len_set_by_a_hyperparameter_keeps_each_run_on_its_budget(tmp_path):
+    """hyperparameters: {train.seq_len: 128} over a base of 32: the budget's tokens were counted at the base's FLOPs
+    per token, so every exact-FLOPs run overshot its budget (C2e09-N5176: 3.39e9 of 2e9; 1.28-1.70x). Each run's
+    tokens now follow from its own sequence length: its C is its budget to within half an optimizer step."""
+    from jaxformer.accounting import training_flops_per_token
+    from jaxformer.train.config import config_from_dict
+
+    spec = load_spec(variant(tmp_path, "long", isoflop={"budgets": [1e9, 2e9], "params": [8e3, 16e3]},
+                             hyperparameters={"optimizer.lr": 3e-3, "train.seq_len": 128}))
+    for run in plan_runs(spec):
+        config = config_from_dict(run.config)
+        per_step = training_flops_per_token(config.model, 128, "exact") * config.tokens_per_step
+        assert config.train.seq_len == 128
+        assert run.C == run.C_exact == pytest.approx(run.D * per_step / config.tokens_per_step)
+        assert abs(run.C - run.budget) <= per_step / 2, run.name

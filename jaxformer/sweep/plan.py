@@ -80,14 +80,20 @@ def plan_run(spec: SweepSpec, budget_or_tokens: float, target: float, seed: int,
     base = config_from_dict(dict(spec.base))
     model = shape_for_params(target, base.model, shape or spec.shape)
     params = count_params(model)
-    per_token = training_flops_per_token(model, base.train.seq_len, rule)
     isoflop = spec.isoflop is not None if isoflop is None else isoflop
-    wanted = budget_or_tokens / per_token if isoflop else budget_or_tokens
-    variables = {"N": params.total, "D": wanted, "C": wanted * per_token, "d_model": model.d_model,
-                 "num_layers": model.num_layers, "seed": seed}
-    # the tokens of one step (formulas may set its batch), from a config of at least one token: under one step the
-    # check below names the budget
-    step = _run_config(spec, model, max(wanted, 1), seed, variables).tokens_per_step
+    seq_len = base.train.seq_len
+    for _ in range(2):  # a formula may set train.seq_len: a budget's tokens follow from the run's own FLOPs per token
+        per_token = training_flops_per_token(model, seq_len, rule)
+        wanted = budget_or_tokens / per_token if isoflop else budget_or_tokens
+        variables = {"N": params.total, "D": wanted, "C": wanted * per_token, "d_model": model.d_model,
+                     "num_layers": model.num_layers, "seed": seed}
+        # the tokens of one step (formulas may set its batch), from a config of at least one token: under one step
+        # the check below names the budget
+        probe = _run_config(spec, model, max(wanted, 1), seed, variables)
+        if probe.train.seq_len == seq_len:
+            break
+        seq_len = probe.train.seq_len
+    step = probe.tokens_per_step
     steps = round(wanted / step)
     if steps < 1:
         what = f"budget C={budget_or_tokens:.3g}" if isoflop else f"tokens D={budget_or_tokens:.3g}"
