@@ -305,10 +305,12 @@ def test_bad_tune_sections_name_the_field_and_value(tmp_path, tune, message):
     ("tune", {"hyperparameters": {"optimizer.lr": "3e-3"}}, "tune and hyperparameters.optimizer.lr both set optim"),
     ("sweep", {"tune": {**GOOD, "beta2": [0.9, 0.99]}, "hyperparameters": {"optimizer.beta2": "0.95"}},
      "tune.beta2 and hyperparameters.optimizer.beta2 both set optimizer.beta2; keep one"),
-    ("tune", {"tune": {**GOOD, "budget": 1e6}}, "budget C=1e+06 is too small for params=8e+03"),
-    ("sweep", {"tune": {**GOOD, "budget": 1e6}}, "budget C=1e+06 is too small for params=8e+03"),
+    # the tuning stage's budget and sizes are named as the stage's, not as the sweep's own budgets and sizes
+    ("tune", {"tune": {**GOOD, "budget": 1e6}}, "error: tune: budget C=1e+06 is too small for params=8e+03"),
+    ("sweep", {"tune": {**GOOD, "budget": 1e6}}, "error: tune: budget C=1e+06 is too small for params=8e+03"),
     ("tune", {"tune": {**GOOD, "budget": 1e3}},  # under one token: the budget is named, not train.tokens=0
-     "budget C=1e+03 is too small for params=8e+03 (N=8,240): 0 tokens is less than one step of 256 tokens"),
+     "tune: budget C=1e+03 is too small for params=8e+03 (N=8,240): 0 tokens is less than one step of 256 tokens"),
+    ("sweep", {"tune": {**GOOD, "params": [100, 8e3]}}, "error: tune: shape rule gives too few layers for params=100"),
 ])
 def test_bad_input_exits_2_with_one_line_before_any_run(tmp_path, capsys, command, changes, message):
     code, _, stderr = jaxformer(capsys, command, tuned_spec(tmp_path, **changes), "--out", tmp_path / "out")

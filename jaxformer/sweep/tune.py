@@ -72,8 +72,11 @@ def plan_tuning(spec: SweepSpec) -> list[PlannedRun]:
         if batch is not None:
             set_dotted(base, "train.batch_size", batch)
             prefix += f"bs{batch}-"
-        runs.append(plan_run(dataclasses.replace(tuning, base=base), tune.budget, target, tune.seed,
-                             rule=spec.flops_rule, isoflop=True, prefix=prefix))
+        try:
+            runs.append(plan_run(dataclasses.replace(tuning, base=base), tune.budget, target, tune.seed,
+                                 rule=spec.flops_rule, isoflop=True, prefix=prefix))
+        except ValueError as error:  # a tuning size or budget the planner cannot serve: say it is the stage's
+            raise ValueError(f"tune: {error}") from None
     names = [run.name for run in runs]
     if len(set(names)) != len(names):
         duplicate = next(name for name in names if names.count(name) > 1)
