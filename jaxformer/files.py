@@ -102,14 +102,15 @@ def load_jsonl(path: Path) -> list[object]:
     return records
 
 
-def read_cache(path: Path) -> dict:
-    """A per-machine cache file's entries (the matmul peak, kernel choices); {} when it is missing, unreadable, not
-    JSON (binary, truncated) or not a JSON object. The entries themselves are the caller's to check."""
+def read_json(path: Path) -> dict:
+    """The JSON object in ``path``; {} when it is missing, unreadable, not JSON (binary, truncated) or not an object:
+    for files whose absence or damage means "nothing recorded" (a per-machine cache, a run's status), where
+    `load_json` is for files that must be there. The entries themselves are the caller's to check."""
     try:
-        cache = json.loads(Path(path).read_text(encoding="utf-8"))
+        value = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, ValueError):  # json.JSONDecodeError and UnicodeDecodeError are ValueErrors
         return {}
-    return cache if isinstance(cache, dict) else {}
+    return value if isinstance(value, dict) else {}
 
 
 def write_cache(path: Path, cache: dict) -> None:

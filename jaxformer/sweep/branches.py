@@ -38,9 +38,9 @@ from typing import Callable
 
 from jaxformer.accounting import training_flops_per_token
 from jaxformer.configs import to_dict
-from jaxformer.files import write_json_atomic, write_text_atomic
+from jaxformer.files import read_json, write_json_atomic, write_text_atomic
 from jaxformer.sweep.plan import PlannedRun
-from jaxformer.sweep.runs import TO_TRAIN, Outcome, RunPaths, read_json, run_lock, saved_config
+from jaxformer.sweep.runs import TO_TRAIN, Outcome, RunPaths, run_lock, saved_config
 from jaxformer.train.checkpoint_config import has_checkpoints
 from jaxformer.train.config import TrainConfig, config_from_dict, config_to_dict, resume_conflict
 

@@ -7,7 +7,8 @@ import io
 import json
 from pathlib import Path
 
-from jaxformer.sweep.runs import RunPaths, read_json
+from jaxformer.files import read_json
+from jaxformer.sweep.runs import RunPaths
 from jaxformer.train.final import final_record
 
 COLUMNS = ("run", "status", "N", "N_non_embedding", "D", "C", "C_exact", "C_6nd", "flops_rule", "budget",

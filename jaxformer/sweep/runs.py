@@ -24,14 +24,13 @@ import contextlib
 import copy
 import dataclasses
 import fcntl
-import json
 import os
 import time
 from pathlib import Path
 from typing import Iterator, Sequence
 
 from jaxformer.configs import load_yaml
-from jaxformer.files import write_json_atomic
+from jaxformer.files import read_json, write_json_atomic
 from jaxformer.train.checkpoint_config import has_checkpoints
 from jaxformer.train.final import final_record
 
@@ -75,15 +74,6 @@ class RunPaths:
     def record(self, status: str, **fields) -> None:
         self.status.parent.mkdir(parents=True, exist_ok=True)
         write_json_atomic(self.status, {"status": status, "time": time.time(), **fields})
-
-
-def read_json(path: Path) -> dict:
-    """The JSON object in ``path``; ``{}`` when it is missing, unreadable or not an object."""
-    try:
-        value = json.loads(path.read_text())
-    except (OSError, ValueError):  # ValueError: not JSON, or not UTF-8
-        return {}
-    return value if isinstance(value, dict) else {}
 
 
 def saved_config(path: Path) -> dict:

@@ -34,12 +34,12 @@ from typing import Callable
 import numpy as np
 
 from jaxformer.configs import set_dotted, to_dict
-from jaxformer.files import write_bytes_atomic
+from jaxformer.files import read_json, write_bytes_atomic
 from jaxformer.sweep.executors import LocalPool
 from jaxformer.sweep.launch import LaunchOptions, launch, plan_table
 from jaxformer.sweep.directory import planned_after
 from jaxformer.sweep.plan import PlannedRun, plan_run, plan_runs
-from jaxformer.sweep.runs import changed_setting, read_json
+from jaxformer.sweep.runs import changed_setting
 from jaxformer.sweep.spec import IsoFlopSpec, SweepSpec, evaluate_formula
 
 TUNE_DIR = "tune"  # the tuning stage's directory inside the sweep directory

@@ -40,7 +40,7 @@ import numpy as np
 from jax.sharding import NamedSharding
 
 from jaxformer.configs import to_dict
-from jaxformer.files import read_cache, write_cache
+from jaxformer.files import read_json, write_cache
 from jaxformer.functional import attention, fused_attention
 from jaxformer.parallel import Layout
 from jaxformer.parallel.distributed import exchange, from_process_0
@@ -206,7 +206,7 @@ def decide(path: Path, key: str, impls: list[str], timed, pick, field: str) -> t
     # a worker that meets a call another is timing waits for its answer; in a multi-process run process 0 alone
     # takes the lock (its peers on the same host would wait for it while it waits for them)
     with _timing_lock(path, key) if jax.process_index() == 0 else contextlib.nullcontext():
-        cached = read_cache(path).get(key)
+        cached = read_json(path).get(key)
         # an entry for other candidates, or one not written by this function (a corrupt file), is measured again
         usable = (isinstance(cached, dict) and cached.get(field) in impls and isinstance(cached.get("call_s"), dict)
                   and set(cached["call_s"]) == set(impls)
@@ -218,7 +218,7 @@ def decide(path: Path, key: str, impls: list[str], timed, pick, field: str) -> t
         call_s = timed()
         best = pick(call_s)
         impl = impls[from_process_0("kernel-choice", impls.index(best))]
-        cache = read_cache(path)  # re-read: another worker may have written meanwhile
+        cache = read_json(path)  # re-read: another worker may have written meanwhile
         cache[key] = {field: impl, "call_s": call_s, "measured_at": time.time()}
         write_cache(path, cache)
     return impl, "measured", call_s, time.perf_counter() - started

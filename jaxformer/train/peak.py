@@ -17,7 +17,7 @@ from pathlib import Path
 
 import jax
 
-from jaxformer.files import read_cache, write_cache
+from jaxformer.files import read_json, write_cache
 
 PEAK_FILE = Path("~/.cache/jaxformer/peak.json").expanduser()
 
@@ -97,7 +97,7 @@ def machine_peak_flops(dtype: str = "float32", path: Path = PEAK_FILE, impl: str
     busy and would put MFU above 100%, so it is probed again (once per process) and the larger of the two kept.
     """
     key = machine_key(dtype) + ("" if impl == "xla" else f" | {impl}")
-    cache = read_cache(path)
+    cache = read_json(path)
     if not isinstance(cache.get(key), (int, float)):  # missing, or not a peak (a corrupt file): probed
         cache.pop(key, None)
     if key not in cache or (cache[key] < at_least and (str(path), key) not in _REPROBED):
