@@ -297,15 +297,13 @@ def test_a_process_whose_peers_never_connect_stops_after_the_initialization_time
 
 
 def test_a_process_whose_coordinator_never_listens_exits_2_with_one_line(tmp_path):
-    """Process 1 of 2 and nothing at the coordinator's address: one line after the timeout, where JAX's client
-    aborted with a native stack."""
-    config, address = tmp_path / "run.yaml", f"127.0.0.1:{_free_port()}"
+    """Process 1 of 2, nothing at the coordinator's address: one line after the timeout (JAX's client aborted)."""
+    config, address, started = tmp_path / "run.yaml", f"127.0.0.1:{_free_port()}", time.perf_counter()
     config.write_text("{}\n")
-    started = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "jaxformer.cli", "train", str(config),
-                           f"parallel.distributed.coordinator_address={address}", "parallel.distributed.num_processes=2",
-                           "parallel.distributed.process_id=1", "parallel.distributed.initialization_timeout=2",
-                           "--run-dir", str(tmp_path / "run")], env=_env(1), capture_output=True, text=True, timeout=200)
+    settings = [f"parallel.distributed.{setting}" for setting in (
+        f"coordinator_address={address}", "num_processes=2", "process_id=1", "initialization_timeout=2")]
+    done = subprocess.run([sys.executable, "-m", "jaxformer.cli", "train", str(config), *settings, "--run-dir",
+                           str(tmp_path / "run")], env=_env(1), capture_output=True, text=True, timeout=200)
     assert 2 <= time.perf_counter() - started < 60
     assert (done.returncode, done.stderr) == (2, f"jaxformer train: error: parallel.distributed.coordinator_address "
                                                  f"{address}: no coordinator listening after 2 s "

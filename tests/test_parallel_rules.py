@@ -1,4 +1,5 @@
-"""The rules table on the state of an ``nnx.Optimizer``: moments split as their parameters, the step count replicated."""
+"""The rules table on the state of an ``nnx.Optimizer``: moments split as their parameters, the step count
+replicated."""
 
 from __future__ import annotations
 
@@ -21,8 +22,8 @@ def test_an_nnx_optimizers_moments_are_split_as_their_parameters_and_its_count_r
     assert adam["count"] == PartitionSpec()
     # each moment: the spec of its parameter's logical axes and shape, as optax's moments of the pure view get
     _, params = init_params(cfg, 0)
-    expected = jax.tree.map(lambda p: spec_for(tuple(p.get_metadata()["out_sharding"]), p.shape, mesh, DEFAULT_RULES),
-                            params, is_leaf=lambda x: isinstance(x, nnx.Variable))
+    expected = jax.tree.map(lambda p: spec_for(tuple(p.get_metadata()["out_sharding"]), p.shape, mesh,
+                                               DEFAULT_RULES), params, is_leaf=lambda x: isinstance(x, nnx.Variable))
     pure = jax.tree.map(lambda s: s.spec, param_shardings(optax.adamw(1e-3).init(params), mesh, DEFAULT_RULES))
     for moment in ("mu", "nu"):
         assert nnx.to_pure_dict(adam[moment]) == nnx.to_pure_dict(expected) == nnx.to_pure_dict(getattr(pure[0], moment))

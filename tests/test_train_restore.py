@@ -113,8 +113,7 @@ def _meta(run_dir: Path, step: int) -> Path:
     return run_dir / "checkpoints" / str(step) / "meta" / "metadata"
 
 
-def test_parameters_that_do_not_match_their_digest_are_skipped_and_older_checkpoints_read_unchecked(trained, tmp_path,
-                                                                                                    capsys):
+def test_parameters_unlike_their_digest_are_skipped_and_older_checkpoints_read_unchecked(trained, tmp_path, capsys):
     """The parameters' own digest, saved beside the whole state's, is what the parameters read alone are checked
     against (the whole state's needs the optimizer state): a step whose parameters differ from it is skipped."""
     _, state = _whole_state(trained)
@@ -141,7 +140,7 @@ def test_another_models_parameters_are_refused_naming_the_first_that_differs(tra
     config["model"]["d_model"] = 64
     (run_dir / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     before = _files(run_dir)
-    with pytest.raises(CheckpointMismatch, match=r"^checkpoint step 10 in .* holds another model: params\.\S+ is "
-                                                 r"\(32, [\d, ]+\) float32 there, \(64, [\d, ]+\) float32 in the config's model"):
+    with pytest.raises(CheckpointMismatch, match=r"^checkpoint step 10 in .* holds another model: params\.\S+ is \(32, "
+                                                 r"[\d, ]+\) float32 there, \(64, [\d, ]+\) float32 in the config's"):
         restore_params(run_dir)
     assert _files(run_dir) == before

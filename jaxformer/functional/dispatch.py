@@ -146,7 +146,8 @@ def attention(
     check_structured_args(q, key_lengths, window, alibi_slopes, relative_bias)
     T, S = q.shape[1], k.shape[1]
     bias_HTS = attention_bias(T, S, q_offset=q_offset, alibi_slopes=alibi_slopes, relative_bias=relative_bias,
-                              relative_bidirectional=relative_bidirectional, relative_max_distance=relative_max_distance)
+                              relative_bidirectional=relative_bidirectional,
+                              relative_max_distance=relative_max_distance)
     if impl == "naive":
         mask_B1TS = attention_mask(T, S, causal=causal, window=window, key_lengths=key_lengths, offset=q_offset)
         out_BTHD = dot_product_attention(q, k, v, mask=mask_B1TS, bias=bias_HTS, scale=scale)
