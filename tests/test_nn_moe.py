@@ -40,6 +40,30 @@ def test_routing_picks_the_top_k_and_gates_sum_to_one():
     np.testing.assert_allclose(routing.gates, chosen / chosen.sum(-1, keepdims=True), rtol=1e-6)
 
 
+def test_one_expert_per_token_is_gated_by_its_router_probability_so_the_router_learns_from_the_output():
+    """Switch Transformer's top-1: y = p_x(x) · FFN_x(x). Renormalised over one expert the gate was 1 whatever the
+    router said, and the router's gradient from the output was rounding noise (it learnt from the balancing loss
+    alone)."""
+    x_NE, router_EX, experts = inputs()
+
+    def switch(router):  # each token alone, its best expert weighted by that expert's router probability
+        probs_NX = jax.nn.softmax(x_NE @ router, axis=-1)
+        best = jnp.argmax(probs_NX, axis=-1)
+        return jnp.stack([probs_NX[t, best[t]] * F.feed_forward(x_NE[t], experts["w_in_XEF"][best[t]],
+                                                               experts["w_out_XFE"][best[t]], activation="gelu")
+                          for t in range(N)])
+
+    def ours(router):
+        return M.moe_feed_forward(x_NE, router, experts, k=1, activation="gelu")[0]
+
+    routing = M.route(x_NE, router_EX, 1)
+    np.testing.assert_allclose(routing.gates[:, 0], np.max(np.asarray(routing.probs), axis=-1), rtol=1e-6)
+    np.testing.assert_allclose(ours(router_EX), switch(router_EX), atol=1e-5)
+    grad_ours, grad_switch = (jax.grad(lambda r, f=f: jnp.sum(f(r) ** 2))(router_EX) for f in (ours, switch))
+    np.testing.assert_allclose(grad_ours, grad_switch, rtol=1e-4, atol=1e-6)
+    assert float(jnp.abs(grad_ours).max()) > 1e-2  # the output's gradient reaches the router
+
+
 def test_experts_run_on_capacity_rows_not_on_every_token():
     x_NE, router_EX, _ = inputs()
     routing = M.route(x_NE, router_EX, R)

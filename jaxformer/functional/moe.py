@@ -1,7 +1,9 @@
 """Mixture of experts as pure functions: routing, capacity-based dispatch, combine, balancing loss.
 
-A token is routed to its ``k`` most probable experts; their gates are renormalised to
-sum to one over the chosen ``k`` (Mixtral, GShard). Dispatch is capacity-based
+A token is routed to its ``k`` most probable experts; for ``k > 1`` their gates are renormalised
+to sum to one over the chosen ``k`` (Mixtral, GShard), and with one expert the gate is its router
+probability itself (Switch Transformer: renormalised, it would be 1 whatever the router said, and the
+router would learn from the balancing loss alone). Dispatch is capacity-based
 (GShard/Switch): each expert processes at most ``C = min(N, ceil(capacity_factor·N·k/X))``
 rows, so the experts compute ``X·C`` rows in all — about ``capacity_factor·N·k``, not
 ``N·X``. Assignments are served in priority order — every token's first choice before
@@ -35,7 +37,8 @@ from jaxformer.functional.feedforward import feed_forward
 
 
 class Routing(NamedTuple):
-    """``probs [N, X]`` router softmax; ``experts [N, R]`` chosen ids (best first); ``gates [N, R]`` summing to 1."""
+    """``probs [N, X]`` router softmax; ``experts [N, R]`` chosen ids (best first); ``gates [N, R]`` their weights
+    (summing to 1 when ``R > 1``; the router probability when ``R = 1``)."""
 
     probs: jax.Array
     experts: jax.Array
@@ -43,14 +46,16 @@ class Routing(NamedTuple):
 
 
 def route(x_NE: jax.Array, w_router_EX: jax.Array, k: int) -> Routing:
-    """Softmax router, top-``k`` experts per token, gates renormalised over the chosen ``k``."""
+    """Softmax router, top-``k`` experts per token, gates renormalised over the chosen ``k`` when ``k > 1`` (the
+    module docstring says why not for one)."""
     num_experts = w_router_EX.shape[-1]
     if not 1 <= k <= num_experts:
         raise ValueError(f"experts per token must be in [1, {num_experts}], got {k}")
     logits_NX = jnp.einsum("ne,ex->nx", x_NE, w_router_EX, preferred_element_type=jnp.float32)
     probs_NX = jax.nn.softmax(logits_NX, axis=-1)
     top_probs_NR, experts_NR = jax.lax.top_k(probs_NX, k)
-    return Routing(probs_NX, experts_NR, top_probs_NR / jnp.sum(top_probs_NR, axis=-1, keepdims=True))
+    gates_NR = top_probs_NR if k == 1 else top_probs_NR / jnp.sum(top_probs_NR, axis=-1, keepdims=True)
+    return Routing(probs_NX, experts_NR, gates_NR)
 
 
 def load_balancing_loss(routing: Routing) -> jax.Array:
