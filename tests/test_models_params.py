@@ -184,3 +184,20 @@ def test_transformer_base_embeds_as_the_paper_does():
     positions = np.stack([np.sin(angles), np.cos(angles)], axis=-1).reshape(4, 512)
     expected = np.asarray(embedding.tokens[...])[tokens] * np.sqrt(512) + positions
     np.testing.assert_allclose(np.asarray(embedding(tokens)), expected, atol=1e-5)
+
+
+def test_a_resized_preset_keeps_its_query_heads_per_kv_head():
+    """Llama 3 8B's four query heads per K/V head survive a new width or head count (the sweep's size rule,
+    `sweep.sizing`, keeps them the same way; MaxText keeps num_kv_heads when only the width changes): a preset
+    with d_model 1024 was multi-head attention, 32 K/V heads."""
+    def heads(**overrides) -> tuple[int, int]:
+        config = model_config_from_dict({"preset": "llama3-8b", **overrides})
+        return config.num_heads, config.num_kv_heads
+
+    assert heads(d_model=1024) == (32, 8)
+    assert heads(d_model=1024, num_heads=8) == (8, 2)
+    assert heads(d_model=3072, num_heads=6) == (6, 6)  # 4 does not divide 6: one K/V head per query head
+    assert heads(d_model=1024, num_kv_heads=1) == (32, 1)  # the user's own count stays
+    assert model_config_from_dict({"preset": "mistral-7b", "d_model": 2048}).num_kv_heads == 8
+    tiny = model_config_from_dict({"preset": "tiny", "d_model": 64})
+    assert tiny.num_kv_heads == tiny.num_heads == 4

@@ -70,10 +70,17 @@ def model_config_from_dict(data: dict) -> ModelConfig:
     preset = data.pop("preset", None)
     if preset is not None:
         base = dataclasses.asdict(get_preset(str(preset)))
-        # sizes the preset derived from its width are re-derived when the width changes
+        # sizes the preset derived from its width are re-derived when the width changes; its grouped-query
+        # attention keeps its group size (query heads per K/V head) where that divides the heads, as MaxText keeps
+        # num_kv_heads when only the width changes
+        resized = bool({"d_model", "num_heads"} & data.keys())
+        group = base["num_heads"] // base["num_kv_heads"]
         for derived in DERIVED_FIELDS:
-            if derived not in data and ({"d_model", "num_heads"} & data.keys()):
+            if derived not in data and resized:
                 base[derived] = None
+        heads = data.get("num_heads", base["num_heads"])
+        if resized and "num_kv_heads" not in data and group > 1 and isinstance(heads, int) and heads % group == 0:
+            base["num_kv_heads"] = heads // group
         data = {**base, **data}
     return from_dict(ModelConfig, data, prefix="model")
 
