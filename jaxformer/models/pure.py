@@ -19,6 +19,7 @@ import jax
 from flax import nnx
 
 from jaxformer.models.build import build_model
+from jaxformer.nn.params import declared_axes
 from jaxformer.architecture import ModelConfig
 from jaxformer.kernel import KernelConfig
 
@@ -43,10 +44,18 @@ def _is_param(x) -> bool:
 
 
 def logical_axes(params: nnx.State) -> nnx.State:
-    """The same structure as ``params`` with each parameter replaced by its tuple of logical axis names.
+    """The same structure as ``params`` with each leaf replaced by its tuple of logical axis names.
 
     Names come from "vocab", "embed", "heads", "kv_heads", "head_dim", "mlp",
-    "experts", "norm", "position" or None (one per dimension). Map the two trees
-    together with ``jax.tree.map(f, logical_axes(p), p, is_leaf=lambda x: isinstance(x, tuple))``.
+    "experts", "norm", "position" or None (one per dimension). ``params`` may also be a
+    train state: an optimizer's moments carry their parameters' names, and a leaf that
+    carries none (a step count, ``nnx.Optimizer``'s included) gets None for each of its
+    dimensions — ``()`` for a scalar — the replicated layout `jaxformer.parallel.rules.param_shardings`
+    gives it. Map the two trees together with
+    ``jax.tree.map(f, logical_axes(p), p, is_leaf=lambda x: isinstance(x, tuple))``.
     """
-    return jax.tree.map(lambda p: tuple(p.get_metadata()["out_sharding"]), params, is_leaf=_is_param)
+    def names(leaf) -> tuple[str | None, ...]:
+        declared = declared_axes(leaf)
+        return (None,) * len(getattr(leaf, "shape", ())) if declared is None else declared
+
+    return jax.tree.map(names, params, is_leaf=_is_param)

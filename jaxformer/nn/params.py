@@ -46,6 +46,18 @@ def ones(shape: Sequence[int], axes: Sequence[str | None]) -> nnx.Param:
     return _param(jnp.ones(tuple(shape), jnp.float32), axes)
 
 
+def declared_axes(leaf) -> tuple[str | None, ...] | None:
+    """The logical axis names ``leaf`` carries (one per dimension), or None where it carries none.
+
+    A parameter, and a variable derived from one that keeps its metadata (an optax moment of
+    the pure view, an ``nnx.Optimizer``'s ``OptVariable``), carries its parameter's names; a
+    plain array or a variable made without them (an ``nnx.Optimizer``'s step count) carries none.
+    The one reader behind `jaxformer.models.pure.logical_axes` and `jaxformer.parallel.rules.param_shardings`.
+    """
+    names = leaf.get_metadata().get("out_sharding") if isinstance(leaf, nnx.Variable) else None
+    return None if names is None else tuple(names)
+
+
 def residual_std(num_layers: int) -> float:
     """GPT-2's scaled init for projections that write into the residual stream."""
     return INIT_STD / math.sqrt(2 * num_layers)

@@ -28,7 +28,7 @@ import jax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from jaxformer.nn.params import AXIS_NAMES
+from jaxformer.nn.params import AXIS_NAMES, declared_axes
 from jaxformer.parallel.mesh import MESH_AXES
 
 Rules = Mapping[str, tuple[str, ...]]
@@ -105,10 +105,8 @@ def param_shardings(tree: Any, mesh: Mesh, rules: Rules) -> Any:
     replicated = NamedSharding(mesh, PartitionSpec())
 
     def sharding(leaf):
-        names = leaf.get_metadata().get("out_sharding") if _is_variable(leaf) else None
-        if names is None:
-            return replicated
-        return NamedSharding(mesh, spec_for(tuple(names), leaf.shape, mesh, rules))  # what `logical_axes` reports
+        names = declared_axes(leaf)  # as `logical_axes` reads them
+        return replicated if names is None else NamedSharding(mesh, spec_for(names, leaf.shape, mesh, rules))
 
     return jax.tree.map(sharding, tree, is_leaf=_is_variable)
 
