@@ -153,6 +153,29 @@ def test_empty_contractions_and_batches_give_zeros_through_the_kernel(kernel):
         np.testing.assert_array_equal(onednn(x, w), jnp.tensordot(x, w, in_axes))
 
 
+@pytest.mark.parametrize("component, products", [("mlm head", 2), ("pooler", 1), ("moe", 6)])
+def test_the_mlm_head_pooler_and_experts_compute_with_the_setting(kernel, component, products):
+    """``kernel.matmul_impl: onednn`` reaches BERT's head (transform and vocabulary products), its pooler and the
+    experts (routed and shared: in, gate, out each): one kernel call per product, fp32 values equal XLA's."""
+    from flax import nnx
+
+    from jaxformer.kernel import KernelConfig
+    from jaxformer.models import ModelConfig, build_model
+
+    cfg = ModelConfig(family="encoder", vocab_size=64, d_model=32, num_layers=1, num_heads=4, max_seq_len=16,
+                      tie_embeddings=False, use_bias=True, pooler=True, activation="swiglu", num_experts=4,
+                      experts_per_token=2, expert_d_ff=16, num_shared_experts=1)
+    x_BTE = jax.random.normal(jax.random.key(0), (2, 8, 32))
+    outputs = {}
+    for impl in ("xla", "onednn"):
+        model = build_model(cfg, rngs=nnx.Rngs(0), kernel=KernelConfig(matmul_impl=impl))  # the same parameters
+        layer = {"mlm head": lambda x, m=model: m.head(x, m.embedding), "pooler": model.pooler,
+                 "moe": lambda x, m=model: m.encoder.blocks[0].feed_forward(x)[0]}[component]
+        assert str(jax.make_jaxpr(layer)(x_BTE)).count(onednn_matmul.TARGET) == (impl == "onednn") * products
+        outputs[impl] = layer(x_BTE)
+    np.testing.assert_allclose(outputs["onednn"], outputs["xla"], rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("dtype, rtol", [("bfloat16", 1e-2), ("float32", 1e-5)])
 def test_train_steps_equal_the_xla_path(kernel, dtype, rtol):
     """A model trained four steps with each impl: the same losses (to bf16 precision for bf16 compute, fp32's

@@ -107,11 +107,12 @@ def combine(y_XCE: jax.Array, slots_NR: jax.Array, gates_NR: jax.Array) -> jax.A
     return jnp.einsum("nr,nre->ne", gates_NR.astype(rows.dtype), rows[slots_NR])
 
 
-def experts_feed_forward(x_XCE: jax.Array, experts: dict[str, jax.Array | None], activation: str) -> jax.Array:
+def experts_feed_forward(x_XCE: jax.Array, experts: dict[str, jax.Array | None], activation: str, *,
+                         matmul_impl: str = "xla") -> jax.Array:
     """Each expert's FFN on its own rows: :func:`feed_forward` mapped over the leading expert axis.
 
     ``experts`` holds ``w_in_XEF``, ``w_out_XFE`` and optionally ``w_gate_XEF``,
-    ``b_in_XF``, ``b_gate_XF``, ``b_out_XE`` (None when absent).
+    ``b_in_XF``, ``b_gate_XF``, ``b_out_XE`` (None when absent). ``matmul_impl``: the projections' `dense` impl.
     """
     names = ("w_in_XEF", "w_out_XFE", "w_gate_XEF", "b_in_XF", "b_gate_XF", "b_out_XE")
     present = {name: experts.get(name) for name in names if experts.get(name) is not None}
@@ -120,7 +121,7 @@ def experts_feed_forward(x_XCE: jax.Array, experts: dict[str, jax.Array | None],
         get = weights.get
         return feed_forward(x_CE, get("w_in_XEF"), get("w_out_XFE"), activation=activation,
                             w_gate_EF=get("w_gate_XEF"), b_in_F=get("b_in_XF"), b_gate_F=get("b_gate_XF"),
-                            b_out_E=get("b_out_XE"))
+                            b_out_E=get("b_out_XE"), matmul_impl=matmul_impl)
 
     return jax.vmap(one_expert)(x_XCE, present)
 
@@ -133,17 +134,20 @@ def moe_feed_forward(
     k: int,
     activation: str,
     capacity_factor: float | None = None,
+    matmul_impl: str = "xla",
 ) -> tuple[jax.Array, jax.Array]:
     """Routed experts on ``[N, E]`` tokens: returns ``(y [N, E], load-balancing loss)``.
 
     The experts run on the ``[X, C, E]`` buffer only, ``C`` from :func:`expert_capacity`:
     ``capacity_factor=None`` (inference) serves every assignment, a number (training)
-    drops those past capacity (see the module docstring).
+    drops those past capacity (see the module docstring). ``matmul_impl``: the experts' `dense` impl (the
+    router's logits stay an fp32 einsum).
     """
     N = x_NE.shape[0]
     num_experts = w_router_EX.shape[-1]
     routing = route(x_NE, w_router_EX, k)
     capacity = expert_capacity(N, num_experts, k, capacity_factor)
     slots_NR = dispatch_slots(routing.experts, num_experts, capacity)
-    y_XCE = experts_feed_forward(dispatch(x_NE, slots_NR, num_experts, capacity), experts, activation)
+    y_XCE = experts_feed_forward(dispatch(x_NE, slots_NR, num_experts, capacity), experts, activation,
+                                 matmul_impl=matmul_impl)
     return combine(y_XCE, slots_NR, routing.gates), load_balancing_loss(routing)

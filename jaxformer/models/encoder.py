@@ -30,19 +30,20 @@ class MLMHead(nnx.Module):
     """BERT's prediction head: dense ``[E, E]`` (+ bias), activation, norm, vocabulary projection (+ ``bias [V]``).
 
     The activation is the model's (``cfg.activation``; exact GELU for a gated model's head,
-    which has one branch).
+    which has one branch). Both products compute with ``kernel.matmul_impl``.
     """
 
-    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, kernel: KernelConfig = KernelConfig()):
+        self.matmul_impl = kernel.matmul_impl
         self.activation = "gelu" if cfg.is_gated else cfg.activation
         self.transform = params.normal(rngs, (cfg.d_model, cfg.d_model), ("embed", None))
         self.transform_bias = params.zeros((cfg.d_model,), (None,)) if cfg.use_bias else None
         self.norm = Norm(cfg)
-        self.output = OutputHead(cfg, rngs=rngs)
+        self.output = OutputHead(cfg, rngs=rngs, kernel=kernel)
         self.output_bias = params.zeros((cfg.vocab_size,), ("vocab",)) if cfg.use_bias else None
 
     def __call__(self, x_BTE: jax.Array, embedding: Embedding) -> jax.Array:
-        h_BTE = F.dense(x_BTE, self.transform[...])
+        h_BTE = F.dense(x_BTE, self.transform[...], impl=self.matmul_impl)
         if self.transform_bias is not None:
             h_BTE = h_BTE + self.transform_bias[...]
         logits_BTV = self.output(self.norm(ACTIVATIONS[self.activation](h_BTE)), embedding)
@@ -50,14 +51,17 @@ class MLMHead(nnx.Module):
 
 
 class Pooler(nnx.Module):
-    """BERT's pooler ``[B, T, E] -> [B, E]``: ``tanh(x[:, 0]·w + b)``. Parameters: ``w [E, E]``, ``b [E]``."""
+    """BERT's pooler ``[B, T, E] -> [B, E]``: ``tanh(x[:, 0]·w + b)``. Parameters: ``w [E, E]``, ``b [E]``.
 
-    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    The product computes with ``kernel.matmul_impl``."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, kernel: KernelConfig = KernelConfig()):
+        self.matmul_impl = kernel.matmul_impl
         self.w = params.normal(rngs, (cfg.d_model, cfg.d_model), ("embed", None))
         self.b = params.zeros((cfg.d_model,), (None,))
 
     def __call__(self, x_BTE: jax.Array) -> jax.Array:
-        return jnp.tanh(F.dense(x_BTE[:, 0], self.w[...]) + self.b[...])
+        return jnp.tanh(F.dense(x_BTE[:, 0], self.w[...], impl=self.matmul_impl) + self.b[...])
 
 
 class EncoderMLM(nnx.Module):
@@ -73,8 +77,8 @@ class EncoderMLM(nnx.Module):
         self.cfg = cfg
         self.embedding = Embedding(cfg, rngs=rngs)
         self.encoder = Stack(cfg, cfg.num_layers, causal=False, rngs=rngs, kernel=kernel)
-        self.head = MLMHead(cfg, rngs=rngs) if cfg.mlm_head else None
-        self.pooler = Pooler(cfg, rngs=rngs) if cfg.pooler else None
+        self.head = MLMHead(cfg, rngs=rngs, kernel=kernel) if cfg.mlm_head else None
+        self.pooler = Pooler(cfg, rngs=rngs, kernel=kernel) if cfg.pooler else None
 
     def encode(self, tokens_BT: jax.Array, *, lengths: jax.Array | None = None,
                token_types: jax.Array | None = None, drop_tokens: bool = False) -> tuple[jax.Array, jax.Array]:

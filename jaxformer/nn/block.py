@@ -47,7 +47,7 @@ class Block(nnx.Module):
         self.attention_norms = _norms(cfg)
         self.cross_attention = Attention(cfg, cross=True, rngs=rngs, kernel=kernel, depth=depth) if cross else None
         self.cross_attention_norms = _norms(cfg) if cross else None
-        self.feed_forward = (MoE(cfg, rngs=rngs, depth=depth) if cfg.is_moe
+        self.feed_forward = (MoE(cfg, rngs=rngs, kernel=kernel, depth=depth) if cfg.is_moe
                              else FeedForward(cfg, rngs=rngs, kernel=kernel, depth=depth))
         self.feed_forward_norms = _norms(cfg)
 

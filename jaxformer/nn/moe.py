@@ -8,6 +8,7 @@ from flax import nnx
 
 from jaxformer.functional import moe as M
 from jaxformer.architecture import ModelConfig
+from jaxformer.kernel import KernelConfig
 from jaxformer.nn import params
 
 
@@ -42,11 +43,14 @@ class MoE(nnx.Module):
 
     ``drop_tokens``: drop assignments past ``cfg.capacity_factor`` (training only); by
     default every assignment is served, so a token's output does not depend on the
-    other tokens in the batch and cached decoding equals the full forward.
+    other tokens in the batch and cached decoding equals the full forward. The experts' projections
+    compute with ``kernel.matmul_impl``.
     """
 
-    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, depth: int | None = None):
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, kernel: KernelConfig = KernelConfig(),
+                 depth: int | None = None):
         self.cfg = cfg
+        self.matmul_impl = kernel.matmul_impl
         self.router = params.normal(rngs, (cfg.d_model, cfg.num_experts), ("embed", "experts"))
         depth = depth or cfg.num_layers  # the layers of its stack, for the residual projections' init
         self.experts = nnx.Dict(_expert_stack(cfg, cfg.num_experts, "experts", rngs, depth))
@@ -59,11 +63,13 @@ class MoE(nnx.Module):
         x_NE = x_BTE.reshape(B * T, E)
         y_NE, aux_loss = M.moe_feed_forward(
             x_NE, self.router[...], _values(self.experts), k=cfg.experts_per_token, activation=cfg.activation,
-            capacity_factor=cfg.capacity_factor if drop_tokens else None,
+            capacity_factor=cfg.capacity_factor if drop_tokens else None, matmul_impl=self.matmul_impl,
         )
         if self.shared is not None:
             # every token through every shared expert: the shared stack (its X = num_shared_experts)
             # is the buffer, tokens broadcast
             x_XNE = jnp.broadcast_to(x_NE, (cfg.num_shared_experts, B * T, E))
-            y_NE = y_NE + jnp.sum(M.experts_feed_forward(x_XNE, _values(self.shared), cfg.activation), axis=0)
+            shared_XNE = M.experts_feed_forward(x_XNE, _values(self.shared), cfg.activation,
+                                                matmul_impl=self.matmul_impl)
+            y_NE = y_NE + jnp.sum(shared_XNE, axis=0)
         return y_NE.reshape(B, T, E), aux_loss
