@@ -138,6 +138,21 @@ def test_checkpoints_of_another_model_are_bad_input_in_one_line_and_kept(tmp_pat
     assert json.loads((run_dir / "final.json").read_text())["resumed_from"]["step"] == 4
 
 
+def test_a_resume_reads_each_steps_metadata_once(tmp_path, finished, config_path, monkeypatch):
+    """The model check runs before anything is written (`prepare_run`); restoring does not read it all again."""
+    from jaxformer.train import checkpoint_shapes
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(finished, run_dir)
+    (run_dir / "final.json").unlink()
+    read, difference = [], checkpoint_shapes._model_difference
+    monkeypatch.setattr(checkpoint_shapes, "_model_difference",
+                        lambda step_dir, *args: read.append(int(step_dir.name)) or difference(step_dir, *args))
+    assert main(["train", config_path, *TINY, "--run-dir", str(run_dir)]) == 0
+    assert read == [4, 2]
+    assert json.loads((run_dir / "final.json").read_text())["resumed_from"]["step"] == 4
+
+
 def test_a_step_whose_metadata_does_not_read_is_corrupt_and_falls_back(tmp_path, finished, config_path, capsys):
     """Not another model: unreadable metadata keeps the corrupt-checkpoint policy (set aside, the previous step)."""
     run_dir = tmp_path / "run"

@@ -251,16 +251,19 @@ class Checkpointer:
             raise OSError(code, f"cannot save checkpoint step {step} in {self.directory}: {os.strerror(code)}") \
                 from error
 
-    def restore_latest(self, abstract_state: Any) -> tuple[int, Any, dict] | None:
+    def restore_latest(self, abstract_state: Any, *, model_checked: bool = False) -> tuple[int, Any, dict] | None:
         """``(step, state, meta)`` of the newest readable step; None when there is no checkpoint.
 
         abstract_state: a tree of ``jax.ShapeDtypeStruct`` (with shardings) shaped like the state.
         Raises `CheckpointError` when steps exist but none restores, `CheckpointMismatch` (moving nothing) when
         one holds another model's arrays (`refuse_another_model`).
+        model_checked: the caller has refused another model's steps already, and no step was added since
+          (training: `jaxformer.train.prepare.prepare_run`, before anything was written); every process passes alike.
         """
         ignore_reads_outliving_their_loop()
         steps, unreadable = self.steps(), []
-        refuse_another_model(self.directory, steps, abstract_state)
+        if not model_checked:  # each step's metadata read: on a small run it costs more than the restore itself
+            refuse_another_model(self.directory, steps, abstract_state)
         for step in reversed(steps):
             failure = local = None
             try:

@@ -177,7 +177,8 @@ class _Run:
         mark = time.perf_counter()
         self.checkpointer = Checkpointer(run_dir / "checkpoints", config.checkpoint.keep,
                                          kept_steps=config.checkpoint.steps, asynchronous=config.checkpoint.asynchronous)
-        restored = self.checkpointer.restore_latest(abstract)
+        # prepare_run refused another model's steps before writing anything; the claimed directory gains none since
+        restored = self.checkpointer.restore_latest(abstract, model_checked=True)
         self.times["restore_s"] += time.perf_counter() - mark
         self.previous_wall_s, self.resumed_from = 0.0, None
         if restored is None:
