@@ -118,16 +118,15 @@ def plan_run(spec: SweepSpec, budget_or_tokens: float, target: float, seed: int,
 def _check_shaped(spec: SweepSpec, model: ModelConfig, config: TrainConfig, target: float) -> None:
     """Refuses hyperparameters that change the model the size rule shaped (its count or FLOPs per token): the run's
     N, D and C are that model's, so it must be the one that trains."""
-    seq_len = config.train.seq_len
-    if (count_params(config.model) == count_params(model)
+    seq_len, shaped, trained = config.train.seq_len, count_params(model), count_params(config.model)
+    if (trained == shaped
             and training_flops_per_token(config.model, seq_len, "exact") == training_flops_per_token(model, seq_len,
                                                                                                      "exact")):
         return
     keys = [key for key in spec.hyperparameters if key.startswith("model.")] or list(spec.hyperparameters)
     raise ValueError(f"hyperparameters.{keys[0]}: changes the model the size rule shaped for params={target:.3g} "
-                     f"(N {count_params(model).total:,}, trained {count_params(config.model).total:,}), whose N, D "
-                     "and C the sweep plans with; the size rule sets layers and widths (shape:), other architecture "
-                     "goes in base.model")
+                     f"(N {shaped.total:,}, trained {trained.total:,}), whose N, D and C the sweep plans with; the "
+                     "size rule sets layers and widths (shape:), other architecture goes in base.model")
 
 
 def plan_runs(spec: SweepSpec) -> list[PlannedRun]:
