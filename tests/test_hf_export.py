@@ -190,3 +190,23 @@ def test_export_refuses_a_model_without_equivalent_before_reading_its_parameters
     assert err == ("jaxformer export-hf: error: model.norm_position='sandwich' has no Hugging Face Llama equivalent "
                    "(it needs model.norm_position='pre' or 'post')\n")
     assert sorted(path.name for path in tmp_path.iterdir()) == [kind]
+
+
+def test_export_reads_a_runs_config_once(tmp_path, capsys, monkeypatch):
+    """export-hf read a run's config.yaml twice: to check the model before restoring, then to restore it."""
+    import yaml
+
+    from jaxformer.cli import main
+    from jaxformer.train import restore
+    from jaxformer.train.config import config_to_dict, load_config
+
+    source = tmp_path / "run"
+    (source / "checkpoints" / "5" / "state").mkdir(parents=True)  # unreadable: the restore fails once it is tried
+    config = load_config(None, ["model.d_model=32", "model.num_heads=2", "model.num_layers=1"])
+    (source / "config.yaml").write_text(yaml.safe_dump(config_to_dict(config), sort_keys=False))
+    read, load = [], restore.load_run_config
+    monkeypatch.setattr(restore, "load_run_config", lambda run_dir: read.append(run_dir) or load(run_dir))
+    capsys.readouterr()
+    assert main(["export-hf", str(source), "--out", str(tmp_path / "out")]) == 2
+    assert "none of the checkpoints [5] in" in capsys.readouterr().err
+    assert read == [source]

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from jaxformer.architecture import ModelConfig
+    from jaxformer.train.config import TrainConfig
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -30,26 +31,27 @@ def _is_run(source: Path) -> bool:
     return (source / "config.yaml").is_file()
 
 
-def read_model(source: Path) -> ModelConfig:
-    """The `ModelConfig` of a run directory (its config.yaml) or a checkpoint (its config), no parameter read."""
+def read_model(source: Path) -> tuple[ModelConfig, TrainConfig | None]:
+    """``(model, config)``: the `ModelConfig` of a run directory (its config.yaml, ``config`` the run's whole
+    config) or a checkpoint (its config, ``config`` None), no parameter read."""
     if _is_run(source):
         from jaxformer.train.restore import load_run_config
 
-        return load_run_config(source).model
+        config = load_run_config(source)
+        return config.model, config
     from jaxformer.hf import read_config
 
-    return read_config(source)
+    return read_config(source), None
 
 
-def read_source(source: Path):
-    """``(cfg, params, tokenizer_json, source_config, tokenizer_config, generation_config)`` of a run directory or
-    any checkpoint `jaxformer.hf` reads."""
-    if _is_run(source):
+def read_source(source: Path, config: TrainConfig | None):
+    """``(cfg, params, tokenizer_json, source_config, tokenizer_config, generation_config)`` of a run directory
+    (``config``: its config, as `read_model` read it) or any checkpoint `jaxformer.hf` reads (``config`` None)."""
+    if config is not None:
         from jaxformer.hf.tokenizer import byte_tokenizer_json
         from jaxformer.train.checkpoint import CheckpointError
-        from jaxformer.train.restore import load_run_config, restore_params
+        from jaxformer.train.restore import restore_params
 
-        config = load_run_config(source)
         try:
             restored = restore_params(source, config)
         except CheckpointError as error:
@@ -87,9 +89,9 @@ def run(args: argparse.Namespace) -> int:
         raise FileNotFoundError(f"no run directory or checkpoint at {source}")
     if out.exists() and any(out.iterdir()):
         raise ValueError(f"--out {out} exists and is not empty")
-    model = read_model(source)
+    model, config = read_model(source)
     for_config(model).check_export(model)  # before restoring a checkpoint (minutes, and memory) only to refuse it
-    cfg, params, tokenizer_json, source_config, tokenizer_config, generation_config = read_source(source)
+    cfg, params, tokenizer_json, source_config, tokenizer_config, generation_config = read_source(source, config)
     save(cfg, params, out, tokenizer_json=tokenizer_json, source_config=source_config, tokenizer_config=tokenizer_config,
          generation_config=generation_config)
     print(f"exported {cfg.family} model -> {out} (transformers.{auto_class(cfg)}.from_pretrained({str(out)!r}))")
