@@ -1,4 +1,5 @@
-"""Writing files so that a reader never sees half of one: a temporary file in the same directory, then a rename."""
+"""Writing files so that a reader never sees half of one: a temporary file in the same directory, then a rename
+(`write_all_atomic`: all of several files, or none)."""
 
 from __future__ import annotations
 
@@ -27,7 +28,39 @@ def write_atomically(path: Path, write: Callable[[BinaryIO], object]) -> None:
     On any error the temporary file is removed and ``path`` is left as it was; an ``OSError`` names ``path``
     (a missing directory, a directory in its place), not the temporary file.
     """
-    path = Path(path)
+    _write_all({Path(path): write})
+
+
+def write_all_atomic(payloads: dict[Path, bytes]) -> None:
+    """Writes every ``path: payload`` or none: each to a temporary file beside its path, then, once all are
+    written, renames each over its path. A write that fails (a full disk, a directory turned read-only) removes
+    the temporary files and leaves every path as it was; errors are named as `write_atomically` names them."""
+    _write_all({Path(path): lambda handle, payload=payload: handle.write(payload)
+                for path, payload in payloads.items()})
+
+
+def _write_all(writes: dict[Path, Callable[[BinaryIO], object]]) -> None:
+    """Each ``write(handle)`` into a temporary file beside its path, then the renames (`write_all_atomic`)."""
+    written: list[tuple[str, Path]] = []
+    try:
+        for path, write in writes.items():
+            written.append((_written_beside(path, write), path))
+        # a rename within a directory fails only where a directory stands in a path's place (callers check first);
+        # the paths renamed before it stay replaced
+        for temporary, path in list(written):
+            try:
+                os.replace(temporary, path)
+            except OSError as error:
+                raise _naming(error, path) from None
+            written.remove((temporary, path))
+    finally:
+        for temporary, _ in written:
+            os.unlink(temporary)
+
+
+def _written_beside(path: Path, write: Callable[[BinaryIO], object]) -> str:
+    """The name of a temporary file beside ``path`` holding what ``write(handle)`` wrote (mode 0644); on any error
+    it is removed, and an ``OSError`` names ``path`` (`_naming`)."""
     try:
         descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     except OSError as error:
@@ -36,12 +69,12 @@ def write_atomically(path: Path, write: Callable[[BinaryIO], object]) -> None:
         with os.fdopen(descriptor, "wb") as handle:
             write(handle)
         os.chmod(temporary, 0o644)  # mkstemp creates 0600
-        os.replace(temporary, path)
     except BaseException as error:
         os.unlink(temporary)
         if isinstance(error, OSError):
             raise _naming(error, path) from None
         raise
+    return temporary
 
 
 def _naming(error: OSError, path: Path) -> OSError:
@@ -52,7 +85,7 @@ def _naming(error: OSError, path: Path) -> OSError:
 
 
 def write_bytes_atomic(path: Path, payload: bytes) -> None:
-    write_atomically(path, lambda handle: handle.write(payload))
+    write_all_atomic({path: payload})
 
 
 def write_text_atomic(path: Path, text: str) -> None:

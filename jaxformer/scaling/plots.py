@@ -17,7 +17,7 @@ from matplotlib import colormaps
 from matplotlib.colors import LogNorm
 from matplotlib.figure import Figure
 
-from jaxformer.files import write_bytes_atomic
+from jaxformer.files import write_all_atomic
 from jaxformer.scaling.allocation import PRESETS, Law, ParametricLaw
 from jaxformer.scaling.isoflop import IsoFLOPFit
 from jaxformer.scaling.parametric import residuals
@@ -147,9 +147,9 @@ def save(fig: Figure, directory: str | Path, name: str) -> list[Path]:
 
 
 def save_all(figures: dict[str, Figure], directory: str | Path) -> list[Path]:
-    """Writes ``name.png`` and ``name.svg`` of each figure, atomically; every file is rendered, and every target
-    checked, before the first is written, so a figure that cannot be drawn or a directory in a file's place leaves
-    none of them written (a write that fails midway, a full disk, leaves those before it written)."""
+    """Writes ``name.png`` and ``name.svg`` of each figure, all or none (`write_all_atomic`): every file is
+    rendered, and every target checked, before the first is written, and a write that fails midway (a full disk, a
+    directory turned read-only) leaves none of them written and the files there before as they were."""
     directory = Path(directory)
     rendered: dict[Path, bytes] = {}
     for name, fig in figures.items():
@@ -161,6 +161,5 @@ def save_all(figures: dict[str, Figure], directory: str | Path) -> list[Path]:
     taken = [path for path in rendered if path.is_dir()]
     if taken:
         raise ValueError(f"{taken[0]} is a directory, where a figure goes")
-    for path, payload in rendered.items():
-        write_bytes_atomic(path, payload)
+    write_all_atomic(rendered)
     return list(rendered)
