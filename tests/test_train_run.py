@@ -144,6 +144,9 @@ def test_a_diverging_run_stops_with_one_line_and_keeps_the_last_good_checkpoint(
 
 @pytest.mark.parametrize(("arguments", "message"), [
     (["data.corpus=files:no/such/dir/*.txt"], "data.corpus 'files:no/such/dir/*.txt': no file matches"),
+    # a directory for a glob said only "no file matches '{tmp}'"
+    (["data.corpus=files:{tmp}"], "data.corpus 'files:{tmp}': '{tmp}' is a directory; give a glob of its files, such "
+                                  "as '{tmp}/*.txt' ('{tmp}/**/*.txt' with subdirectories)"),
     (["data.corpus=files:{tmp}/small*.txt"], "fewer than one batch needs"),
     (["model.position=learned", "model.max_seq_len=32"], "train.seq_len 64 is past the learned position table"),
     (["train.epochs=3"], "unknown config key 'train.epochs'"),
@@ -155,7 +158,7 @@ def test_bad_input_exits_2_with_one_line_and_writes_only_an_error_record(tmp_pat
                                                                         message):
     for name in ("small_a.txt", "small_b.txt"):
         (tmp_path / name).write_text("print('hello')\n" * 5)
-    arguments = [a.replace("{tmp}", str(tmp_path)) for a in arguments]
+    arguments, message = [a.replace("{tmp}", str(tmp_path)) for a in arguments], message.replace("{tmp}", str(tmp_path))
     run_dir = tmp_path / "run"
     assert main(["train", empty_yaml, *TINY, *arguments, "--run-dir", str(run_dir)]) == 2
     err = capsys.readouterr().err

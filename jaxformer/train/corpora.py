@@ -166,6 +166,10 @@ def _glob_files(spec: str, patterns: str) -> list[Path]:
     files: set[Path] = set()
     for pattern in (p.strip() for p in patterns.split(",") if p.strip()):
         matches = [Path(m) for m in glob.glob(os.path.expanduser(pattern), recursive=True) if Path(m).is_file()]
+        if not matches and os.path.isdir(os.path.expanduser(pattern)):  # a glob matches the directory, not its files
+            raise FileNotFoundError(f"data.corpus {spec!r}: {pattern!r} is a directory; give a glob of its files, such "
+                                    f"as {os.path.join(pattern, '*.txt')!r} ({os.path.join(pattern, '**', '*.txt')!r} "
+                                    "with subdirectories)")
         if not matches:
             raise FileNotFoundError(f"data.corpus {spec!r}: no file matches {pattern!r}")
         files.update(matches)
