@@ -21,14 +21,15 @@ from jaxformer.sweep.worker import train_group_here
 from sweep_helpers import TINY, variant
 
 FINISHED = {"params": 8240, "tokens": 20224, "val_loss": 3.25, "train_loss": 3.5}
-DAMAGED = {
-    "cut short": '{"params": 8240, "tokens": 20224, "val_lo',
-    "emptied": "",
-    "an empty object": "{}",
-    "no object": "[3.25]",
-    "a non-finite loss": '{"val_loss": NaN}',
-    "a loss as text": '{"val_loss": "3.25"}',
-    "a loss as a boolean": '{"val_loss": true}',
+DAMAGED = {  # final.json's text, and what the table and a fit say is wrong with it (`final.damage`)
+    "cut short": ('{"params": 8240, "tokens": 20224, "val_lo',
+                  "not valid JSON (Unterminated string starting at line 1, column 35)"),
+    "emptied": ("", "empty, not JSON"),
+    "an empty object": ("{}", "no val_loss, so not a finished run's record"),
+    "no object": ("[3.25]", "a JSON list, not a run's record (a JSON object)"),
+    "a non-finite loss": ('{"val_loss": NaN}', "val_loss is nan, not a finite number"),
+    "a loss as text": ('{"val_loss": "3.25"}', "val_loss is '3.25', not a finite number"),
+    "a loss as a boolean": ('{"val_loss": true}', "val_loss is True, not a finite number"),
 }
 
 
@@ -49,15 +50,18 @@ def write_final(out, name: str, text: str) -> None:
 
 @pytest.mark.parametrize("damage", DAMAGED)
 def test_a_damaged_final_json_is_no_finished_run_in_the_table(tmp_path, damage):
+    """The reason names the file and what is wrong with it (it said only "holds no finished run's record (a JSON
+    object with a finite val_loss)", whatever the damage)."""
     _, runs, out = sweep_dir(tmp_path)
+    text, wrong = DAMAGED[damage]
     write_final(out, runs[0].name, json.dumps(FINISHED))
-    write_final(out, runs[1].name, DAMAGED[damage])
+    write_final(out, runs[1].name, text)
     assert [RunPaths(out, run.name).state() for run in runs] == ["done", "damaged", "queued", "queued"]
     finished, damaged, *_ = collect(out)
     assert (finished["status"], finished["loss"], finished["D"], finished["reason"]) == ("done", 3.25, 20224, "")
     assert (damaged["status"], damaged["loss"], damaged["train_loss"], damaged["D"]) == ("damaged", None, None, 9984)
-    assert damaged["reason"] == (f"{RunPaths(out, runs[1].name).final} holds no finished run's record (a JSON object "
-                                 "with a finite val_loss); a relaunch trains it again")
+    assert damaged["reason"] == (f"{RunPaths(out, runs[1].name).final} holds no finished run's record: {wrong}; a "
+                                 "relaunch trains it again")
     with pytest.raises(ValueError) as error:  # what `jaxformer fit` reads: refused in the same words
         sweep_table(out)
     assert str(error.value) == damaged["reason"]
@@ -75,15 +79,16 @@ def test_a_damaged_final_json_in_runs_trained_apart_is_refused_by_a_fit_too(tmp_
     assert sweep_table(tmp_path / "runs").loss.tolist() == [3.1, 3.05, 3.025]
     damaged = tmp_path / "runs" / "a" / "final.json"
     damaged.parent.mkdir()
-    damaged.write_text(DAMAGED[damage])
-    reason = f"{damaged} holds no finished run's record (a JSON object with a finite val_loss)"
+    text, wrong = DAMAGED[damage]
+    damaged.write_text(text)
+    reason = f"{damaged} holds no finished run's record: {wrong}"
     with pytest.raises(ValueError) as error:
         sweep_table(tmp_path / "runs")
     assert str(error.value) == reason
     capsys.readouterr()
     assert main(["fit", str(tmp_path / "runs")]) == 2
     assert capsys.readouterr().err == f"jaxformer fit: error: {reason}\n"
-    assert damaged.read_text() == DAMAGED[damage]  # a fit only reads
+    assert damaged.read_text() == text  # a fit only reads
 
 
 class InProcessPool:
@@ -110,8 +115,8 @@ def test_a_relaunch_trains_the_damaged_and_missing_runs_replacing_their_final_js
 
     spec, runs, out = sweep_dir(tmp_path)
     write_final(out, runs[0].name, json.dumps(FINISHED))
-    write_final(out, runs[1].name, DAMAGED["cut short"])
-    write_final(out, runs[2].name, DAMAGED["an empty object"])
+    write_final(out, runs[1].name, DAMAGED["cut short"][0])
+    write_final(out, runs[2].name, DAMAGED["an empty object"][0])
     trained = []
 
     def attempt_together(config_paths, overrides, run_dirs):  # the worker's training, as a run writes final.json

@@ -9,13 +9,14 @@ from pathlib import Path
 
 from jaxformer.files import read_json
 from jaxformer.sweep.runs import RunPaths
-from jaxformer.train.final import final_record
+from jaxformer.train.final import damage, final_record
 
 COLUMNS = ("run", "status", "N", "N_non_embedding", "D", "C", "C_exact", "C_6nd", "flops_rule", "budget",
            "tokens_per_param", "loss", "train_loss", "val_bits_per_byte", "epochs", "seed", "wall_s", "reason")
 
 
-NOT_FINISHED = "{final} holds no finished run's record (a JSON object with a finite val_loss)"
+# {why}: `jaxformer.train.final.damage`, e.g. "val_loss is nan, not a finite number"
+NOT_FINISHED = "{final} holds no finished run's record: {why}"
 DAMAGED = NOT_FINISHED + "; a relaunch trains it again"  # a sweep's run
 
 
@@ -40,7 +41,9 @@ def collect(sweep_dir: Path) -> list[dict]:
         state = paths.state()
         final = (final_record(paths.final) if state == "done" else None) or {}
         status = read_json(paths.status)
-        reasons = {"failed": status.get("reason", ""), "damaged": DAMAGED.format(final=paths.final)}
+        reasons = {"failed": status.get("reason", "")}
+        if state == "damaged":
+            reasons["damaged"] = DAMAGED.format(final=paths.final, why=damage(paths.final))
         row = {
             "run": planned["name"], "status": state, "N": planned["N"], "N_non_embedding": planned["N_non_embedding"],
             "D": final.get("tokens", planned["D"]), "C": planned["C"], "C_exact": planned.get("C_exact"),

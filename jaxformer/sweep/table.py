@@ -6,8 +6,8 @@ this module does. ``sweep_table(DIR)`` reads one sub-directory per run (under ``
 ``tokens``, ``val_loss``…), the run's curve from its ``metrics.jsonl`` rows with a validation
 loss, and each run's IsoFLOP budget from ``plan.json``; with a plan, only the runs it lists. A
 ``final.json`` that holds no finished run's record (cut short, emptied, a loss that is not a
-finite number) is refused, naming it, with a plan or without: a directory of runs trained apart is
-fitted as a sweep is. ``write_sweep`` lays a table out the same way (synthetic sweeps for tests
+finite number) is refused, naming it and what is wrong with it, with a plan or without: a directory of
+runs trained apart is fitted as a sweep is. ``write_sweep`` lays a table out the same way (synthetic sweeps for tests
 and notebooks).
 """
 
@@ -22,7 +22,7 @@ import numpy as np
 from jaxformer.files import load_json, load_jsonl
 from jaxformer.scaling.table import RunTable, columns_table, find_column, records_to_columns
 from jaxformer.sweep.results import DAMAGED, NOT_FINISHED
-from jaxformer.train.final import final_record
+from jaxformer.train.final import damage, final_record
 
 CURVE_FILE = "metrics.jsonl"
 
@@ -70,7 +70,7 @@ def sweep_table(path: str | Path, *, params: str = "total", flops: str | None = 
     records = [final_record(d / "final.json") for d in run_dirs]
     if None in records:  # not a finished run's (`jaxformer.sweep.runs`), though its run finished once: never fitted
         damaged = run_dirs[records.index(None)] / "final.json"
-        raise ValueError((DAMAGED if planned is not None else NOT_FINISHED).format(final=damaged))
+        raise ValueError((DAMAGED if planned is not None else NOT_FINISHED).format(final=damaged, why=damage(damaged)))
     if planned is not None and all(budgets[d.name] is not None for d in run_dirs):  # budgets live in the plan
         for record, d in zip(records, run_dirs):
             record.setdefault("budget", budgets[d.name])

@@ -32,6 +32,16 @@ def finished_record(path: Path) -> dict:
     return record
 
 
+def damage(path: Path) -> str | None:
+    """What is wrong with ``path`` as a finished run's record, in `finished_record`'s words without the path that
+    begins them (for a line that names it already); None when it holds one."""
+    try:
+        finished_record(path)
+    except (OSError, ValueError) as error:
+        return str(error).removeprefix(f"{path}: ")
+    return None
+
+
 def final_record(path: Path) -> dict | None:
     """`finished_record` of ``path``; None when it is missing or damaged."""
     try:
