@@ -15,7 +15,7 @@ from jaxformer.sweep.directory import prepare_directory
 from jaxformer.sweep.formula import evaluate
 from jaxformer.sweep.plan import plan_runs
 from jaxformer.sweep.spec import load_spec
-from jaxformer.sweep.tune import matching_record, plan_tuning, with_rule, write_record
+from jaxformer.sweep.tune import _tuning_spec, matching_record, plan_tuning, with_rule, write_record
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "sweeps" / "tiny.yaml"
@@ -196,6 +196,27 @@ def test_another_sweeps_directory_is_refused_before_a_tuning_run_trains_in_it(tm
         assert code == 2 and stderr == (f"jaxformer {command}: error: --out {out} holds a different sweep (its "
                                          "plan.json lists other runs); use a new --out\n"), stderr
         assert sorted(path.relative_to(out) for path in out.rglob("*")) == before
+
+
+def test_a_changed_tuning_grid_names_the_sweeps_out_not_its_tuning_directory(tmp_path, capsys):
+    """A relaunch with another tune.lr was refused as "--out OUT/tune holds a different sweep ...; use a new --out":
+    OUT/tune is not the --out the user gave (given as one, it would start a sweep inside the stage's directory). The
+    line now names the sweep's --out and what changed, for the launch, `jaxformer tune` and the dry run (which prints
+    the plan first), writing nothing."""
+    out = tmp_path / "out"
+    begun = load_spec(tuned_spec(tmp_path))
+    prepare_directory(_tuning_spec(begun), plan_tuning(begun), out / "tune")  # as its launch left it
+    before = {path: path.read_bytes() for path in out.rglob("*") if path.is_file()}
+    changed = tuned_spec(tmp_path, tune={"budget": 5e8, "params": [8e3, 16e3], "lr": [1e-3, 3e-3, 1e-2, 3e-2]})
+    refusal = (f"--out {out} holds another tuning stage ({out / 'tune'}/plan.json lists other tuning runs than this "
+               "spec's tune: plans); use a new --out, or restore the tune: its runs were planned with")
+    for command in ("sweep", "tune"):
+        code, _, stderr = jaxformer(capsys, command, changed, "--out", out, "--workers", 1)
+        assert (code, stderr) == (2, f"jaxformer {command}: error: {refusal}\n")
+    code, planned, stderr = jaxformer(capsys, "sweep", changed, "--dry-run", "--no-probe", "--out", out)
+    assert (code, stderr) == (2, f"jaxformer sweep: error: the launch would refuse: {refusal}\n")
+    assert "tune-lr0.001-C5e08-N8240-s0" in planned and "C1e09-N16496-s0" in planned
+    assert {path: path.read_bytes() for path in out.rglob("*") if path.is_file()} == before
 
 
 def test_a_tuning_run_that_failed_without_diverging_leaves_no_rule_until_it_trains(tmp_path, capsys):

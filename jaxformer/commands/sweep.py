@@ -6,10 +6,16 @@ A spec with ``tune:`` runs its tuning stage first (`jaxformer.sweep.tune`, also 
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from jaxformer.arguments import number
+
+if TYPE_CHECKING:  # the command imports the sweep only when it runs
+    from jaxformer.sweep.plan import PlannedRun
+    from jaxformer.sweep.spec import SweepSpec
 
 # on success every file is written and every worker has exited (a Ray instance this command started is stopped
 # in `run`): `jaxformer.cli` skips Python's teardown (of JAX, where the fit imported it)
@@ -42,8 +48,42 @@ def check_worker_flags(args: argparse.Namespace) -> None:
             raise ValueError(f"--{name} must be positive, got {value}")
 
 
+def dry_run(args: argparse.Namespace, spec: SweepSpec, runs: list[PlannedRun], out: Path) -> int:
+    """Prints the plan; then, where the launch would refuse ``out``, raises its one line (exit 2, as the dry run
+    does for every input the launch refuses before training: a script's ``--dry-run && launch`` stops there). The
+    plan is printed first: it is the spec's, whatever the directory. Reads only: nothing is written to ``out``."""
+    from jaxformer.sweep.directory import existing_runs
+    from jaxformer.sweep.launch import choose_layout, plan_table
+    from jaxformer.sweep.plan import plan_runs
+
+    workers = choose_layout(args.workers, args.threads)[0]  # the launch's own layout, for the ETA
+    checks = [functools.partial(existing_runs, spec, runs, out)]
+    if spec.tune is not None:
+        from jaxformer.sweep.tune import check_directories, dry_run, extrapolation_note, plan_tuning
+
+        tuning = plan_tuning(spec)
+        text, tuned = dry_run(spec, out, workers=workers, probe=not args.no_probe)
+        print(text)
+        runs = plan_runs(tuned)
+        note = extrapolation_note(tuning, runs)
+        if note:
+            print(note)
+        checks = [functools.partial(check_directories, spec, tuning, out)]
+        if tuned is not spec:  # a matching tune.json's rule: the sweep's runs' settings are known, and compared
+            checks.append(functools.partial(existing_runs, tuned, runs, out))
+        spec = tuned
+    adapt_limit = spec.isoflop.adapt_limit if spec.isoflop is not None and spec.isoflop.adapt else None
+    print(plan_table(runs, workers=workers, probe=not args.no_probe, adapt_limit=adapt_limit, together=spec.together))
+    try:
+        for check in checks:
+            check()
+    except ValueError as error:
+        raise ValueError(f"the launch would refuse: {error}") from None
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
-    from jaxformer.sweep.launch import LaunchOptions, choose_layout, launch, plan_table, worker_pool
+    from jaxformer.sweep.launch import LaunchOptions, launch, worker_pool
     from jaxformer.sweep.plan import plan_runs
     from jaxformer.sweep.spec import load_spec
 
@@ -52,20 +92,7 @@ def run(args: argparse.Namespace) -> int:
     runs = plan_runs(spec)  # every run is checked before any trains (a tuned sweep's again with its rule)
     out = Path(args.out) if args.out else Path("runs") / spec.name
     if args.dry_run:
-        workers = choose_layout(args.workers, args.threads)[0]  # the launch's own layout, for the ETA
-        if spec.tune is not None:
-            from jaxformer.sweep.tune import dry_run, extrapolation_note, plan_tuning
-
-            text, spec = dry_run(spec, out, workers=workers, probe=not args.no_probe)
-            print(text)
-            runs = plan_runs(spec)
-            note = extrapolation_note(plan_tuning(spec), runs)
-            if note:
-                print(note)
-        adapt_limit = spec.isoflop.adapt_limit if spec.isoflop is not None and spec.isoflop.adapt else None
-        print(plan_table(runs, workers=workers, probe=not args.no_probe, adapt_limit=adapt_limit,
-                         together=spec.together))
-        return 0
+        return dry_run(args, spec, runs, out)
     options = LaunchOptions(executor=args.executor, workers=args.workers, threads=args.threads,
                             retry_failed=args.retry_failed, ray_address=args.ray_address,
                             gpus_per_run=args.gpus_per_run)

@@ -19,34 +19,55 @@ from jaxformer.sweep.spec import SweepSpec
 
 
 def prepare_directory(spec: SweepSpec, runs: list[PlannedRun], out: Path) -> list[PlannedRun]:
-    """Writes spec, plan and per-run configs; refuses a directory that holds a different sweep.
+    """Writes spec, plan and per-run configs; refuses a directory that holds a different sweep (`existing_runs`).
 
     Returns ``runs`` followed by those an earlier launch's adapt rounds appended to plan.json.
     """
-    if (out / "plan.json").is_file():
-        added = _added_runs(spec, planned_after(out, runs))
-        if added is None:
-            raise ValueError(OTHER_SWEEP.format(out=out))
-        runs = runs + added
-        changed = changed_setting(out, runs + trunks_of(runs))
-        if changed is not None:
-            raise ValueError(f"--out {out} holds runs begun under other settings ({changed}); relaunch with the "
-                             "spec they were begun with, or use a new --out")
+    runs = existing_runs(spec, runs, out)
     (out / "configs").mkdir(parents=True, exist_ok=True)
     write_bytes_atomic(out / "spec.yaml", yaml.safe_dump(to_dict(spec), sort_keys=False).encode())
     write_plan(spec, runs, out)
     return runs
 
 
+def existing_runs(spec: SweepSpec, runs: list[PlannedRun], out: Path, *, sweep_dir: Path | None = None,
+                  settings: bool = True) -> list[PlannedRun]:
+    """``runs`` followed by those an earlier launch's adapt rounds appended to ``out``'s plan.json; reads only.
+
+    Raises ``ValueError``, one line, where a launch must not write into ``out``: it is no directory, its plan.json
+    lists other runs, or (``settings``) a run begun there was begun under settings its planned config changes.
+    ``sweep_dir``: the sweep's ``--out`` when ``out`` is its tuning stage's directory, which the line then names
+    as the stage's (the directory to change is the sweep's).
+    """
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} is not a directory")
+    if not (out / "plan.json").is_file():
+        return runs
+    other = OTHER_SWEEP.format(out=out) if sweep_dir is None else OTHER_TUNING.format(out=sweep_dir, stage=out)
+    added = _added_runs(spec, planned_after(out, runs, other=other))
+    if added is None:
+        raise ValueError(other)
+    runs = runs + added
+    changed = changed_setting(out, runs + trunks_of(runs)) if settings else None
+    if changed is not None:
+        where = f"--out {out}" if sweep_dir is None else f"--out {sweep_dir} (its tuning stage, {out})"
+        raise ValueError(f"{where} holds runs begun under other settings ({changed}); relaunch with the spec they "
+                         "were begun with, or use a new --out")
+    return runs
+
+
 OTHER_SWEEP = "--out {out} holds a different sweep (its plan.json lists other runs); use a new --out"
+# the tuning stage's directory inside the sweep's: the sweep's --out is what to change, and tune: what changed
+OTHER_TUNING = ("--out {out} holds another tuning stage ({stage}/plan.json lists other tuning runs than this spec's "
+                "tune: plans); use a new --out, or restore the tune: its runs were planned with")
 
 
-def planned_after(out: Path, runs: list[PlannedRun]) -> list[dict]:
+def planned_after(out: Path, runs: list[PlannedRun], *, other: str | None = None) -> list[dict]:
     """The entries of ``out``'s plan.json after ``runs`` (those an adapt round added); raises ``ValueError`` when
-    its first runs are not ``runs``: the directory holds another sweep."""
+    its first runs are not ``runs``: the directory holds another sweep (the line ``other``, else `OTHER_SWEEP`)."""
     previous = load_plan(out)
     if [run["name"] for run in previous[:len(runs)]] != [run.name for run in runs]:
-        raise ValueError(OTHER_SWEEP.format(out=out))
+        raise ValueError(other or OTHER_SWEEP.format(out=out))
     return previous[len(runs):]
 
 

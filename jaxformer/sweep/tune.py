@@ -37,7 +37,7 @@ from jaxformer.configs import set_dotted, to_dict
 from jaxformer.files import read_json, write_bytes_atomic
 from jaxformer.sweep.executors import LocalPool
 from jaxformer.sweep.launch import LaunchOptions, launch, plan_table
-from jaxformer.sweep.directory import planned_after
+from jaxformer.sweep.directory import existing_runs
 from jaxformer.sweep.plan import PlannedRun, plan_run, plan_runs
 from jaxformer.sweep.runs import changed_setting
 from jaxformer.sweep.spec import IsoFlopSpec, SweepSpec, evaluate_formula
@@ -222,9 +222,8 @@ def tune_stage(spec: SweepSpec, out: Path, options: LaunchOptions = LaunchOption
     while another launch still trains some). ``pool``: the warm workers the sweep's own runs train on next
     (`jaxformer.sweep.launch.worker_pool`)."""
     planned = (Path(out) / "plan.json").is_file()
-    if planned:  # the sweep's own runs, planned already: they must be this spec's,
-        planned_after(Path(out), plan_runs(spec))  # refused before a tuning run trains in another sweep's directory
     runs = plan_tuning(spec)
+    check_directories(spec, runs, Path(out))
     directory = Path(out) / TUNE_DIR
     record = matching_record(spec, runs, directory)
     if record is not None and not (options.retry_failed and record["failed"] and not planned):
@@ -245,6 +244,15 @@ def tune_stage(spec: SweepSpec, out: Path, options: LaunchOptions = LaunchOption
     for line in lines:
         report(line)
     return with_rule(spec, record), []
+
+
+def check_directories(spec: SweepSpec, tuning: list[PlannedRun], out: Path) -> None:
+    """Refuses, as the stage's launch would and before a tuning run trains, a sweep directory ``out`` whose
+    plan.json lists other runs than the spec's, or whose tuning stage (``out/tune``) lists other ``tuning`` runs or
+    began them under other settings: one line naming ``out``, the ``--out`` to change. The sweep's own runs are
+    compared by name only, since their learning rates are the rule's, fitted after the stage."""
+    existing_runs(spec, plan_runs(spec), out, settings=False)
+    existing_runs(_tuning_spec(spec), tuning, out / TUNE_DIR, sweep_dir=out)
 
 
 def extrapolation_note(tuning: list[PlannedRun], runs: list[PlannedRun]) -> str | None:
