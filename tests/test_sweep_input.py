@@ -5,13 +5,15 @@ process and without training."""
 import re
 
 import pytest
+import yaml
 
 from jaxformer.cli import main
 from jaxformer.files import write_atomically
 from jaxformer.models.presets import get_preset
-from jaxformer.sweep.directory import write_plan
+from jaxformer.sweep.directory import prepare_directory, write_plan
 from jaxformer.sweep.launch import plan_table
-from jaxformer.sweep.plan import plan_runs
+from jaxformer.sweep.plan import SHAPE_FIELDS, plan_runs
+from jaxformer.sweep.planned_fields import SIZE_FIELDS
 from jaxformer.sweep.sizing import ShapeRule, shape_for_params
 from jaxformer.sweep.spec import load_spec
 from sweep_helpers import TINY, variant
@@ -93,3 +95,79 @@ def test_a_seq_len_set_by_a_hyperparameter_keeps_each_run_on_its_budget(tmp_path
         assert config.train.seq_len == 128
         assert run.C == run.C_exact == pytest.approx(run.D * per_step / config.tokens_per_step)
         assert abs(run.C - run.budget) <= per_step / 2, run.name
+
+
+@pytest.mark.parametrize("tolerance", [5, 1, 0, -0.1])
+def test_a_shape_tolerance_outside_0_to_1_is_refused_in_one_line(tmp_path, capsys, tolerance):
+    """shape.tolerance is how far from its target, as a fraction of it, a shape's count may lie: 5 was accepted and
+    planned a target of 16e3 as N = 21,600 (35% off), and at 1 or more `shape_for_params` can refuse no size as
+    out of reach."""
+    spec = variant(tmp_path, "tolerance", shape={"head_dim": 16, "aspect_ratio": 16, "tolerance": tolerance})
+    assert main(["sweep", str(spec), "--dry-run", "--no-probe"]) == 2
+    assert capsys.readouterr().err == ("jaxformer sweep: error: shape.tolerance must be a fraction of the target size "
+                                       f"between 0 and 1 (0.15: within 15%), got {float(tolerance)}\n")
+    assert ShapeRule(tolerance=0.5).tolerance == 0.5
+
+
+@pytest.mark.parametrize("model, message", [
+    # each of these was replaced by the size rule's value without a word (d_ff 512 trained as 64)
+    ({"d_ff": 512, "num_layers": 6}, "base.model.d_ff: the sweep sets it for every run (each run's FFN width follows "
+                                     "its d_model: 4·d_model, or 8/3·d_model for a gated activation); remove it"),
+    ({"num_layers": 6}, "base.model.num_layers: the sweep sets it for every run (the size rule gives each run its "
+                        "depth, from shape.min_layers to shape.max_layers: set both to fix it); remove it"),
+    ({"d_model": 64}, "base.model.d_model: the sweep sets it for every run (the size rule gives each run its width, "
+                      "shape.head_dim × its heads); remove it"),
+    ({"head_dim": 8}, "base.model.head_dim: the sweep sets it for every run (each run's head width is shape.head_dim)"),
+    ({"num_heads": 8}, "base.model.num_heads: the sweep sets it for every run (the size rule gives each run its heads; "
+                       "with model.num_kv_heads beside it, their ratio, the query heads per K/V head, is kept)"),
+    ({"num_experts": 4, "expert_d_ff": 32}, "base.model.expert_d_ff: the sweep sets it for every run"),
+])
+def test_a_size_field_in_the_base_model_is_refused_naming_it(tmp_path, capsys, model, message):
+    base = {**yaml.safe_load(TINY.read_text())["base"], "model": {"preset": "tiny", **model}}
+    spec = variant(tmp_path, "sized", base=base)
+    assert main(["sweep", str(spec), "--dry-run", "--no-probe"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"jaxformer sweep: error: {message}") and len(err.splitlines()) == 1, err
+    assert set(SIZE_FIELDS) == {f"model.{field}" for field in SHAPE_FIELDS} - {"model.num_kv_heads"}
+
+
+def test_query_heads_per_kv_head_given_in_the_base_are_kept_by_the_size_rule(tmp_path):
+    """num_heads beside num_kv_heads is their ratio, which the size rule keeps (`jaxformer.sweep.sizing`)."""
+    base = {**yaml.safe_load(TINY.read_text())["base"], "model": {"preset": "tiny", "num_heads": 4, "num_kv_heads": 1}}
+    (run,) = plan_runs(load_spec(variant(tmp_path, "grouped", base=base,
+                                         isoflop={"budgets": [1e11], "params": [2e5], "flops": "6ND"})))
+    assert (run.config["model"]["num_heads"], run.config["model"]["num_kv_heads"]) == (4, 1)
+
+
+def test_a_dry_run_into_a_directory_the_launch_refuses_prints_the_plan_and_says_why(tmp_path, capsys):
+    """A dry run said nothing of an --out the launch then refused (another sweep's, runs begun under other settings,
+    a file); it now prints the plan, then the launch's refusal in one line, exits 2 and writes nothing."""
+    out, spec = tmp_path / "out", load_spec(TINY)
+    other = load_spec(variant(tmp_path, "other", isoflop={"budgets": [1e9], "params": [8e3], "flops": "6ND"}))
+    prepare_directory(other, plan_runs(other), out)
+    with pytest.raises(ValueError) as launched:  # what the launch says before it writes
+        prepare_directory(spec, plan_runs(spec), out)
+    written = {path: path.read_bytes() for path in out.rglob("*") if path.is_file()}
+    plan = plan_table(plan_runs(spec), workers=1, probe=False) + "\n"
+    assert main(["sweep", str(TINY), "--dry-run", "--no-probe", "--out", str(out)]) == 2
+    assert capsys.readouterr() == (plan, f"jaxformer sweep: error: the launch would refuse: {launched.value}\n")
+    assert str(launched.value) == f"--out {out} holds a different sweep (its plan.json lists other runs); use a new " \
+                                  "--out"
+    assert {path: path.read_bytes() for path in out.rglob("*") if path.is_file()} == written
+
+    mine = tmp_path / "mine"  # this sweep's directory, one run finished
+    prepare_directory(spec, plan_runs(spec), mine)
+    (mine / "runs" / plan_runs(spec)[0].name).mkdir(parents=True)
+    (mine / "runs" / plan_runs(spec)[0].name / "final.json").write_text('{"val_loss": 3.25}')
+    assert main(["sweep", str(TINY), "--dry-run", "--no-probe", "--out", str(mine)]) == 0
+    assert capsys.readouterr() == (plan, "")
+    changed = variant(tmp_path, "tiny", hyperparameters={"optimizer.lr": 1e-3})
+    assert main(["sweep", str(changed), "--dry-run", "--no-probe", "--out", str(mine)]) == 2
+    lr = plan_runs(spec)[0].config["optimizer"]["lr"]  # 3e-3 · 0.824^-0.25
+    assert capsys.readouterr().err == (f"jaxformer sweep: error: the launch would refuse: --out {mine} holds runs "
+                                       f"begun under other settings (C1e09-N8240-s0: optimizer.lr was {lr}, now "
+                                       "0.001); relaunch with the spec they were begun with, or use a new --out\n")
+    (tmp_path / "file").write_text("x")
+    assert main(["sweep", str(TINY), "--dry-run", "--no-probe", "--out", str(tmp_path / "file")]) == 2
+    assert capsys.readouterr().err == (f"jaxformer sweep: error: the launch would refuse: --out {tmp_path / 'file'} "
+                                       "is not a directory\n")

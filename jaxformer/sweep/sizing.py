@@ -24,7 +24,8 @@ from jaxformer.architecture import ModelConfig
 
 @dataclasses.dataclass(frozen=True)
 class ShapeRule:
-    """How a target N becomes a shape. ``count``: which N the targets mean."""
+    """How a target N becomes a shape. ``count``: which N the targets mean; ``tolerance``: how far from the target,
+    as a fraction of it in (0, 1), a shape's count may lie and still be chosen for its aspect ratio."""
 
     head_dim: int = 16
     aspect_ratio: float = 16.0
@@ -41,9 +42,13 @@ class ShapeRule:
         if self.min_layers > self.max_layers:
             raise ValueError(f"shape.min_layers must be at most shape.max_layers ({self.max_layers}), "
                              f"got {self.min_layers}")
-        if self.aspect_ratio <= 0 or self.tolerance <= 0:
-            raise ValueError(f"shape.aspect_ratio and shape.tolerance must be positive, got "
-                             f"{self.aspect_ratio} and {self.tolerance}")
+        if self.aspect_ratio <= 0:
+            raise ValueError(f"shape.aspect_ratio must be positive, got {self.aspect_ratio}")
+        # a fraction of the target: at 1 or more, |N / target − 1| ≤ tolerance admits every count below the
+        # target (down to one head of min_layers) and `shape_for_params` can no longer refuse a size out of reach
+        if not 0 < self.tolerance < 1:
+            raise ValueError(f"shape.tolerance must be a fraction of the target size between 0 and 1 "
+                             f"(0.15: within 15%), got {self.tolerance}")
 
 
 def _shape(base: ModelConfig, layers: int, heads: int, rule: ShapeRule) -> ModelConfig:

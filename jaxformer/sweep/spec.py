@@ -52,6 +52,7 @@ from jaxformer.configs import from_dict, load_yaml
 from jaxformer.sweep.formula import FormulaError
 from jaxformer.sweep.formula import check as check_formula
 from jaxformer.sweep.formula import evaluate as formula_evaluate
+from jaxformer.sweep.planned_fields import check_planned_fields
 from jaxformer.sweep.sizing import ShapeRule
 from jaxformer.train.config import config_from_dict
 
@@ -361,21 +362,6 @@ def check_branches(spec: SweepSpec) -> None:
                              f"may depend on {', '.join(TRUNK_NAMES)} only, not on D or C (got {formula!r})") from None
 
 
-# fields the planner writes into every run's config (`plan._run_config`): a value given for one would be replaced
-PLANNED_FIELDS = {"train.tokens": "each run's tokens follow from its budget or the grid",
-                  "train.seed": "each run's seed comes from the spec's `seeds:` (e.g. seeds: [1])"}
-
-
-def check_planned_fields(spec: SweepSpec) -> None:
-    """Refuses a base value or formula for a field the planner sets per run: one line naming the field."""
-    for key, why in PLANNED_FIELDS.items():
-        section, field = key.split(".")
-        given = [f"base.{key}"] if field in (spec.base.get(section) or {}) else []
-        given += [f"hyperparameters.{key}"] if key in spec.hyperparameters else []
-        if given:
-            raise ValueError(f"{given[0]}: the sweep sets it for every run ({why}); remove it")
-
-
 def load_spec(path: str | Path) -> SweepSpec:
     """Reads and validates a sweep YAML: unknown keys, bad values and bad formulas raise ``ValueError``."""
     data = load_yaml(path)
@@ -385,7 +371,7 @@ def load_spec(path: str | Path) -> SweepSpec:
     data.setdefault("name", Path(path).stem)
     spec = from_dict(SweepSpec, data)
     config_from_dict(dict(spec.base))  # the base config must itself be valid
-    check_planned_fields(spec)
+    check_planned_fields(spec.base, spec.hyperparameters)
     for key, formula in spec.hyperparameters.items():
         if key.split(".")[0] not in ("model", "data", "optimizer", "train", "checkpoint", "logging", "parallel", "kernel"):
             raise ValueError(f"hyperparameters.{key}: not a training config field")
