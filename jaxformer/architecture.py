@@ -25,6 +25,20 @@ SinusoidalLayout = Literal["interleaved", "split"]
 # sizes resolved from others when unset (``__post_init__``)
 DERIVED_FIELDS = ("num_kv_heads", "head_dim", "d_ff", "expert_d_ff")
 
+
+def grouped_kv_heads(num_heads: int, group: int) -> int | None:
+    """The K/V heads of a resized model: ``num_heads`` query heads in groups of ``group`` (the query heads per K/V
+    head of the model it was resized from; 1: multi-head attention), or None where ``group`` does not divide them.
+
+    The one rule of a preset given new heads (`jaxformer.models.presets`) and of the sweep's size rule
+    (`jaxformer.sweep.sizing`): the group is kept exactly, never shrunk to fit — a smaller group, multi-head at
+    worst, changes the parameter count and the K/V cache of every layer — so heads it does not divide are refused
+    by the one and never chosen by the other (MaxText and Levanter likewise refuse heads ``num_kv_heads`` does not
+    divide).
+    """
+    return num_heads // group if num_heads % group == 0 else None
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelConfig(Section):
     """Architecture of a transformer. Sizes are counts (not bytes); lengths are tokens.

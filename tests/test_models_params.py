@@ -188,15 +188,20 @@ def test_transformer_base_embeds_as_the_paper_does():
 
 def test_a_resized_preset_keeps_its_query_heads_per_kv_head():
     """Llama 3 8B's four query heads per K/V head survive a new width or head count (the sweep's size rule,
-    `sweep.sizing`, keeps them the same way; MaxText keeps num_kv_heads when only the width changes): a preset
-    with d_model 1024 was multi-head attention, 32 K/V heads."""
+    `sweep.sizing`, keeps them by the same rule, `grouped_kv_heads`; MaxText keeps num_kv_heads when only the width
+    changes): a preset with d_model 1024 was multi-head attention, 32 K/V heads. Heads 4 does not divide are
+    refused naming the field, as MaxText and Levanter refuse them, not silently multi-head."""
     def heads(**overrides) -> tuple[int, int]:
         config = model_config_from_dict({"preset": "llama3-8b", **overrides})
         return config.num_heads, config.num_kv_heads
 
     assert heads(d_model=1024) == (32, 8)
     assert heads(d_model=1024, num_heads=8) == (8, 2)
-    assert heads(d_model=3072, num_heads=6) == (6, 6)  # 4 does not divide 6: one K/V head per query head
+    with pytest.raises(ValueError) as refused:  # 4 does not divide 6: it was multi-head attention, 6 K/V heads
+        heads(d_model=3072, num_heads=6)
+    assert str(refused.value) == ("model.num_heads: 6 is not a multiple of preset llama3-8b's 4 query heads per K/V "
+                                  "head; give a multiple of 4, or set model.num_kv_heads")
+    assert heads(d_model=3072, num_heads=6, num_kv_heads=2) == (6, 2)
     assert heads(d_model=1024, num_kv_heads=1) == (32, 1)  # the user's own count stays
     assert model_config_from_dict({"preset": "mistral-7b", "d_model": 2048}).num_kv_heads == 8
     tiny = model_config_from_dict({"preset": "tiny", "d_model": 64})

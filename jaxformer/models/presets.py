@@ -10,7 +10,7 @@ follow their papers' shapes; ``bert-base`` leaves out BERT's token-type embeddin
 
 from __future__ import annotations
 
-from jaxformer.architecture import DERIVED_FIELDS, ModelConfig
+from jaxformer.architecture import DERIVED_FIELDS, ModelConfig, grouped_kv_heads
 
 # GPT-2's MLP takes the tanh approximation of GELU (its `gelu_new`), as nanoGPT does
 _GPT2 = dict(vocab_size=50257, max_seq_len=1024, activation="gelu_tanh", norm="layernorm", position="learned",
@@ -71,16 +71,19 @@ def model_config_from_dict(data: dict) -> ModelConfig:
     if preset is not None:
         base = dataclasses.asdict(get_preset(str(preset)))
         # sizes the preset derived from its width are re-derived when the width changes; its grouped-query
-        # attention keeps its group size (query heads per K/V head) where that divides the heads, as MaxText keeps
-        # num_kv_heads when only the width changes
+        # attention keeps its group size (query heads per K/V head), as MaxText keeps num_kv_heads when only the
+        # width changes, and heads the group does not divide are refused (`grouped_kv_heads`)
         resized = bool({"d_model", "num_heads"} & data.keys())
         group = base["num_heads"] // base["num_kv_heads"]
         for derived in DERIVED_FIELDS:
             if derived not in data and resized:
                 base[derived] = None
         heads = data.get("num_heads", base["num_heads"])
-        if resized and "num_kv_heads" not in data and group > 1 and isinstance(heads, int) and heads % group == 0:
-            base["num_kv_heads"] = heads // group
+        if resized and "num_kv_heads" not in data and isinstance(heads, int) and heads > 0:
+            base["num_kv_heads"] = grouped_kv_heads(heads, group)
+            if base["num_kv_heads"] is None:
+                raise ValueError(f"model.num_heads: {heads} is not a multiple of preset {preset}'s {group} query "
+                                 f"heads per K/V head; give a multiple of {group}, or set model.num_kv_heads")
         data = {**base, **data}
     return from_dict(ModelConfig, data, prefix="model")
 

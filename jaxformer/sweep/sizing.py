@@ -8,7 +8,9 @@ to ``max_layers`` the width whose *exact* count (``jaxformer.accounting``, embed
 the output head included unless ``count: non_embedding``) is nearest the target is
 found; among those within ``tolerance`` of the target, the shape nearest the aspect
 ratio wins, else the nearest count. All other architecture fields come from the base
-model config, so N is always the exact count of the model that trains.
+model config, so N is always the exact count of the model that trains; its grouped-query
+attention too: a base with g query heads per K/V head gives shapes of g, 2g, … heads only
+(`_head_counts`), never another group.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import math
 from typing import Literal
 
 from jaxformer.accounting import count_params
-from jaxformer.architecture import ModelConfig
+from jaxformer.architecture import ModelConfig, grouped_kv_heads
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,13 +53,26 @@ class ShapeRule:
                              f"(0.15: within 15%), got {self.tolerance}")
 
 
+def _head_counts(base: ModelConfig, rule: ShapeRule) -> list[int]:
+    """The heads a shape of ``base`` may have: up to ``rule.max_heads``, those that keep its query heads per K/V
+    head (`grouped_kv_heads`; every count for multi-head attention).
+
+    Raises ``ValueError`` naming ``shape.max_heads`` when it is below one group.
+    """
+    group = base.num_heads // base.num_kv_heads
+    counts = [heads for heads in range(1, rule.max_heads + 1) if grouped_kv_heads(heads, group) is not None]
+    if not counts:
+        raise ValueError(f"shape.max_heads ({rule.max_heads}) is below the base model's {group} query heads per K/V "
+                         "head: no shape keeps its grouped-query attention")
+    return counts
+
+
 def _shape(base: ModelConfig, layers: int, heads: int, rule: ShapeRule) -> ModelConfig:
-    """``base`` at this depth and width; sizes derived from the width are re-derived."""
-    kv_ratio = base.num_heads // base.num_kv_heads
+    """``base`` at this depth and width (``heads`` from `_head_counts`); sizes derived from the width are
+    re-derived, the query heads per K/V head kept."""
     return dataclasses.replace(
         base, num_layers=layers, num_heads=heads, head_dim=rule.head_dim, d_model=heads * rule.head_dim,
-        num_kv_heads=heads // kv_ratio if heads % kv_ratio == 0 else heads,
-        d_ff=None, expert_d_ff=None,
+        num_kv_heads=grouped_kv_heads(heads, base.num_heads // base.num_kv_heads), d_ff=None, expert_d_ff=None,
     )
 
 
@@ -76,21 +91,22 @@ def shape_for_params(target: float, base: ModelConfig, rule: ShapeRule) -> Model
     """
     if not (math.isfinite(target) and target > 0):
         raise ValueError(f"target params must be a positive number, got {target}")
+    head_counts = _head_counts(base, rule)
     candidates = []
     for layers in range(rule.min_layers, rule.max_layers + 1):
         best = min(
-            (_shape(base, layers, heads, rule) for heads in range(1, rule.max_heads + 1)),
+            (_shape(base, layers, heads, rule) for heads in head_counts),
             key=lambda cfg: abs(math.log(_counted(cfg, rule) / target)),
         )
         candidates.append(best)
-    smallest = _counted(_shape(base, rule.min_layers, 1, rule), rule)
+    smallest = _counted(_shape(base, rule.min_layers, head_counts[0], rule), rule)
     if smallest > target * (1 + rule.tolerance):
         layers = "one layer" if rule.min_layers == 1 else f"{rule.min_layers} layers (shape.min_layers)"
         raise ValueError(
-            f"shape rule gives too few layers for params={target:.4g}: {layers} of width {rule.head_dim} "
-            f"already holds {smallest:,} parameters"
+            f"shape rule gives too few layers for params={target:.4g}: {layers} of width "
+            f"{rule.head_dim * head_counts[0]} already holds {smallest:,} parameters"
         )
-    largest = max(_counted(_shape(base, rule.max_layers, heads, rule), rule) for heads in range(1, rule.max_heads + 1))
+    largest = max(_counted(_shape(base, rule.max_layers, heads, rule), rule) for heads in head_counts)
     if largest < target * (1 - rule.tolerance):
         raise ValueError(
             f"shape rule cannot reach params={target:.4g}: {rule.max_layers} layers (shape.max_layers) of up to "
