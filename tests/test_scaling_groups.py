@@ -52,8 +52,10 @@ def test_groups_come_from_columns_of_a_table_file(tmp_path):
     table = load_table(path, group_by=["N", "seed"])
     np.testing.assert_array_equal(table.group, [0, 0, 1, 2])  # the failed run is not a row
     group_of = {(n, d, loss): g for n, d, loss, g in zip(table.N, table.D, table.loss, table.group)}
-    ordered = table.canonical()  # the fit's order: each run keeps its group
-    assert [group_of[key] for key in zip(ordered.N, ordered.D, ordered.loss)] == list(ordered.group)
+    ordered = table.canonical()  # the fit's order: each run keeps its group (renumbered in that order)
+    kept = [group_of[key] for key in zip(ordered.N, ordered.D, ordered.loss)]
+    assert [kept.index(g) for g in kept] == [list(ordered.group).index(g) for g in ordered.group]
+    assert list(ordered.group) == [list(dict.fromkeys(ordered.group)).index(g) for g in ordered.group]
     np.testing.assert_array_equal(table.subset(np.array([1, 3])).group, [0, 1])
     result = subprocess.run([sys.executable, "-m", "jaxformer.cli", "fit", str(path), "--bootstrap-groups", "N,sede"],
                             capture_output=True, text=True)

@@ -159,6 +159,24 @@ def test_a_fit_does_not_depend_on_the_order_of_the_runs():
     np.testing.assert_array_equal(listed.canonical().N, table.canonical().N)
 
 
+def test_a_grouped_bootstrap_does_not_depend_on_the_order_of_the_runs():
+    """The same runs and groups listed in another order draw the same groups: a sweep's fit reads its run
+    directories by name, its results.csv lists them in plan order (the main job's Approach 3 interval came out
+    [0.529, 0.686] from one and [0.545, 0.676] from the other while the groups were numbered in the input order)."""
+    from jaxformer.scaling.report import fit_table, jsonable
+
+    table = isoflop_sweep(PRESETS["chinchilla"], np.logspace(18, 20, 3), sizes=5, noise=0.01)
+    labels = [round(float(n)) for n in table.N]  # one group per size, over the budgets: a WSD trunk's branches
+    reversed_ = np.arange(len(table))[::-1]
+    listed = table.subset(reversed_).with_groups([labels[i] for i in reversed_])
+    fits = [jsonable(fit_table(t, "all", resamples=20, resample2="wild").to_dict())
+            for t in (table.with_groups(labels), listed)]
+    for fit in fits:
+        fit.pop("source")
+    assert fits[0]["approach3"]["bootstrap"]["groups"] == len(set(labels)) > 1
+    assert fits[0] == fits[1]
+
+
 def test_a_byte_order_mark_is_not_part_of_the_first_column_name(tmp_path):
     path = tmp_path / "excel.csv"
     path.write_bytes("params,tokens,loss\n1e6,2e7,3\n2e6,2e7,2.9\n".encode("utf-8-sig"))

@@ -93,12 +93,17 @@ class RunTable:
         return replace(self, group=np.array([index[label] for label in labels], np.int64))
 
     def canonical(self) -> "RunTable":
-        """The same runs ordered by (N, D, loss), their curve points by (run, tokens): a fit of this table does
-        not depend on the order its runs were listed in (floating-point sums, and so flat optima, do)."""
+        """The same runs ordered by (N, D, loss), their curve points by (run, tokens), their bootstrap groups
+        numbered in that order: a fit of this table does not depend on the order its runs were listed in
+        (floating-point sums, and so flat optima, do; a grouped bootstrap draws groups by their numbers)."""
         order = np.lexsort((self.loss, self.D, self.N))
         pick = lambda a: None if a is None else a[order]  # noqa: E731
+        group = None
+        if self.group is not None:  # renumbered by first appearance in the new order, as with_groups numbers them
+            _, first, inverse = np.unique(self.group[order], return_index=True, return_inverse=True)
+            group = np.argsort(np.argsort(first))[inverse].astype(np.int64)
         table = replace(self, N=self.N[order], D=self.D[order], C=self.C[order], loss=self.loss[order],
-                        budget=pick(self.budget), group=pick(self.group))
+                        budget=pick(self.budget), group=group)
         if not self.has_curves:
             return table
         rank = np.empty_like(order)
