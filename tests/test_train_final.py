@@ -1,16 +1,15 @@
 """`jaxformer train` on a run directory whose final.json is damaged (emptied, cut short, text, no object, no finite
-val_loss), through the command in its own process. Without checkpoints: one line naming the file and what is wrong,
+val_loss), through the command's entry point. Without checkpoints: one line naming the file and what is wrong,
 exit 2, the directory byte for byte unchanged. With them: the run trains again from its last checkpoint and the
 file is replaced by the record it would have held, as a sweep's relaunch of a damaged run does."""
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from jaxformer.cli import main
 from test_bad_input import TINY_RUN, snapshot  # the tiny run there, and its directory digest
 
 DAMAGED = {  # final.json's text -> what the refusal says is wrong with it
@@ -24,10 +23,9 @@ DAMAGED = {  # final.json's text -> what the refusal says is wrong with it
 }
 
 
-def train(root: Path, run_dir: Path) -> subprocess.CompletedProcess:
-    """`jaxformer train` of the tiny run into ``run_dir``, in a process of its own."""
-    return subprocess.run([sys.executable, "-m", "jaxformer.cli", "train", str(root / "empty.yaml"), *TINY_RUN,
-                           "--run-dir", str(run_dir)], capture_output=True, text=True, timeout=300)
+def train(root: Path, run_dir: Path) -> int:
+    """`jaxformer train` of the tiny run into ``run_dir``: the command's exit status."""
+    return main(["train", str(root / "empty.yaml"), *TINY_RUN, "--run-dir", str(run_dir)])
 
 
 @pytest.fixture(scope="module")
@@ -35,22 +33,21 @@ def finished(tmp_path_factory) -> Path:
     """A finished tiny run (10 steps, checkpoints at 5 and 10) in ``ROOT/run``."""
     root = tmp_path_factory.mktemp("final")
     (root / "empty.yaml").write_text("{}\n")
-    done = train(root, root / "run")
-    assert done.returncode == 0, done.stderr
+    assert train(root, root / "run") == 0
     return root
 
 
 @pytest.mark.parametrize("damage", DAMAGED)
-def test_a_damaged_final_json_without_checkpoints_is_one_line_and_changes_nothing(finished, tmp_path, damage):
+def test_a_damaged_final_json_without_checkpoints_is_one_line_and_changes_nothing(finished, tmp_path, capsys, damage):
     text, wrong = DAMAGED[damage]
     run_dir = tmp_path / "run"
     shutil.copytree(finished / "run", run_dir, ignore=shutil.ignore_patterns("checkpoints"))
     (run_dir / "final.json").write_text(text)
     before = snapshot(run_dir)
-    done = train(finished, run_dir)
-    lines = done.stderr.strip().splitlines()
-    assert done.returncode == 2, done.stderr
-    assert "Traceback" not in done.stderr and len(lines) == 1, done.stderr
+    code, err = train(finished, run_dir), capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert code == 2, err
+    assert "Traceback" not in err and len(lines) == 1, err
     assert lines[0].startswith(f"jaxformer train: error: {run_dir / 'final.json'}: {wrong}"), lines[0]
     assert lines[0].endswith(f"; {run_dir} holds no checkpoint to train the run again from (remove final.json to "
                              "train it from the start, or use a new train.run_dir)"), lines[0]
@@ -58,34 +55,34 @@ def test_a_damaged_final_json_without_checkpoints_is_one_line_and_changes_nothin
 
 
 @pytest.mark.parametrize("damage", ["emptied", "an empty object"])
-def test_a_damaged_final_json_with_checkpoints_trains_again_from_the_last_one(finished, tmp_path, damage):
+def test_a_damaged_final_json_with_checkpoints_trains_again_from_the_last_one(finished, tmp_path, capsys, damage):
     text, wrong = DAMAGED[damage]
     run_dir = tmp_path / "run"
     shutil.copytree(finished / "run", run_dir)
     original = json.loads((run_dir / "final.json").read_text())
     (run_dir / "final.json").write_text(text)
     kept = {path: digest for path, digest in snapshot(run_dir).items() if path != "final.json"}
-    done = train(finished, run_dir)
-    assert done.returncode == 0, done.stderr
-    assert f"note: {run_dir / 'final.json'}: {wrong}; training the run again from its last checkpoint" in done.stderr
-    assert f"resumed from step 10 (checkpoint {run_dir / 'checkpoints' / '10'})" in done.stderr
+    code, (out, err) = train(finished, run_dir), capsys.readouterr()
+    assert code == 0, err
+    assert f"note: {run_dir / 'final.json'}: {wrong}; training the run again from its last checkpoint" in err
+    assert f"resumed from step 10 (checkpoint {run_dir / 'checkpoints' / '10'})" in err
     record = json.loads((run_dir / "final.json").read_text())
     same = ("params", "tokens", "steps", "flops_6nd", "train_loss", "val_loss", "val_bits_per_byte", "data", "config")
     assert {key: record[key] for key in same} == {key: original[key] for key in same}
     assert record["resumed_from"] == {"step": 10, "checkpoint": str(run_dir / "checkpoints" / "10")}
-    assert f"val loss {original['val_loss']:.4f} nats/token" in done.stdout
+    assert f"val loss {original['val_loss']:.4f} nats/token" in out
     after = snapshot(run_dir)
     assert {path: after[path] for path in kept} == kept  # checkpoints, metrics and config as they were
 
 
-def test_a_record_with_only_a_finite_val_loss_is_a_finished_run(finished, tmp_path):
+def test_a_record_with_only_a_finite_val_loss_is_a_finished_run(finished, tmp_path, capsys):
     """A finished run's record is a JSON object with a finite val_loss (`jaxformer.train.final`): the command
     reports what it holds and trains nothing."""
     run_dir = tmp_path / "run"
     shutil.copytree(finished / "run", run_dir)
     (run_dir / "final.json").write_text('{"val_loss": 3.25, "steps": "ten"}')
     before = snapshot(run_dir)
-    done = train(finished, run_dir)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout == f"done: val loss 3.2500 nats/token -> {run_dir / 'final.json'}\n"
+    code, (out, err) = train(finished, run_dir), capsys.readouterr()
+    assert code == 0, err
+    assert out == f"done: val loss 3.2500 nats/token -> {run_dir / 'final.json'}\n"
     assert snapshot(run_dir) == before
