@@ -13,8 +13,9 @@ Anything else — attribute access, subscripts, strings, lambdas, comprehensions
 arguments, any other name — is refused with a `FormulaError` naming the offending token,
 before anything is evaluated. Powers are computed in floating point, so ``10**10**10``
 overflows at once (an error) instead of building a huge integer; every result must be a
-finite number (an integer too: within a float's range), and a formula nests at most 100
-levels deep. Spec files are shared between people: a formula must never run code.
+finite number (an integer too: within a float's range), ``round``'s digits are within +-400,
+and a formula nests at most 100 levels deep. Spec files are shared between people: a formula
+must never run code.
 """
 
 from __future__ import annotations
@@ -28,8 +29,21 @@ from typing import Callable
 # variables a formula may use: the run's exact parameter count N, tokens D, compute C (FLOPs),
 # the shaped model's width and depth, and the seed
 NAMES = ("N", "D", "C", "d_model", "num_layers", "seed")
+_MAX_ROUND_DIGITS = 400  # past a float's 308 decimal digits: round(1, -10**9) would build 10**(10**9) first
+
+
+def _round(number: float, ndigits: int | None = None, /) -> float:
+    """``round``, with ``ndigits`` bounded (`_MAX_ROUND_DIGITS`)."""
+    if isinstance(ndigits, int) and abs(ndigits) > _MAX_ROUND_DIGITS:
+        raise ValueError(f"round's ndigits must be within -{_MAX_ROUND_DIGITS}..{_MAX_ROUND_DIGITS}")
+    return round(number, ndigits)
+
+
+_round.__qualname__ = "round"  # Python's messages on its arguments ("round() takes ...") name it as written
+
+
 FUNCTIONS: dict[str, Callable[..., float]] = {
-    "min": min, "max": max, "abs": abs, "round": round, "int": int, "float": float,
+    "min": min, "max": max, "abs": abs, "round": _round, "int": int, "float": float,
     "sqrt": math.sqrt, "log": math.log, "log2": math.log2, "log10": math.log10, "exp": math.exp,
     "floor": math.floor, "ceil": math.ceil,
 }
@@ -114,7 +128,8 @@ def evaluate(formula: str, variables: dict[str, float]) -> float | int | bool:
     if isinstance(value, float) and not math.isfinite(value):
         raise FormulaError(f"evaluates to {value}, not a finite number")
     if isinstance(value, int) and abs(value) > sys.float_info.max:
-        raise FormulaError(f"evaluates to an integer of {len(str(abs(value)))} digits, past any float")
+        digits = int(value.bit_length() * math.log10(2)) + 1  # str() of a huge int is refused past 4300 digits
+        raise FormulaError(f"evaluates to an integer of about {digits} digits, past any float")
     return value
 
 
