@@ -71,6 +71,7 @@ SIZE = Range(low=0, low_open=True, high=MAX_SIZE, integer=True)  # a count: laye
 POSITIVE = Range(low=0, low_open=True)
 NON_NEGATIVE = Range(low=0)
 FRACTION = Range(0.0, 1.0)  # [0, 1]
+MAX_NESTING = 100  # levels of lists and mappings a YAML file or override may nest (a config nests 3)
 
 
 def setting(default: Any = dataclasses.MISSING, allowed: Range | None = None, *, factory: Any = dataclasses.MISSING):
@@ -230,8 +231,40 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
         key, sep, text = override.partition("=")
         if not sep or not key:
             raise ValueError(f"override must look like key.sub=value, got {override!r}")
-        set_dotted(result, key, yaml.safe_load(text) if text else "")
+        try:
+            value = _yaml_value(text) if text else ""
+        except (yaml.YAMLError, ValueError, RecursionError) as error:
+            raise ValueError(f"override {key}={shown(text)}: invalid YAML value ({_yaml_reason(error)})") from None
+        set_dotted(result, key, value)
     return result
+
+
+def _yaml_value(text: str) -> Any:
+    """``yaml.safe_load(text)``, refused (``ValueError``) past `MAX_NESTING` levels of lists and mappings: what is
+    loaded is copied, dumped and shown by code that recurses once or more per level (aliases to an enclosing node
+    nest without end)."""
+    value = yaml.safe_load(text)
+    deepest: dict[int, int] = {}  # id of a list or mapping -> the deepest level it was reached at: aliases share one
+    stack = [(value, 1)]
+    while stack:
+        node, level = stack.pop()
+        if not isinstance(node, (list, dict)) or deepest.get(id(node), 0) >= level:
+            continue
+        if level > MAX_NESTING:
+            raise ValueError(f"lists and mappings nested deeper than {MAX_NESTING} levels")
+        deepest[id(node)] = level
+        stack.extend((child, level + 1) for child in (node.values() if isinstance(node, dict) else node))
+    return value
+
+
+def _yaml_reason(error: Exception) -> str:
+    """What a YAML load refused, in one line: the parser's first line, nesting past Python's recursion limit, or
+    what a value's constructor raised (an integer of more than Python's 4300 digits, a date such as 2001-02-30)."""
+    if isinstance(error, yaml.YAMLError):
+        return str(error).splitlines()[0]
+    if isinstance(error, RecursionError):
+        return "nested too deeply"
+    return str(error).split(";")[0]  # Python's long-integer refusal goes on about sys.set_int_max_str_digits
 
 
 def load_yaml(path: str | Path) -> dict[str, Any]:
@@ -242,11 +275,11 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     if not path.is_file():
         raise FileNotFoundError(f"config file not found: {path}")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = _yaml_value(path.read_text(encoding="utf-8"))
     except UnicodeDecodeError:
         raise ValueError(f"{path}: not a text file (not UTF-8), so not a YAML config") from None
-    except yaml.YAMLError as error:
-        raise ValueError(f"{path}: invalid YAML ({str(error).splitlines()[0]})") from None
+    except (yaml.YAMLError, ValueError, RecursionError) as error:
+        raise ValueError(f"{path}: invalid YAML ({_yaml_reason(error)})") from None
     if data is None:
         return {}
     if not isinstance(data, dict):

@@ -116,6 +116,8 @@ def load_json(path: Path) -> object:
     except json.JSONDecodeError as error:
         where = f"at line {error.lineno}, column {error.colno}"  # some messages end in "at" ("… starting at")
         raise ValueError(f"{path}: not valid JSON ({error.msg.removesuffix(' at')} {where})") from None
+    except (ValueError, RecursionError) as error:
+        raise ValueError(f"{path}: not valid JSON ({_json_reason(error)})") from None
 
 
 def load_jsonl(path: Path) -> list[object]:
@@ -132,7 +134,15 @@ def load_jsonl(path: Path) -> list[object]:
                 records.append(json.loads(line))
             except json.JSONDecodeError as error:
                 raise ValueError(f"{path}, line {number}: not valid JSON ({error.msg})") from None
+            except (ValueError, RecursionError) as error:
+                raise ValueError(f"{path}, line {number}: not valid JSON ({_json_reason(error)})") from None
     return records
+
+
+def _json_reason(error: ValueError | RecursionError) -> str:
+    """What json refused besides its syntax: arrays nested past Python's recursion limit, or an integer of more
+    than Python's 4300 digits (its message goes on about sys.set_int_max_str_digits)."""
+    return "nested too deeply" if isinstance(error, RecursionError) else str(error).split(";")[0]
 
 
 def read_json(path: Path) -> dict:
@@ -141,7 +151,7 @@ def read_json(path: Path) -> dict:
     `load_json` is for files that must be there. The entries themselves are the caller's to check."""
     try:
         value = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError):  # json.JSONDecodeError and UnicodeDecodeError are ValueErrors
+    except (OSError, ValueError, RecursionError):  # json.JSONDecodeError and UnicodeDecodeError are ValueErrors
         return {}
     return value if isinstance(value, dict) else {}
 

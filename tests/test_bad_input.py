@@ -72,6 +72,11 @@ def workspace(tmp_path_factory):
         shutil.copytree(root / "run", root / name)  # a resume reads the saved config and corpus hash
         (root / name / part).write_text(text)
     (root / "latin1.csv").write_bytes("N,D,loss\n1e4,1e6,3.0 \u00b1 0.1\n".encode("latin-1"))
+    (root / "nested.yaml").write_text("model: {d_model: " + "[" * 400 + "]" * 400 + "}\n")  # loads; a dump recursed
+    (root / "nested-past-recursion.yaml").write_text("model: " + "[" * 100_000 + "]" * 100_000 + "\n")
+    (root / "nested.json").write_text("[" * 100_000 + "]" * 100_000 + "\n")
+    (root / "seed-5000-digits.yaml").write_text("train: {seed: " + "1" * 5000 + "}\n")  # str<->int stops at 4300
+    (root / "table-5000-digits.jsonl").write_text('{"N": ' + "1" * 5000 + ', "D": 1e9, "loss": 3.0}\n')
     study = ROOT / "experiments" / "quick_2seeds_zen1_session33"  # a committed study: no run directories
     shutil.copytree(study, root / "study", ignore=shutil.ignore_patterns("*.png"))
     return root
@@ -162,7 +167,7 @@ CASES = [  # (id naming the input under test, argv, what stderr must name, direc
     ("sweep-lr-formula-too-deep",
      ["sweep", "{w}/deep.yaml", "--dry-run"], "formula nests deeper than 100 levels", None),
     ("sweep-lr-formula-huge-integer",
-     ["sweep", "{w}/bigint.yaml", "--dry-run", "--no-probe"], "evaluates to an integer of 617 digits", None),
+     ["sweep", "{w}/bigint.yaml", "--dry-run", "--no-probe"], "evaluates to an integer of about 617 digits", None),
     ("sweep-name-escapes", ["sweep", "{w}/escape.yaml", "--dry-run"], "name must be a plain name", None),
     ("sweep-out-a-file",
      ["sweep", "{w}/../sweeps/tiny.yaml".replace("{w}/..", str(ROOT)), "--out", "{w}/a-file"],
@@ -207,6 +212,19 @@ CASES = [  # (id naming the input under test, argv, what stderr must name, direc
     ("fit-table-not-utf8", ["fit", "{w}/latin1.csv"], "latin1.csv: not a text file (not UTF-8), so not a table", None),
     ("bench-together-runs-not-counts",
      ["bench", "together", "--runs", "abc"], "--runs must list run counts of 2 or more, got 'abc'", None),
+    ("train-override-not-yaml", ["train", "{w}/empty.yaml", "train.seed=["],
+     "override train.seed='[': invalid YAML value (while parsing a flow node)", None),
+    ("train-config-nested-400-deep",
+     ["train", "{w}/nested.yaml"], "nested.yaml: invalid YAML (lists and mappings nested deeper than 100", None),
+    ("count-config-nested-past-recursion",
+     ["count", "{w}/nested-past-recursion.yaml"], "nested-past-recursion.yaml: invalid YAML (nested too deeply)", None),
+    ("count-config-integer-of-5000-digits", ["count", "{w}/seed-5000-digits.yaml"],
+     "seed-5000-digits.yaml: invalid YAML (Exceeds the limit (4300 digits) for integer string conversion", None),
+    ("allocate-law-nested-past-recursion",
+     ["allocate", "--flops", "1e20", "--law", "{w}/nested.json"], "nested.json: not valid JSON (nested too deeply)",
+     None),
+    ("fit-table-integer-of-5000-digits", ["fit", "{w}/table-5000-digits.jsonl"],
+     "table-5000-digits.jsonl, line 1: not valid JSON (Exceeds the limit (4300 digits)", None),
 ]
 
 
