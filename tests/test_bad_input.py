@@ -2,6 +2,7 @@
 no traceback, and any run or sweep directory it points at byte-for-byte unchanged."""
 
 import hashlib
+import json
 import shutil
 import subprocess
 import sys
@@ -17,6 +18,10 @@ from jaxformer.cli import main
 pytestmark = pytest.mark.filterwarnings("error::pytest.PytestUnraisableExceptionWarning")
 
 ROOT = Path(__file__).resolve().parents[1]
+NO_UNK_TOKENIZER = json.dumps({  # reads, but cannot encode text outside its vocabulary: its [UNK] is not in it
+    "version": "1.0", "truncation": None, "padding": None, "added_tokens": [], "normalizer": None,
+    "pre_tokenizer": None, "post_processor": None, "decoder": None,
+    "model": {"type": "WordLevel", "vocab": {"a": 0}, "unk_token": "[UNK]"}})
 TINY_RUN = ["model.d_model=32", "model.num_layers=1", "model.num_heads=2", "model.max_seq_len=64",
             "data.corpus=synthetic-markov", "data.markov.bytes=200000", "train.batch_size=8", "train.seq_len=32",
             "train.tokens=2560", "train.eval_tokens=1024", "checkpoint.interval=5", "logging.progress=none",
@@ -59,7 +64,8 @@ def workspace(tmp_path_factory):
     (root / "bad-plan" / "plan.json").write_text('{"runs": [{"name": "a"}]}\n')
     assert main(["export-hf", str(root / "run"), "--out", str(root / "hf")]) == 0
     for name, part, text in [("hf-list", "config.json", "[1, 2]\n"), ("hf-cut", "model.safetensors", "garbage\n"),
-                             ("hf-gen", "generation_config.json", "{oops\n")]:
+                             ("hf-gen", "generation_config.json", "{oops\n"), ("hf-tok", "tokenizer.json", "{}\n"),
+                             ("hf-unk", "tokenizer.json", NO_UNK_TOKENIZER)]:
         shutil.copytree(root / "hf", root / name)
         (root / name / part).write_text(text)
     (root / "cut.gguf").write_bytes(b"GGUF")
@@ -76,6 +82,7 @@ def workspace(tmp_path_factory):
     (root / "nested-past-recursion.yaml").write_text("model: " + "[" * 100_000 + "]" * 100_000 + "\n")
     (root / "nested.json").write_text("[" * 100_000 + "]" * 100_000 + "\n")
     (root / "seed-5000-digits.yaml").write_text("train: {seed: " + "1" * 5000 + "}\n")  # str<->int stops at 4300
+    (root / "big-cell.csv").write_text("N,D,loss\n1e4,1e6," + "3" * 200_000 + "\n")  # past csv's 128 KiB a field
     (root / "table-5000-digits.jsonl").write_text('{"N": ' + "1" * 5000 + ', "D": 1e9, "loss": 3.0}\n')
     study = ROOT / "experiments" / "quick_2seeds_zen1_session33"  # a committed study: no run directories
     shutil.copytree(study, root / "study", ignore=shutil.ignore_patterns("*.png"))
@@ -223,6 +230,17 @@ CASES = [  # (id naming the input under test, argv, what stderr must name, direc
     ("allocate-law-nested-past-recursion",
      ["allocate", "--flops", "1e20", "--law", "{w}/nested.json"], "nested.json: not valid JSON (nested too deeply)",
      None),
+    ("generate-hf-tokenizer.json-not-a-tokenizer", ["generate", "--hf", "{w}/hf-tok", "--prompt", "a"],
+     "hf-tok: its tokenizer.json is not a tokenizer the tokenizers library reads (Model missing", "hf-tok"),
+    ("import-hf-tokenizer.json-not-a-tokenizer", ["import-hf", "{w}/hf-tok", "--out", "{w}/imported"],
+     "hf-tok: its tokenizer.json is not a tokenizer", "hf-tok"),
+    ("model.init_from-tokenizer.json-not-a-tokenizer",
+     ["train", "{w}/empty.yaml", "model.init_from={w}/hf-tok", "data.tokenizer=bpe", "train.seq_len=32"],
+     "hf-tok/tokenizer.json: not a tokenizer the tokenizers library reads", "hf-tok"),
+    ("generate-hf-tokenizer-cannot-encode", ["generate", "--hf", "{w}/hf-unk", "--prompt", "b"],
+     "hf-unk: its tokenizer cannot encode --prompt (WordLevel error: Missing [UNK] token", "hf-unk"),
+    ("fit-table-cell-past-the-csv-limit",
+     ["fit", "{w}/big-cell.csv"], "big-cell.csv: not a CSV table (field larger than field limit", None),
     ("fit-table-integer-of-5000-digits", ["fit", "{w}/table-5000-digits.jsonl"],
      "table-5000-digits.jsonl, line 1: not valid JSON (Exceeds the limit (4300 digits)", None),
 ]

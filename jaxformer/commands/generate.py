@@ -156,7 +156,10 @@ def run(args: argparse.Namespace) -> int:
 
             kept = kept_token_metadata(args.source)  # a run trained from a checkpoint: its EOS
             stop_tokens = stop_tokens_of(kept[0], read_generation_config(args.source)) if kept else ()
-    prompt = encode_text(args.prompt) if tokenizer is None else [int(t) for t in tokenizer.encode(args.prompt)]
+    try:
+        prompt = encode_text(args.prompt) if tokenizer is None else [int(t) for t in tokenizer.encode(args.prompt)]
+    except Exception as error:  # noqa: BLE001 - tokenizers' plain Exception: a vocabulary without its [UNK] token …
+        raise ValueError(f"{args.source or args.hf}: its tokenizer cannot encode --prompt ({error})") from None
     new_tokens = generate(model, prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                           top_k=args.top_k, top_p=args.top_p, seed=args.seed, start_token=start_token,
                           stop_tokens=stop_tokens)

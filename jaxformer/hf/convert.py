@@ -181,6 +181,17 @@ def _reading(path: Path) -> Iterator[None]:
         raise ValueError(f"{path}: not a readable checkpoint ({type(error).__name__}: {error})") from None
 
 
+def _check_tokenizer(path: Path, tokenizer_json: str) -> None:
+    """Refuses, naming ``path``, a tokenizer.json that is JSON but no tokenizer ``tokenizers`` reads."""
+    from tokenizers import Tokenizer
+
+    try:
+        Tokenizer.from_str(tokenizer_json)
+    except Exception as error:  # noqa: BLE001 - tokenizers raises a plain Exception ("Model missing. at …")
+        raise ValueError(f"{path}: its tokenizer.json is not a tokenizer the tokenizers library reads "
+                         f"({error})") from None
+
+
 def read_config(path: str | Path) -> ModelConfig:
     """The `ModelConfig` of a checkpoint `load` reads, without reading its tensors."""
     path = _existing(path)
@@ -198,8 +209,9 @@ def read_checkpoint(path: str | Path) -> Checkpoint:
         if _is_imported(path):
             return _read_imported(path)
         hf_config, tensors, tokenizer_json, tokenizer_config, source = _open(path)
-        if tokenizer_json is not None:
-            json.loads(tokenizer_json)  # a garbled tokenizer.json is refused here, not when text is first encoded
+        if tokenizer_json is not None:  # a garbled tokenizer.json is refused here, not when text is first encoded
+            json.loads(tokenizer_json)
+            _check_tokenizer(path, tokenizer_json)
         family = families.for_model_type(hf_config.get("model_type"))
         cfg = family.to_config(hf_config, set(tensors))
         return Checkpoint(cfg, params_from_tensors(cfg, family, tensors, source=source), hf_config, tokenizer_json,

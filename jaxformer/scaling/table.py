@@ -201,6 +201,8 @@ def _read_columns(path: Path) -> dict[str, list]:
         return _columns_of(path)
     except UnicodeDecodeError:
         raise ValueError(f"{path}: not a text file (not UTF-8), so not a table") from None
+    except csv.Error as error:  # a cell past the csv module's field size limit (128 KiB), a NUL inside quotes …
+        raise ValueError(f"{path}: not a CSV table ({error})") from None
 
 
 def _columns_of(path: Path) -> dict[str, list]:

@@ -35,9 +35,9 @@ def checkpoint_tokenizer(config: TrainConfig) -> Path | None:
     if config.model.vocab_size > 65_536:
         raise ValueError(f"model.init_from: a vocabulary of {config.model.vocab_size:,} is past the 65,536 token ids "
                          "a BPE corpus is stored with; tokenize it to a tokens:PATH corpus instead")
-    from tokenizers import Tokenizer
+    from jaxformer.train.tokenizer import BPETokenizer
 
-    if (size := Tokenizer.from_file(str(path)).get_vocab_size()) > config.model.vocab_size:
+    if (size := BPETokenizer.load(path).vocab_size) > config.model.vocab_size:
         raise ValueError(f"model.init_from: its tokenizer.json has {size:,} tokens, more than "
                          f"model.vocab_size={config.model.vocab_size:,}")
     from jaxformer.hf import read_token_metadata

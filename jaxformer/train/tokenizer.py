@@ -73,9 +73,14 @@ class BPETokenizer:
 
     @classmethod
     def load(cls, path: str | Path) -> BPETokenizer:
+        """``path``'s tokenizer; one that ``tokenizers`` cannot read (valid JSON, but no tokenizer) raises one line
+        naming it."""
         from tokenizers import Tokenizer
 
-        return cls(Tokenizer.from_file(str(path)))
+        try:
+            return cls(Tokenizer.from_file(str(path)))
+        except Exception as error:  # noqa: BLE001 - tokenizers raises a plain Exception ("Model missing. at …")
+            raise ValueError(f"{path}: not a tokenizer the tokenizers library reads ({error})") from None
 
     def save(self, path: str | Path) -> None:
         """Writes ``tokenizer.json`` atomically."""
