@@ -195,7 +195,7 @@ def from_dict(cls: type[T], data: dict[str, Any] | None, *, prefix: str = "") ->
     hints = _hints(cls)
     fields = [f for f in dataclasses.fields(cls) if f.init]
     names = {f.name for f in fields}
-    unknown = sorted(set(data) - names)
+    unknown = sorted(set(data) - names, key=str)  # YAML keys may be numbers too: 1: 2
     where = f"{prefix}." if prefix else ""
     if unknown:
         raise ValueError(f"unknown config key '{where}{unknown[0]}' (known: {', '.join(sorted(names))})")

@@ -57,6 +57,8 @@ def workspace(tmp_path_factory):
     (root / "inf-budget.yaml").write_text(yaml.safe_dump({**spec, "isoflop": {"budgets": [float("inf")], "params": [8e3]}}))
     for name, formula in {"deep": "-" * 998 + "1", "bigint": "int(1e308) * int(1e308)"}.items():
         (root / f"{name}.yaml").write_text(yaml.safe_dump({**spec, "hyperparameters": {"optimizer.lr": formula}}))
+    (root / "number-key.yaml").write_text(yaml.safe_dump({**spec, "hyperparameters": {1: 2}}))  # YAML's 1: 2
+    (root / "number-and-name-keys.yaml").write_text("model: {preset: tiny, 1: 2, zz: 3}\n")
     (root / "escape.yaml").write_text(yaml.safe_dump({**spec, "name": "../../escaped"}))
     (root / "extra.csv").write_text("N,D,loss\n1e4,1e6,3.0,9\n2e4,1e6,2.9\n")
     (root / "a-file").write_text("mine\n")
@@ -239,6 +241,10 @@ CASES = [  # (id naming the input under test, argv, what stderr must name, direc
      "hf-tok/tokenizer.json: not a tokenizer the tokenizers library reads", "hf-tok"),
     ("generate-hf-tokenizer-cannot-encode", ["generate", "--hf", "{w}/hf-unk", "--prompt", "b"],
      "hf-unk: its tokenizer cannot encode --prompt (WordLevel error: Missing [UNK] token", "hf-unk"),
+    ("sweep-hyperparameters-a-number-key",
+     ["sweep", "{w}/number-key.yaml", "--dry-run"], "hyperparameters.1: not a training config field", None),
+    ("count-model-keys-numbers-and-names",
+     ["count", "{w}/number-and-name-keys.yaml"], "unknown config key 'model.1' (known: activation", None),
     ("fit-table-cell-past-the-csv-limit",
      ["fit", "{w}/big-cell.csv"], "big-cell.csv: not a CSV table (field larger than field limit", None),
     ("fit-table-integer-of-5000-digits", ["fit", "{w}/table-5000-digits.jsonl"],

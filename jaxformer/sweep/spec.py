@@ -373,7 +373,8 @@ def load_spec(path: str | Path) -> SweepSpec:
     config_from_dict(dict(spec.base))  # the base config must itself be valid
     check_planned_fields(spec.base, spec.hyperparameters)
     for key, formula in spec.hyperparameters.items():
-        if key.split(".")[0] not in ("model", "data", "optimizer", "train", "checkpoint", "logging", "parallel", "kernel"):
+        sections = ("model", "data", "optimizer", "train", "checkpoint", "logging", "parallel", "kernel")
+        if not isinstance(key, str) or key.split(".")[0] not in sections:  # YAML keys may be numbers too: 1: 2
             raise ValueError(f"hyperparameters.{key}: not a training config field")
         if "." not in key or isinstance(formula, dict):  # a mapping would replace the base's whole section
             raise ValueError(f"hyperparameters.{key}: each key names one field, dotted, with a number or formula "
