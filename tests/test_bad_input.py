@@ -4,6 +4,7 @@ no traceback, and any run or sweep directory it points at byte-for-byte unchange
 import hashlib
 import json
 import shutil
+import struct
 import subprocess
 import sys
 import time
@@ -71,6 +72,9 @@ def workspace(tmp_path_factory):
         shutil.copytree(root / "hf", root / name)
         (root / name / part).write_text(text)
     (root / "cut.gguf").write_bytes(b"GGUF")
+    # one key, an array of uint8 that claims 2**16 elements and holds none (2**40: the gguf package looped for days)
+    key = struct.pack("<IQQQ", 3, 0, 1, 3) + b"abc"  # version 3, no tensors, one key of 3 bytes
+    (root / "long-array.gguf").write_bytes(b"GGUF" + key + struct.pack("<IIQ", 9, 0, 2**16))
     (root / "model-5.yaml").write_text("model: 5\n")
     (root / "law-bool.json").write_text('{"E": true, "A": 406.4, "B": 410.7, "alpha": 0.34, "beta": 0.28}\n')
     (root / "law-list.json").write_text('{"approach3": [1]}\n')
@@ -206,7 +210,7 @@ CASES = [  # (id naming the input under test, argv, what stderr must name, direc
      ["generate", "--hf", "{w}/hf-cut", "--prompt", "a"], "hf-cut: not a readable checkpoint (SafetensorError",
      "hf-cut"),
     ("import-hf-gguf-cut",
-     ["import-hf", "{w}/cut.gguf", "--out", "{w}/imported"], "cut.gguf: not a readable checkpoint (IndexError", None),
+     ["import-hf", "{w}/cut.gguf", "--out", "{w}/imported"], "cut.gguf: not a readable GGUF file (the file ends", None),
     ("generate-run-without-checkpoints",
      ["generate", "{w}/no-checkpoints", "--prompt", "a"], "finished training but holds no checkpoint",
      "no-checkpoints"),
@@ -245,6 +249,8 @@ CASES = [  # (id naming the input under test, argv, what stderr must name, direc
      ["sweep", "{w}/number-key.yaml", "--dry-run"], "hyperparameters.1: not a training config field", None),
     ("count-model-keys-numbers-and-names",
      ["count", "{w}/number-and-name-keys.yaml"], "unknown config key 'model.1' (known: activation", None),
+    ("import-hf-gguf-array-past-its-end", ["import-hf", "{w}/long-array.gguf", "--out", "{w}/imported"],
+     "long-array.gguf: not a readable GGUF file (the file ends inside a field that starts at byte 51)", None),
     ("fit-table-cell-past-the-csv-limit",
      ["fit", "{w}/big-cell.csv"], "big-cell.csv: not a CSV table (field larger than field limit", None),
     ("fit-table-integer-of-5000-digits", ["fit", "{w}/table-5000-digits.jsonl"],

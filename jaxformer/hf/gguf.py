@@ -43,6 +43,21 @@ def _readable(path: Path) -> Iterator[None]:
         raise ValueError(f"{path}: not a readable GGUF file ({error})") from None
 
 
+def _whole_reads(reader_class: type) -> type:
+    """``gguf.GGUFReader`` whose reads past the end of the file raise ``ValueError``. The package's own return what
+    is there, none at the end, so a 30-byte file whose array claims 2**40 elements looped (and grew a list) 2**40
+    times; each element read now takes at least a byte of the file."""
+
+    class WholeReads(reader_class):
+        def _get(self, offset, dtype, count=1, override_order=None):
+            value = super()._get(offset, dtype, count, override_order)
+            if value.size < int(count):
+                raise ValueError(f"the file ends inside a field that starts at byte {offset}")
+            return value
+
+    return WholeReads
+
+
 class _Fields:
     """A GGUF file's metadata: ``fields(key)``, or ``fields(key, default)`` when the key may be absent."""
 
@@ -98,7 +113,7 @@ def read_gguf(path: str | Path) -> tuple[dict[str, Any], GGUFTensors, str | None
 
     path = Path(path)
     with _readable(path):
-        reader = GGUFReader(str(path))
+        reader = _whole_reads(GGUFReader)(str(path))
     field = _Fields(reader, path)
     arch = field("general.architecture")
     if arch not in ARCHITECTURES:
