@@ -171,3 +171,17 @@ def test_a_dry_run_into_a_directory_the_launch_refuses_prints_the_plan_and_says_
     assert main(["sweep", str(TINY), "--dry-run", "--no-probe", "--out", str(tmp_path / "file")]) == 2
     assert capsys.readouterr().err == (f"jaxformer sweep: error: the launch would refuse: --out {tmp_path / 'file'} "
                                        "is not a directory\n")
+
+
+def test_a_spec_kept_as_its_sweeps_spec_yaml_is_left_as_written(tmp_path):
+    """`jaxformer sweep DIR/spec.yaml --out DIR`: the launch's record of the spec is the user's own file, comments
+    (and a tune: section, which the record would replace by its rule) kept; elsewhere the record is written."""
+    out = tmp_path / "out"
+    out.mkdir()
+    text = "# why these budgets: see the notes\n" + TINY.read_text()
+    (out / "spec.yaml").write_text(text)
+    spec = load_spec(out / "spec.yaml")
+    prepare_directory(spec, plan_runs(spec), out, spec_file=str(out / "spec.yaml"))
+    assert (out / "spec.yaml").read_text() == text and (out / "plan.json").is_file()
+    prepare_directory(spec, plan_runs(spec), tmp_path / "elsewhere", spec_file=str(out / "spec.yaml"))
+    assert load_spec(tmp_path / "elsewhere" / "spec.yaml") == spec

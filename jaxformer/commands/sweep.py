@@ -95,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
         return dry_run(args, spec, runs, out)
     options = LaunchOptions(executor=args.executor, workers=args.workers, threads=args.threads,
                             retry_failed=args.retry_failed, ray_address=args.ray_address,
-                            gpus_per_run=args.gpus_per_run)
+                            gpus_per_run=args.gpus_per_run, spec_file=args.spec)
     try:
         with worker_pool(options, out) as pool:  # one set of warm workers for the tuning stage and every later one
             if spec.tune is not None:  # the tuning stage first: its rule sets the runs' learning rates

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from pathlib import Path
 
 import yaml
@@ -18,14 +19,19 @@ from jaxformer.sweep.runs import RunPaths, changed_setting
 from jaxformer.sweep.spec import SweepSpec
 
 
-def prepare_directory(spec: SweepSpec, runs: list[PlannedRun], out: Path) -> list[PlannedRun]:
+def prepare_directory(spec: SweepSpec, runs: list[PlannedRun], out: Path, *,
+                      spec_file: str | Path | None = None) -> list[PlannedRun]:
     """Writes spec, plan and per-run configs; refuses a directory that holds a different sweep (`existing_runs`).
 
-    Returns ``runs`` followed by those an earlier launch's adapt rounds appended to plan.json.
+    ``spec_file``, the file the spec was read from, is left as the user wrote it (comments, a ``tune:`` section)
+    where it is ``out``'s own spec.yaml. Returns ``runs`` followed by those an earlier launch's adapt rounds
+    appended to plan.json.
     """
     runs = existing_runs(spec, runs, out)
     (out / "configs").mkdir(parents=True, exist_ok=True)
-    write_bytes_atomic(out / "spec.yaml", yaml.safe_dump(to_dict(spec), sort_keys=False).encode())
+    record = out / "spec.yaml"
+    if not (spec_file is not None and record.exists() and os.path.samefile(spec_file, record)):
+        write_bytes_atomic(record, yaml.safe_dump(to_dict(spec), sort_keys=False).encode())
     write_plan(spec, runs, out)
     return runs
 

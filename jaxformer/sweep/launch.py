@@ -46,6 +46,7 @@ class LaunchOptions:
     retry_failed: bool = False
     ray_address: str | None = None
     gpus_per_run: float = 0.0
+    spec_file: str | None = None  # the file the spec was read from (`prepare_directory` leaves it as written)
 
     def __post_init__(self) -> None:
         if self.executor not in ("local", "ray"):
@@ -190,7 +191,7 @@ def launch(spec: SweepSpec, runs: list[PlannedRun], out: Path, options: LaunchOp
         ray = connect_ray(options.ray_address, local_ray_cpus(options.workers, threads))
         actors = ray_actor_count(ray_nodes(ray), max(threads, 1), options.gpus_per_run, options.workers)
     own = len(runs)
-    runs = prepare_directory(spec, runs, out)
+    runs = prepare_directory(spec, runs, out, spec_file=options.spec_file)
     states = {run.name: RunPaths(out, run.name).state() for run in runs}
     wanted = set(TO_TRAIN) | ({"failed"} if options.retry_failed else set())
     todo = [run.name for run in runs if states[run.name] in wanted]
