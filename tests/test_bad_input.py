@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from jaxformer.cli import main
+from jaxformer.configs import apply_overrides
 
 # A library's late exception (reported through sys.unraisablehook, not stderr) fails the test that caused it.
 pytestmark = pytest.mark.filterwarnings("error::pytest.PytestUnraisableExceptionWarning")
@@ -58,6 +59,8 @@ def workspace(tmp_path_factory):
     (root / "inf-budget.yaml").write_text(yaml.safe_dump({**spec, "isoflop": {"budgets": [float("inf")], "params": [8e3]}}))
     for name, formula in {"deep": "-" * 998 + "1", "bigint": "int(1e308) * int(1e308)"}.items():
         (root / f"{name}.yaml").write_text(yaml.safe_dump({**spec, "hyperparameters": {"optimizer.lr": formula}}))
+    (root / "own-config").mkdir()  # a config kept in the run directory it names, before any run began there
+    (root / "own-config" / "config.yaml").write_text("# my notes\n" + yaml.safe_dump(apply_overrides({}, TINY_RUN)))
     (root / "number-key.yaml").write_text(yaml.safe_dump({**spec, "hyperparameters": {1: 2}}))  # YAML's 1: 2
     (root / "number-and-name-keys.yaml").write_text("model: {preset: tiny, 1: 2, zz: 3}\n")
     (root / "escape.yaml").write_text(yaml.safe_dump({**spec, "name": "../../escaped"}))
@@ -251,6 +254,8 @@ CASES = [  # (id naming the input under test, argv, what stderr must name, direc
      ["count", "{w}/number-and-name-keys.yaml"], "unknown config key 'model.1' (known: activation", None),
     ("import-hf-gguf-array-past-its-end", ["import-hf", "{w}/long-array.gguf", "--out", "{w}/imported"],
      "long-array.gguf: not a readable GGUF file (the file ends inside a field that starts at byte 51)", None),
+    ("train-config-the-run-directorys-own", ["train", "{w}/own-config/config.yaml", "--run-dir", "{w}/own-config"],
+     "own-config/config.yaml is the run directory's own config.yaml, which the run replaces", "own-config"),
     ("fit-table-cell-past-the-csv-limit",
      ["fit", "{w}/big-cell.csv"], "big-cell.csv: not a CSV table (field larger than field limit", None),
     ("fit-table-integer-of-5000-digits", ["fit", "{w}/table-5000-digits.jsonl"],

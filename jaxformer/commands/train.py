@@ -13,6 +13,7 @@ again from its last checkpoint, and without one exits 2 naming the file, which i
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -43,6 +44,7 @@ def run(args: argparse.Namespace) -> int:
     from jaxformer.train.attempt import attempt_run
 
     run_dir = run_dir_for(args)
+    _refuse_own_config(Path(args.config), run_dir)
     attempt = attempt_run(args.config, args.overrides, run_dir)
     if attempt.status == "bad_input":
         raise attempt.error  # the dispatcher prints one line and exits 2
@@ -51,6 +53,20 @@ def run(args: argparse.Namespace) -> int:
         return 1
     print(summary(attempt.record, run_dir / "final.json"))
     return 0
+
+
+def _refuse_own_config(config: Path, run_dir: Path) -> None:
+    """A config kept as ``RUN_DIR/config.yaml`` before the run began there (no data.json, checkpoints or final.json)
+    is the user's file, which the run would replace with its resolved config (comments, overrides' absence lost);
+    once begun, that file is the run's own record, and a resume may name it."""
+    from jaxformer.train.checkpoint_config import has_checkpoints
+
+    record = run_dir / "config.yaml"
+    if not (config.is_file() and record.is_file() and os.path.samefile(config, record)):
+        return
+    if not ((run_dir / "data.json").is_file() or (run_dir / "final.json").is_file() or has_checkpoints(run_dir)):
+        raise ValueError(f"{config} is the run directory's own config.yaml, which the run replaces with its resolved "
+                         f"config: keep the config outside {run_dir}, or give another --run-dir")
 
 
 def summary(record: dict, final: Path) -> str:
