@@ -41,6 +41,7 @@ import importlib.metadata
 import importlib.util
 import os
 import re
+import stat
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -215,7 +216,8 @@ def enable_compilation_cache(directory: str | os.PathLike | None = None) -> Path
     ``None`` reads ``$JAXFORMER_CACHE_DIR``, else :data:`COMPILATION_CACHE`; an empty string turns
     the cache off. Every program is kept, however fast it compiled. JAX opens the cache at the
     first compilation that looks for it, once per process: a directory given after that is not
-    used.
+    used. What the cache holds runs as native code (and `jaxformer.scaling.programs` unpickles its
+    entries), so a directory another user owns or every user may write is left unused, with a note.
     """
     if directory is None:
         directory = os.environ.get(CACHE_DIR_ENV, COMPILATION_CACHE)
@@ -225,6 +227,12 @@ def enable_compilation_cache(directory: str | os.PathLike | None = None) -> Path
 
     path = Path(directory).expanduser()
     path.mkdir(parents=True, exist_ok=True)
+    status = path.stat()
+    if status.st_uid != os.geteuid() or status.st_mode & stat.S_IWOTH:
+        whose = f"owned by user {status.st_uid}" if status.st_uid != os.geteuid() else "writable by every user"
+        print(f"note: compilation cache {path} is {whose}, so its programs could be anyone's: not used (give "
+              f"train.compilation_cache or ${CACHE_DIR_ENV} a directory only you can write)", file=sys.stderr)
+        return None
     jax.config.update("jax_compilation_cache_dir", str(path))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     return path

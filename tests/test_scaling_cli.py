@@ -8,11 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import jax
 import numpy as np
 import pytest
 
 from jaxformer.cli import main
-from jaxformer.runtime import CACHE_DIR_ENV
+from jaxformer.runtime import CACHE_DIR_ENV, enable_compilation_cache
 from jaxformer.scaling.allocation import PRESETS
 from jaxformer.scaling.synthetic import isoflop_sweep
 from jaxformer.sweep.table import write_sweep
@@ -159,6 +160,17 @@ def test_a_second_fit_in_a_fresh_process_loads_the_compiled_solver_and_a_damaged
     third = run_fit()
     assert "ignoring stored program" in third.stderr and compiled in third.stderr
     assert json.loads(third.stdout) == json.loads(first.stdout) and stored[0].stat().st_size > 1000
+
+
+def test_a_compilation_cache_every_user_may_write_is_left_unused(tmp_path, capsys):
+    """Its entries run as native code, and fit unpickles its own: in a directory anyone may write (one under /tmp,
+    say, or /tmp itself) another user could plant one, so it is not used, with one note."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    before = jax.config.jax_compilation_cache_dir
+    assert enable_compilation_cache(shared) is None and jax.config.jax_compilation_cache_dir == before
+    assert capsys.readouterr().err.startswith(f"note: compilation cache {shared} is writable by every user, so")
 
 
 def test_fit_approach2_wild_bootstrap_on_the_long_study(capsys):
