@@ -71,7 +71,8 @@ def workspace(tmp_path_factory):
     assert main(["export-hf", str(root / "run"), "--out", str(root / "hf")]) == 0
     for name, part, text in [("hf-list", "config.json", "[1, 2]\n"), ("hf-cut", "model.safetensors", "garbage\n"),
                              ("hf-gen", "generation_config.json", "{oops\n"), ("hf-tok", "tokenizer.json", "{}\n"),
-                             ("hf-unk", "tokenizer.json", NO_UNK_TOKENIZER)]:
+                             ("hf-unk", "tokenizer.json", NO_UNK_TOKENIZER),
+                             ("hf-eos", "generation_config.json", '{"eos_token_id": "x"}\n')]:
         shutil.copytree(root / "hf", root / name)
         (root / name / part).write_text(text)
     (root / "cut.gguf").write_bytes(b"GGUF")
@@ -256,6 +257,8 @@ CASES = [  # (id naming the input under test, argv, what stderr must name, direc
      "long-array.gguf: not a readable GGUF file (the file ends inside a field that starts at byte 51)", None),
     ("train-config-the-run-directorys-own", ["train", "{w}/own-config/config.yaml", "--run-dir", "{w}/own-config"],
      "own-config/config.yaml is the run directory's own config.yaml, which the run replaces", "own-config"),
+    ("generate-hf-eos_token_id-not-an-id", ["generate", "--hf", "{w}/hf-eos", "--prompt", "a"],
+     "generation_config.json: eos_token_id must be a token id or a list of them, got 'x'", "hf-eos"),
     ("fit-table-cell-past-the-csv-limit",
      ["fit", "{w}/big-cell.csv"], "big-cell.csv: not a CSV table (field larger than field limit", None),
     ("fit-table-integer-of-5000-digits", ["fit", "{w}/table-5000-digits.jsonl"],

@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 from jaxformer.arguments import integer, number
+from jaxformer.configs import shown
 from jaxformer.models.presets import resolve_model
 
 
@@ -128,8 +129,12 @@ def stop_tokens_of(hf_config: dict, generation_config: dict | None = None) -> tu
     ``generation_config.json`` where that sets one, as transformers' ``generate`` reads it (Qwen2.5 stops at
     two there, one in config.json), else of its config."""
     eos = (generation_config or {}).get("eos_token_id")
+    source = "generation_config.json" if eos is not None else "config.json"
     eos = hf_config.get("eos_token_id") if eos is None else eos
-    return tuple(int(i) for i in (eos if isinstance(eos, list) else [] if eos is None else [eos]))
+    ids = eos if isinstance(eos, list) else [] if eos is None else [eos]
+    if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
+        raise ValueError(f"{source}: eos_token_id must be a token id or a list of them, got {shown(eos)}")
+    return tuple(ids)
 
 
 def run(args: argparse.Namespace) -> int:
