@@ -179,6 +179,12 @@ def test_a_pytorch_bin_that_would_run_code_is_refused_in_one_line_and_not_run(tm
                                f"{tmp_path / 'hostile' / 'pytorch_model.bin'}: refused by PyTorch's weights-only "
                                "loader, nothing in it was run (", capsys)
     assert not marker.exists()
+    # torch.save's zip format: the reason, not torch's advice to load it with weights_only=False (which runs it)
+    torch.save({"model.embed_tokens.weight": _RunsACommand(marker)}, tmp_path / "hostile" / "pytorch_model.bin")
+    assert_refused_in_one_line(tmp_path / "hostile", tmp_path / "imported",
+                               f"{tmp_path / 'hostile' / 'pytorch_model.bin'}: refused by PyTorch's weights-only "
+                               "loader, nothing in it was run (Trying to load unsupported GLOBAL posix.system", capsys)
+    assert not marker.exists()
 
 
 @pytest.mark.parametrize(("add_bos", "add_eos"), [(None, None), (True, None), (False, None), (True, True)])

@@ -96,9 +96,15 @@ class _TorchFiles:
 
 
 def _unpickler_reason(message: str) -> str:
-    """What torch's weights-only unpickler refused (its message is a page: the reason follows "error:")."""
-    after = message.split("WeightsUnpickler error:", 1)[-1]
-    return next((line.strip() for line in after.splitlines() if line.strip()), message.splitlines()[0])
+    """What torch's weights-only unpickler refused. Its message is a page: the reason follows "error:", or (a
+    ``torch.save`` file) is the paragraph after one that advises loading with ``weights_only=False``, which runs
+    the file's code and which this command offers no way to do."""
+    if "WeightsUnpickler error:" in message:
+        message = message.split("WeightsUnpickler error:", 1)[1]
+    paragraphs = [part.strip() for part in message.split("\n\n") if part.strip()]
+    if len(paragraphs) > 1 and paragraphs[0].startswith("Weights only load failed"):
+        paragraphs = paragraphs[1:]
+    return paragraphs[0].splitlines()[0] if paragraphs else "no reason given"
 
 
 def read_tensors(directory: Path) -> TensorFile:
