@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import stat
 import tempfile
 from pathlib import Path
 from typing import BinaryIO, Callable
@@ -163,3 +164,12 @@ def write_cache(path: Path, cache: dict) -> None:
         write_json_atomic(Path(path), cache)
     except OSError:
         pass
+
+
+def others_may_write(directory: Path) -> str | None:
+    """Why files in ``directory`` could be another user's ("owned by user N", "writable by every user"), or None
+    where only this user (and their group) can write it: a cache whose files run as code is used only then."""
+    status = directory.stat()
+    if status.st_uid != os.geteuid():
+        return f"owned by user {status.st_uid}"
+    return "writable by every user" if status.st_mode & stat.S_IWOTH else None

@@ -41,7 +41,6 @@ import importlib.metadata
 import importlib.util
 import os
 import re
-import stat
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -225,11 +224,12 @@ def enable_compilation_cache(directory: str | os.PathLike | None = None) -> Path
         return None
     import jax
 
+    from jaxformer.files import others_may_write
+
     path = Path(directory).expanduser()
     path.mkdir(parents=True, exist_ok=True)
-    status = path.stat()
-    if status.st_uid != os.geteuid() or status.st_mode & stat.S_IWOTH:
-        whose = f"owned by user {status.st_uid}" if status.st_uid != os.geteuid() else "writable by every user"
+    whose = others_may_write(path)
+    if whose is not None:
         print(f"note: compilation cache {path} is {whose}, so its programs could be anyone's: not used (give "
               f"train.compilation_cache or ${CACHE_DIR_ENV} a directory only you can write)", file=sys.stderr)
         return None

@@ -4,6 +4,7 @@ import os
 import shutil
 import subprocess
 import sys
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -329,3 +330,31 @@ def test_data_parallel_mesh_splits_the_call_by_batch(kernel):
     """, {"XLA_FLAGS": os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2",
           "JAX_PLATFORMS": "cpu"})
     assert "sharded ok" in done.stdout
+
+
+@needs_kernel
+def test_a_kernel_cache_every_user_may_write_is_not_loaded_from(tmp_path, monkeypatch, kernel):
+    """A library in a cache directory every user may write could be anyone's code: the kernel is unavailable (the
+    plain path computes) and nothing there is loaded; the same library in a directory only this user writes loads."""
+    from jaxformer.functional.extension import CACHE_ENV, Extension
+
+    E = fused_attention.EXTENSION
+    monkeypatch.setenv(E.library_env, "")
+    for mode, loads in ((0o777, False), (0o755, True)):
+        cache = tmp_path / f"ext-{mode:o}"
+        cache.mkdir()
+        cache.chmod(mode)
+        monkeypatch.setenv(CACHE_ENV, str(cache))
+        fresh = Extension(E.name, E.abi_version, E.library_env, targets={})  # no FFI target registered twice
+        shutil.copy(fused_attention.loaded_path(), fresh.library_path())
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            assert fresh.available() is loads
+        if loads:
+            assert fresh.loaded_path() == str(fresh.library_path()) and not caught
+        else:
+            assert fresh.loaded_path() is None
+            assert fresh.unavailable_reason() == (f"RuntimeError: the kernel cache {cache} is writable by every user, "
+                                                  "so its libraries could be anyone's: not used (give "
+                                                  "$JAXFORMER_EXT_CACHE a directory only you can write)")
+            assert len(caught) == 1 and "the plain path computes instead" in str(caught[0].message)

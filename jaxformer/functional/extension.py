@@ -6,7 +6,8 @@ extension's own include and library directories, e.g. oneDNN's), into ``$JAXFORM
 and the CPU's flags, so an upgrade of jaxlib or a different machine builds afresh. The library is written
 to a temporary name and renamed, so concurrent processes never load a half-written file; a file in the cache
 that does not load as the kernel (truncated, emptied) is deleted and built once more. An environment
-variable per extension names a prebuilt library to load instead (no build).
+variable per extension names a prebuilt library to load instead (no build). A cache directory another user owns
+or every user may write is not used (its libraries would run as this user's code): the plain path computes.
 
 If the build or the load fails, :meth:`Extension.available` is False, one warning says why
 (:meth:`Extension.unavailable_reason`), and the callers compute with their plain path.
@@ -28,6 +29,8 @@ from pathlib import Path
 from typing import Callable
 
 import jax
+
+from jaxformer.files import others_may_write
 
 CSRC = Path(__file__).resolve().parent.parent / "csrc"
 CACHE_ENV = "JAXFORMER_EXT_CACHE"
@@ -126,6 +129,11 @@ class Extension:
         else:
             extra = tuple(self.link_flags())
             path = self.library_path(extra)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            whose = others_may_write(path.parent)
+            if whose is not None:  # a library there is loaded into this process: it could be anyone's code
+                raise RuntimeError(f"the kernel cache {path.parent} is {whose}, so its libraries could be anyone's: "
+                                   f"not used (give ${CACHE_ENV} a directory only you can write)")
             library = None
             if path.exists():
                 try:
