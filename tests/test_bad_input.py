@@ -72,7 +72,9 @@ def workspace(tmp_path_factory):
     for name, part, text in [("hf-list", "config.json", "[1, 2]\n"), ("hf-cut", "model.safetensors", "garbage\n"),
                              ("hf-gen", "generation_config.json", "{oops\n"), ("hf-tok", "tokenizer.json", "{}\n"),
                              ("hf-unk", "tokenizer.json", NO_UNK_TOKENIZER),
-                             ("hf-eos", "generation_config.json", '{"eos_token_id": "x"}\n')]:
+                             ("hf-eos", "generation_config.json", '{"eos_token_id": "x"}\n'),
+                             ("hf-sizes", "config.json", json.dumps({  # an FFN width that is not the tensors'
+                                 **json.loads((root / "hf" / "config.json").read_text()), "intermediate_size": 64}))]:
         shutil.copytree(root / "hf", root / name)
         (root / name / part).write_text(text)
     (root / "cut.gguf").write_bytes(b"GGUF")
@@ -208,6 +210,9 @@ CASES = [  # (id naming the input under test, argv, what stderr must name, direc
      ["bench", "together", "--steps", "0"], "argument --steps: must be an integer at least 1, got 0", None),
     ("import-hf-config.json-a-list",
      ["import-hf", "{w}/hf-list", "--out", "{w}/imported"], "hf-list/config.json: not a JSON object", "hf-list"),
+    ("import-hf-config.json-sizes-not-the-tensors", ["import-hf", "{w}/hf-sizes", "--out", "{w}/imported"],
+     "hf-sizes: model.layers.0.mlp.gate_proj.weight (96, 32) does not fit the model its config describes (cannot "
+     "reshape array of size 3072 into shape (32,64))", "hf-sizes"),
     ("export-hf-generation_config.json-invalid", ["export-hf", "{w}/hf-gen", "--out", "{w}/exported"],
      "hf-gen/generation_config.json: not valid JSON (Expecting property name", "hf-gen"),
     ("generate-hf-safetensors-cut",

@@ -115,7 +115,12 @@ def params_from_tensors(cfg: ModelConfig, family, tensors: Mapping[str, np.ndarr
         if None in names:
             raise ValueError(f"{source}: the checkpoint has no tensor {rule.hf[names.index(None)]}")
         used.update(names)
-        flat.update(zip(rule.ours, rule.load([tensors[name] for name in names])))
+        arrays = [tensors[name] for name in names]
+        try:
+            flat.update(zip(rule.ours, rule.load(arrays)))
+        except ValueError as error:  # a config whose sizes are not the tensors' (numpy's reshape names neither)
+            shapes = ", ".join(f"{name} {tuple(np.shape(a))}" for name, a in zip(names, arrays))
+            raise ValueError(f"{source}: {shapes} does not fit the model its config describes ({error})") from None
     unused = sorted(name for name in tensors if name not in used and not any(part in name for part in family.IGNORED))
     if unused:
         warnings.warn(f"{source}: {len(unused)} tensors not used by the jaxformer model, e.g. {unused[0]}",
