@@ -108,7 +108,7 @@ def _gguf(path: Path) -> bytes:
 
 @pytest.mark.parametrize(("content", "reason"), [
     (lambda path: np.random.default_rng(0).bytes(3000), "(GGUF magic invalid)"),
-    (lambda path: _gguf(path)[:-100], "(cannot reshape array of size 999 into shape (64,16))"),
+    (lambda path: _gguf(path)[:-100], "(the file ends inside a field that starts at byte 160)"),  # the tensor's data
 ], ids=["garbled", "truncated"])
 def test_a_garbled_or_truncated_gguf_is_named_in_one_line(content, reason, tmp_path, capsys):
     """The gguf package's ValueError passed as it was: "error: GGUF magic invalid", naming no file."""

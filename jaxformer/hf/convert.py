@@ -118,7 +118,10 @@ def params_from_tensors(cfg: ModelConfig, family, tensors: Mapping[str, np.ndarr
         arrays = [tensors[name] for name in names]
         try:
             flat.update(zip(rule.ours, rule.load(arrays)))
-        except ValueError as error:  # a config whose sizes are not the tensors' (numpy's reshape names neither)
+        except ValueError as error:
+            if not str(error).startswith("cannot reshape array"):  # a rule's own refusal names its tensors
+                raise
+            # a config whose sizes are not the tensors': numpy's reshape names neither
             shapes = ", ".join(f"{name} {tuple(np.shape(a))}" for name, a in zip(names, arrays))
             raise ValueError(f"{source}: {shapes} does not fit the model its config describes ({error})") from None
     unused = sorted(name for name in tensors if name not in used and not any(part in name for part in family.IGNORED))
