@@ -270,3 +270,11 @@ def test_cli_generates_from_a_bpe_run_with_the_runs_own_tokenizer(tmp_path, caps
     assert main(["generate", str(run_dir), "--prompt", prompt, "--max-new-tokens", "6", "--temperature", "0"]) == 0
     out = capsys.readouterr().out
     assert out.strip() == expected.strip() and "<" not in out  # no out-of-byte-range ids printed as <id>
+    # the same run's tokenizer.json damaged (JSON, but no tokenizer): export-hf refuses it before restoring, where it
+    # copied it as if whole (this run is the suite's one BPE run with a checkpoint and no Hugging Face source)
+    (run_dir / "tokenizer.json").write_text("{}\n")
+    assert main(["export-hf", str(run_dir), "--out", str(tmp_path / "hf")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"jaxformer export-hf: error: {run_dir / 'tokenizer.json'}: not a tokenizer the tokenizers "
+                          "library reads (") and len(err.splitlines()) == 1 and "restored" not in err, err
+    assert not (tmp_path / "hf").exists()

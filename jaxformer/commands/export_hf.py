@@ -52,6 +52,18 @@ def read_source(source: Path, config: TrainConfig | None):
         from jaxformer.train.checkpoint import CheckpointError
         from jaxformer.train.restore import restore_params
 
+        tokenizer_path = source / "tokenizer.json"
+        if config.data.tokenizer == "bpe":  # checked before the restore, and never copied damaged
+            from jaxformer.train.tokenizer import BPETokenizer
+
+            if not tokenizer_path.is_file():
+                raise FileNotFoundError(f"{source} trained with data.tokenizer=bpe but has no tokenizer.json")
+            BPETokenizer.load(tokenizer_path)  # one line naming the file where the tokenizers library cannot read it
+            tokenizer_json = tokenizer_path.read_text()
+        elif not config.data.corpus.startswith("tokens:"):  # token ids of a .bin corpus have no tokenizer here
+            tokenizer_json = byte_tokenizer_json()
+        else:
+            tokenizer_json = None
         try:
             restored = restore_params(source, config)
         except CheckpointError as error:
@@ -59,15 +71,6 @@ def read_source(source: Path, config: TrainConfig | None):
         if restored is None:
             raise ValueError(f"{source} has no checkpoint to export yet")
         print(f"restored {source} at step {restored[0]}", file=sys.stderr)
-        tokenizer_path = source / "tokenizer.json"
-        if config.data.tokenizer == "bpe":
-            if not tokenizer_path.is_file():
-                raise FileNotFoundError(f"{source} trained with data.tokenizer=bpe but has no tokenizer.json")
-            tokenizer_json = tokenizer_path.read_text()
-        elif not config.data.corpus.startswith("tokens:"):  # token ids of a .bin corpus have no tokenizer here
-            tokenizer_json = byte_tokenizer_json()
-        else:
-            tokenizer_json = None
         from jaxformer.hf import kept_token_metadata, read_generation_config
 
         source_config, tokenizer_config = kept_token_metadata(source) or ({}, None)  # trained from a checkpoint
