@@ -83,8 +83,17 @@ class LocalPool:
                        for worker in self.workers[:min(len(self.workers), len(queue))]]
         for supervisor in supervisors:
             supervisor.start()
-        for supervisor in supervisors:
-            supervisor.join()
+        try:
+            for supervisor in supervisors:
+                supervisor.join()
+        except KeyboardInterrupt:  # Ctrl-C: no run begins any more, each worker's run stops (it resumes at a relaunch)
+            queue.abandon()
+            deadline = time.monotonic() + 1.0
+            for worker in self.workers:
+                worker.interrupt(deadline)
+            for supervisor in supervisors:
+                supervisor.join()
+            raise
         if errors:
             raise errors[0]
         return outcomes

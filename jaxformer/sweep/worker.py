@@ -26,6 +26,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -160,6 +161,7 @@ class WarmWorker:
                 return Outcome(**json.loads(answer))
             self.process = None  # it died mid-run: the next attempt starts a fresh one
             code = process.wait()
+            _stop_when_interrupted(code)
         paths = RunPaths(sweep_dir, name)
         reason = f"its worker died {ATTEMPTS} times (exit status {code}); last output: {failure_reason(paths, code)}"
         paths.record("failed", reason=reason, returncode=code)
@@ -182,10 +184,19 @@ class WarmWorker:
             pass
         if len(answers) < len(names):  # it died mid-group
             self.process = None
-            process.wait()
+            _stop_when_interrupted(process.wait())
             answered = {outcome.name for outcome in answers}
             answers += [self.train(sweep_dir, name) for name in names if name not in answered]
         return answers
+
+    def interrupt(self, deadline: float) -> None:
+        """Ends the process's run as Ctrl-C does: when it has not ended by ``deadline`` (`time.monotonic`; the
+        terminal's Ctrl-C reaches the whole process group), one SIGINT is sent to it."""
+        if self.process is not None:
+            try:
+                self.process.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                self.process.send_signal(signal.SIGINT)
 
     def stop(self) -> None:
         """Tells the process to end (end of input) without waiting; `close` waits."""
@@ -196,6 +207,12 @@ class WarmWorker:
         self.stop()
         if self.process is not None:
             self.process.wait()
+
+
+def _stop_when_interrupted(code: int) -> None:
+    """A worker ended by Ctrl-C (SIGINT) is not replaced: the launch stops, its run resumes at a relaunch."""
+    if code == -signal.SIGINT:
+        raise KeyboardInterrupt
 
 
 def main() -> None:

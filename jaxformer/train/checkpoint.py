@@ -44,6 +44,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from jaxformer.parallel.distributed import exchange
 from jaxformer.train.checkpoint_shapes import refuse_another_model
+from jaxformer.train.interrupts import deferred_interrupt
 
 
 
@@ -222,7 +223,7 @@ class Checkpointer:
         """Writes step ``step``; ``meta`` must be JSON-serialisable."""
         meta = {**meta, "step": step, **state_digests(state)}
         self.wait()  # Orbax waits for the previous save anyway: its failure is named by its own step
-        with self._writing(step):
+        with deferred_interrupt(), self._writing(step):
             self.manager.save(
                 step,
                 args=ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)),
@@ -233,7 +234,7 @@ class Checkpointer:
 
     def wait(self) -> None:
         """Blocks until every save is written (Orbax raises here if a background write failed)."""
-        with self._writing(self.saving):
+        with deferred_interrupt(), self._writing(self.saving):
             self.manager.wait_until_finished()
         self.saving = None
 
@@ -315,7 +316,7 @@ class Checkpointer:
         self.manager.reload()
 
     def close(self) -> None:
-        with self._writing(self.saving):
+        with deferred_interrupt(), self._writing(self.saving):
             self.manager.close()
 
 

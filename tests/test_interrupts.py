@@ -1,0 +1,84 @@
+"""Ctrl-C in a `jaxformer` command: a save Orbax begins ends whole before the interrupt is raised, an interrupt
+that lands in JAX's garbage-collection callback is raised again rather than printed and lost, and a sweep's
+workers stop with their launcher, none replaced."""
+
+import gc
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jax.numpy as jnp
+import pytest
+import yaml
+
+from jaxformer.cli import _interrupt_not_swallowed
+from jaxformer.train.checkpoint import Checkpointer
+from jaxformer.train.interrupts import deferred_interrupt
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_ctrl_c_as_orbax_begins_an_asynchronous_save_lets_the_save_end_whole_then_interrupts(tmp_path):
+    checkpointer = Checkpointer(tmp_path / "checkpoints", keep=2, asynchronous=True)
+    begin = checkpointer.manager.save
+
+    def interrupted_save(*args, **kwargs):  # Ctrl-C arrives inside Orbax's save (its threads starting)
+        signal.raise_signal(signal.SIGINT)
+        return begin(*args, **kwargs)
+
+    checkpointer.manager.save = interrupted_save
+    with pytest.raises(KeyboardInterrupt):
+        checkpointer.save(1, {"params": {"w": jnp.ones((3, 2), jnp.float32)}}, {})
+    checkpointer.close()
+    assert checkpointer.steps() == [1]
+    assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["1"]  # no `1.orbax-checkpoint-tmp`
+
+
+def test_a_second_ctrl_c_is_not_held_back():
+    with pytest.raises(KeyboardInterrupt), deferred_interrupt():
+        signal.raise_signal(signal.SIGINT)
+        signal.raise_signal(signal.SIGINT)
+        pytest.fail("the second Ctrl-C was held back")
+
+
+def test_ctrl_c_in_a_garbage_collection_callback_is_raised_again(monkeypatch):
+    monkeypatch.setattr(sys, "unraisablehook", sys.unraisablehook)
+    _interrupt_not_swallowed()
+
+    def callback(phase, info):  # as JAX's `_xla_gc_callback` running when SIGINT's handler ran
+        raise KeyboardInterrupt
+
+    gc.callbacks.append(callback)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            gc.collect()
+            gc.callbacks.remove(callback)
+            time.sleep(5)  # the signal's handler runs at the next instructions
+    finally:
+        if callback in gc.callbacks:
+            gc.callbacks.remove(callback)
+
+
+def test_ctrl_c_stops_a_sweep_and_its_workers_at_once_none_replaced(tmp_path):
+    spec = yaml.safe_load((ROOT / "sweeps" / "tiny.yaml").read_text())
+    spec["isoflop"] = {**spec["isoflop"], "budgets": [1e11], "params": [8e3]}  # one run of about half a minute
+    (tmp_path / "spec.yaml").write_text(yaml.safe_dump(spec))
+    out = tmp_path / "out"
+    sweep = subprocess.Popen([sys.executable, "-m", "jaxformer.cli", "sweep", str(tmp_path / "spec.yaml"), "--out",
+                              str(out), "--workers", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                             text=True, start_new_session=True)  # its own process group, as a terminal's job
+    deadline = time.time() + 120
+    while not any(p.name.isdigit() for p in out.glob("runs/*/checkpoints/*")) and time.time() < deadline:
+        time.sleep(0.05)
+    os.killpg(sweep.pid, signal.SIGINT)  # the terminal's Ctrl-C reaches the launcher and its worker
+    started = time.time()
+    _, err = sweep.communicate(timeout=60)
+    assert (sweep.returncode, err) == (130, "jaxformer sweep: interrupted\n")
+    assert time.time() - started < 5  # no worker started again to resume the run, nor waited for
+    time.sleep(0.5)
+    with pytest.raises(ProcessLookupError):  # no process of the sweep's group is left
+        os.killpg(sweep.pid, 0)
+    assert not list(out.glob("runs/*/final.json")) and not list(out.glob("runs/*/checkpoints/*tmp*"))
