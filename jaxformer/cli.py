@@ -18,11 +18,11 @@ import os
 import re
 import signal
 import sys
-import threading
 import warnings
 
 from jaxformer.files import is_input_error
 from jaxformer.runtime import reexec_tuned
+from jaxformer.train.interrupts import raise_swallowed_interrupts
 
 
 # sub-command -> (module, one-line help)
@@ -97,23 +97,6 @@ def _exit_at_once(code: int) -> None:
     os._exit(code)
 
 
-def _interrupt_not_swallowed() -> None:
-    """A Ctrl-C that lands in a callback whose errors Python only reports (JAX's garbage-collection callback) is
-    raised again in the main thread, not printed as "Exception ignored in …" while the command goes on."""
-    previous = sys.unraisablehook
-    if getattr(previous, "raises_interrupts", False):
-        return
-
-    def hook(unraisable) -> None:
-        if isinstance(unraisable.exc_value, KeyboardInterrupt):  # raised once the collection is over
-            threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGINT)).start()
-        else:
-            previous(unraisable)
-
-    hook.raises_interrupts = True
-    sys.unraisablehook = hook
-
-
 def main(argv: list[str] | None = None) -> int:
     """Runs one sub-command; from the command line (``argv`` None) first in the tuned process
     environment of `jaxformer.runtime`, and a command whose module sets ``EXIT_AT_ONCE`` (it leaves
@@ -123,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         argv = sys.argv[1:]
         reexec_tuned(argv)
     _one_line_notes()
-    _interrupt_not_swallowed()
+    raise_swallowed_interrupts()
     selected = next((a for a in argv if not a.startswith("-")), None)
     args = build_parser(selected).parse_args(argv)
     try:

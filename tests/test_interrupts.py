@@ -14,9 +14,8 @@ import jax.numpy as jnp
 import pytest
 import yaml
 
-from jaxformer.cli import _interrupt_not_swallowed
 from jaxformer.train.checkpoint import Checkpointer
-from jaxformer.train.interrupts import deferred_interrupt
+from jaxformer.train.interrupts import deferred_interrupt, raise_swallowed_interrupts
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -46,7 +45,7 @@ def test_a_second_ctrl_c_is_not_held_back():
 
 def test_ctrl_c_in_a_garbage_collection_callback_is_raised_again(monkeypatch):
     monkeypatch.setattr(sys, "unraisablehook", sys.unraisablehook)
-    _interrupt_not_swallowed()
+    raise_swallowed_interrupts()
 
     def callback(phase, info):  # as JAX's `_xla_gc_callback` running when SIGINT's handler ran
         raise KeyboardInterrupt
@@ -62,7 +61,8 @@ def test_ctrl_c_in_a_garbage_collection_callback_is_raised_again(monkeypatch):
             gc.callbacks.remove(callback)
 
 
-def test_ctrl_c_stops_a_sweep_and_its_workers_at_once_none_replaced(tmp_path):
+@pytest.mark.parametrize("to_group", [True, False], ids=["terminal", "launcher-alone"])
+def test_ctrl_c_stops_a_sweep_and_its_workers_at_once_none_replaced(tmp_path, to_group):
     spec = yaml.safe_load((ROOT / "sweeps" / "tiny.yaml").read_text())
     spec["isoflop"] = {**spec["isoflop"], "budgets": [1e11], "params": [8e3]}  # one run of about half a minute
     (tmp_path / "spec.yaml").write_text(yaml.safe_dump(spec))
@@ -73,7 +73,8 @@ def test_ctrl_c_stops_a_sweep_and_its_workers_at_once_none_replaced(tmp_path):
     deadline = time.time() + 120
     while not any(p.name.isdigit() for p in out.glob("runs/*/checkpoints/*")) and time.time() < deadline:
         time.sleep(0.05)
-    os.killpg(sweep.pid, signal.SIGINT)  # the terminal's Ctrl-C reaches the launcher and its worker
+    # the terminal's Ctrl-C reaches the launcher and its worker; `kill -INT PID` the launcher alone
+    (os.killpg if to_group else os.kill)(sweep.pid, signal.SIGINT)
     started = time.time()
     _, err = sweep.communicate(timeout=60)
     assert (sweep.returncode, err) == (130, "jaxformer sweep: interrupted\n")

@@ -81,22 +81,28 @@ class LocalPool:
 
         supervisors = [threading.Thread(target=supervise, args=(worker,))
                        for worker in self.workers[:min(len(self.workers), len(queue))]]
-        for supervisor in supervisors:
-            supervisor.start()
         try:
             for supervisor in supervisors:
-                supervisor.join()
-        except KeyboardInterrupt:  # Ctrl-C: no run begins any more, each worker's run stops (it resumes at a relaunch)
-            queue.abandon()
-            deadline = time.monotonic() + 1.0
-            for worker in self.workers:
-                worker.interrupt(deadline)
+                supervisor.start()
             for supervisor in supervisors:
                 supervisor.join()
+        except KeyboardInterrupt:  # Ctrl-C: no run begins any more
+            queue.abandon()
+            self.interrupt()
+            for supervisor in supervisors:
+                if supervisor.ident is not None:
+                    supervisor.join()
             raise
         if errors:
             raise errors[0]
         return outcomes
+
+    def interrupt(self) -> None:
+        """Ctrl-C: each worker's run stops (it resumes at a relaunch); a worker the terminal's Ctrl-C did not reach
+        (a signal to the launching process alone) is sent one after a second."""
+        deadline = time.monotonic() + 1.0
+        for worker in self.workers:
+            worker.interrupt(deadline)
 
     def close(self) -> None:
         for worker in self.workers:  # all told first, so that they end side by side
@@ -111,6 +117,9 @@ def run_local(sweep_dir: Path, queue: WorkQueue, workers: int, threads: int,
     pool = LocalPool(workers, threads, sweep_dir)
     try:
         return pool.run(sweep_dir, queue, on_event)
+    except KeyboardInterrupt:
+        pool.interrupt()
+        raise
     finally:
         pool.close()
 

@@ -160,6 +160,9 @@ def worker_pool(options: LaunchOptions, out: Path) -> Iterator[LocalPool | None]
     pool = LocalPool(workers, threads, out)
     try:
         yield pool
+    except KeyboardInterrupt:  # between stages too: a worker's run stops, not trained to its end first
+        pool.interrupt()
+        raise
     finally:
         pool.close()
 

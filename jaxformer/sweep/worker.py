@@ -217,7 +217,9 @@ def _stop_when_interrupted(code: int) -> None:
 
 def main() -> None:
     from jaxformer.runtime import run_inline_on_cpu
+    from jaxformer.train.interrupts import raise_swallowed_interrupts
 
+    raise_swallowed_interrupts()  # a Ctrl-C in JAX's gc callback ends the worker's run, as anywhere else
     run_inline_on_cpu()  # a worker's runs are one-device programs (a device per thread): no page faults on scratch
     answers = os.fdopen(os.dup(1), "w")  # runs' output goes to their logs; answers keep their own descriptor
     os.dup2(2, 1)

@@ -6,12 +6,18 @@ knows of the write under way: its ``close`` returns without it, a ``NN.orbax-che
 and the write's threads meet the interpreter's teardown (pages of tracebacks, a process that never exits, or
 ``terminate called … FATAL: exception not rethrown``). Inside `deferred_interrupt` a first Ctrl-C is noted and
 raised when the block ends (the save begun, or the write on disk); a second one is raised at once.
+
+A Ctrl-C whose ``KeyboardInterrupt`` is raised in a callback whose errors Python only reports (JAX's
+garbage-collection callback) is printed as "Exception ignored in …" and lost: the command trains on.
+`raise_swallowed_interrupts` raises it again.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
+import sys
 import threading
 from typing import Iterator
 
@@ -41,3 +47,27 @@ def deferred_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGINT, previous)
     if caught:
         previous(*caught[0])
+
+
+def raise_swallowed_interrupts() -> None:
+    """A ``KeyboardInterrupt`` Python can only report (an unraisable exception) is raised again in the main thread,
+    by a SIGINT sent once the callback is over, instead of being printed."""
+    previous = sys.unraisablehook
+    if getattr(previous, "raises_interrupts", False):
+        return
+
+    pending = threading.Event()  # one SIGINT for the interrupts of one collection (its start and stop callbacks)
+
+    def interrupt() -> None:
+        pending.clear()
+        os.kill(os.getpid(), signal.SIGINT)
+
+    def hook(unraisable) -> None:
+        if not isinstance(unraisable.exc_value, KeyboardInterrupt):
+            previous(unraisable)
+        elif not pending.is_set():
+            pending.set()
+            threading.Timer(0.05, interrupt).start()
+
+    hook.raises_interrupts = True
+    sys.unraisablehook = hook
