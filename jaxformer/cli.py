@@ -124,6 +124,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1 if isinstance(error, OSError) and not is_input_error(error) else 2
     except KeyboardInterrupt:
         print(f"jaxformer {args.command}: interrupted", file=sys.stderr)
+        if from_command_line and args._exit_at_once:  # a teardown of JAX cut short by Ctrl-C can crash (SIGSEGV)
+            _exit_at_once(130)
         return 130
 
 

@@ -83,3 +83,23 @@ def test_ctrl_c_stops_a_sweep_and_its_workers_at_once_none_replaced(tmp_path, to
     with pytest.raises(ProcessLookupError):  # no process of the sweep's group is left
         os.killpg(sweep.pid, 0)
     assert not list(out.glob("runs/*/final.json")) and not list(out.glob("runs/*/checkpoints/*tmp*"))
+
+
+def test_ctrl_c_in_a_command_that_exits_at_once_skips_the_teardown_too(monkeypatch, capsys):
+    """A sweep interrupted in its closing fit crashed in JAX's teardown (SIGSEGV after the one line)."""
+    import jaxformer.cli as cli
+    from jaxformer.commands import fit
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    def exit_now(code):
+        raise SystemExit(code)
+
+    monkeypatch.setenv("JAXFORMER_TUNE", "0")  # no re-execution
+    monkeypatch.setattr(sys, "argv", ["jaxformer", "fit", "runs.csv"])
+    monkeypatch.setattr(fit, "run", interrupted)
+    monkeypatch.setattr(cli, "_exit_at_once", exit_now)  # os._exit, the streams flushed
+    with pytest.raises(SystemExit) as ended:
+        cli.main()
+    assert ended.value.code == 130 and capsys.readouterr().err == "jaxformer fit: interrupted\n"
