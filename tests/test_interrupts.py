@@ -20,6 +20,15 @@ from jaxformer.train.interrupts import deferred_interrupt, raise_swallowed_inter
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.fixture(autouse=True)
+def ctrl_c_raises():
+    """SIGINT as a terminal's Python process has it (KeyboardInterrupt): pytest-xdist's workers ignore it, and an
+    ignored signal stays ignored in the processes they start (a handled one is the default again after exec)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
 def test_ctrl_c_as_orbax_begins_an_asynchronous_save_lets_the_save_end_whole_then_interrupts(tmp_path):
     checkpointer = Checkpointer(tmp_path / "checkpoints", keep=2, asynchronous=True)
     begin = checkpointer.manager.save
