@@ -24,6 +24,8 @@ from typing import Any, Literal, TypeVar, get_args, get_origin, get_type_hints
 
 import yaml
 
+from jaxformer.files import load_reason
+
 _SHOWN = reprlib.Repr()  # Python 3.11's takes no arguments
 _SHOWN.maxlevel, _SHOWN.maxlist, _SHOWN.maxdict, _SHOWN.maxstring, _SHOWN.maxother = 2, 4, 4, 60, 60
 
@@ -258,13 +260,8 @@ def _yaml_value(text: str) -> Any:
 
 
 def _yaml_reason(error: Exception) -> str:
-    """What a YAML load refused, in one line: the parser's first line, nesting past Python's recursion limit, or
-    what a value's constructor raised (an integer of more than Python's 4300 digits, a date such as 2001-02-30)."""
-    if isinstance(error, yaml.YAMLError):
-        return str(error).splitlines()[0]
-    if isinstance(error, RecursionError):
-        return "nested too deeply"
-    return str(error).split(";")[0]  # Python's long-integer refusal goes on about sys.set_int_max_str_digits
+    """What a YAML load refused, in one line: the parser's first line, else `jaxformer.files.load_reason`."""
+    return str(error).splitlines()[0] if isinstance(error, yaml.YAMLError) else load_reason(error)
 
 
 def load_yaml(path: str | Path) -> dict[str, Any]:

@@ -118,7 +118,7 @@ def load_json(path: Path) -> object:
         where = f"at line {error.lineno}, column {error.colno}"  # some messages end in "at" ("… starting at")
         raise ValueError(f"{path}: not valid JSON ({error.msg.removesuffix(' at')} {where})") from None
     except (ValueError, RecursionError) as error:
-        raise ValueError(f"{path}: not valid JSON ({_json_reason(error)})") from None
+        raise ValueError(f"{path}: not valid JSON ({load_reason(error)})") from None
 
 
 def load_jsonl(path: Path) -> list[object]:
@@ -136,13 +136,14 @@ def load_jsonl(path: Path) -> list[object]:
             except json.JSONDecodeError as error:
                 raise ValueError(f"{path}, line {number}: not valid JSON ({error.msg})") from None
             except (ValueError, RecursionError) as error:
-                raise ValueError(f"{path}, line {number}: not valid JSON ({_json_reason(error)})") from None
+                raise ValueError(f"{path}, line {number}: not valid JSON ({load_reason(error)})") from None
     return records
 
 
-def _json_reason(error: ValueError | RecursionError) -> str:
-    """What json refused besides its syntax: arrays nested past Python's recursion limit, or an integer of more
-    than Python's 4300 digits (its message goes on about sys.set_int_max_str_digits)."""
+def load_reason(error: ValueError | RecursionError) -> str:
+    """What a JSON or YAML load refused besides its syntax, in one line: nesting past Python's recursion limit, or
+    what a value's constructor raised (an integer of more than Python's 4300 digits, whose message goes on about
+    sys.set_int_max_str_digits; a date such as 2001-02-30)."""
     return "nested too deeply" if isinstance(error, RecursionError) else str(error).split(";")[0]
 
 
