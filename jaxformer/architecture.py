@@ -144,6 +144,7 @@ class ModelConfig(Section):
                 "unless model.head_dim is set"
             )
         self._resolve("num_kv_heads", self.num_heads)
+        head_dim_from = "" if self.head_dim is not None else f" (model.d_model {self.d_model} / num_heads {self.num_heads})"
         self._resolve("head_dim", self.d_model // self.num_heads)
         if self.num_heads % self.num_kv_heads:
             raise ValueError(
@@ -153,7 +154,7 @@ class ModelConfig(Section):
         self._resolve("d_ff", default_d_ff)
         self._resolve("expert_d_ff", self.d_ff)
         if self.position == "rope" and self.head_dim % 2:
-            raise ValueError(f"model.head_dim must be even for rope, got {self.head_dim}")
+            raise ValueError(f"model.head_dim must be even for rope, got {self.head_dim}{head_dim_from}")
         if self.position == "sinusoidal" and self.d_model % 2:
             raise ValueError(f"model.d_model must be even for sinusoidal positions, got {self.d_model}")
         if self.num_experts and not 1 <= self.experts_per_token <= self.num_experts:

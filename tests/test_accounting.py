@@ -207,6 +207,9 @@ def test_every_preset_counts_and_family_extras():
     ({"attention_scale": 0.0}, "model.attention_scale"),
     ({"norm_eps": -1.0}, "model.norm_eps must be positive, got -1.0"),
     ({"norm_eps": 0.0}, "model.norm_eps must be positive, got 0.0"),
+    ({"position": "rope", "d_model": 100, "num_heads": 4},
+     r"model.head_dim must be even for rope, got 25 \(model.d_model 100 / num_heads 4\)$"),
+    ({"position": "rope", "d_model": 100, "num_heads": 4, "head_dim": 25}, r"for rope, got 25$"),
 ])
 def test_model_config_rejects_bad_values(kwargs, message):
     with pytest.raises(ValueError, match=message):
