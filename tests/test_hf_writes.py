@@ -135,3 +135,44 @@ def test_saving_over_a_directory_that_holds_files_is_refused_before_any_work(sou
     (tmp_path / "empty").mkdir()
     hf.save(LLAMA, init_params(LLAMA, 0)[1], tmp_path / "empty")
     assert _left_in(tmp_path / "empty") == ["config.json", "model.safetensors"]
+
+
+def _sharded(directory: Path, source: Path, weights: Path, shard: str) -> None:
+    """``directory``: ``source``'s config.json, and an index naming ``shard`` as the file of every tensor of
+    ``weights`` (``source``'s model.safetensors, moved)."""
+    import json
+
+    directory.mkdir()
+    (directory / "config.json").write_bytes((source / "config.json").read_bytes())
+    names = list(convert.read_safetensors(weights))
+    (directory / "model.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {}, "weight_map": {name: shard for name in sorted(names)}}))
+
+
+@pytest.mark.parametrize("shard", ["../secret/model.safetensors", "{tmp}/secret/model.safetensors"],
+                         ids=["climbs-out", "absolute"])
+def test_a_shard_index_naming_a_file_outside_the_checkpoint_is_refused(shard, source, tmp_path, capsys):
+    """The index's weight_map named ../secret/model.safetensors (or an absolute path) and import-hf read it, where
+    transformers refuses it: a shard must be inside the checkpoint directory."""
+    (tmp_path / "secret").mkdir()
+    (source / "model.safetensors").rename(tmp_path / "secret" / "model.safetensors")
+    shard = shard.replace("{tmp}", str(tmp_path))
+    _sharded(tmp_path / "ckpt", source, tmp_path / "secret" / "model.safetensors", shard)
+    assert main(_argv("import-hf", tmp_path / "ckpt", tmp_path / "out")) == 2
+    index = tmp_path / "ckpt" / "model.safetensors.index.json"
+    assert (f"error: {index}: weight_map['lm_head.weight']={shard!r} is not a file inside "
+            f"{tmp_path / 'ckpt'}\n") in _one_line(capsys)
+    assert not (tmp_path / "out").exists()
+
+
+def test_shards_linked_to_blobs_outside_the_directory_are_read_as_in_the_hubs_cache(source, tmp_path):
+    """The Hub's cache keeps a snapshot's shards as links to ../../blobs: names inside the directory, read as
+    transformers reads them (it checks the names, not where links lead)."""
+    (tmp_path / "blobs").mkdir()
+    (source / "model.safetensors").rename(tmp_path / "blobs" / "0123abcd")
+    _sharded(tmp_path / "snapshots", source, tmp_path / "blobs" / "0123abcd", "shards/model-00001-of-00001.safetensors")
+    (tmp_path / "snapshots" / "shards").mkdir()
+    (tmp_path / "snapshots" / "shards" / "model-00001-of-00001.safetensors").symlink_to("../../blobs/0123abcd")
+    ours = convert.flat_params(hf.load(tmp_path / "snapshots")[1])
+    expected = convert.flat_params(init_params(LLAMA, 0)[1])
+    assert ours.keys() == expected.keys() and all(np.array_equal(ours[k], expected[k]) for k in ours)

@@ -8,7 +8,6 @@ weights; tensors are read only when asked for. Writing produces one ``model.safe
 from __future__ import annotations
 
 import errno
-import json
 import os
 import pickle
 import re
@@ -17,6 +16,8 @@ from pathlib import Path
 from typing import Iterator, Mapping
 
 import numpy as np
+
+from jaxformer.files import load_json
 
 SAFETENSORS = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
@@ -115,8 +116,7 @@ def read_tensors(directory: Path) -> TensorFile:
                                      (PYTORCH_INDEX, PYTORCH_BIN, "torch")):
         index, path = directory / index_name, directory / single
         if index.is_file():
-            weight_map = json.loads(index.read_text())["weight_map"]
-            files = {name: directory / shard for name, shard in weight_map.items()}
+            files = _shard_files(directory, index)
         elif path.is_file():
             files = None
         else:
@@ -128,6 +128,22 @@ def read_tensors(directory: Path) -> TensorFile:
             files = {name: path for name in torch_files.state(path)}
         return TensorFile(files, torch_files)
     raise FileNotFoundError(f"{directory} has no {SAFETENSORS} or {PYTORCH_BIN} (nor a sharded index of either)")
+
+
+def _shard_files(directory: Path, index: Path) -> dict[str, Path]:
+    """Tensor name -> the shard holding it, of a sharded checkpoint's ``index``. A shard must be a file inside
+    ``directory``: a name that is absolute or climbs out (``..``) is refused naming the index, the tensor and the name,
+    as transformers refuses it (``_check_shard_filenames_stay_in_model_dir`` in ``transformers.utils.hub``). Like
+    transformers, the names are checked, not resolved: the Hub's cache links each shard to its blob outside the
+    snapshot directory (``snapshots/REV/x.safetensors -> ../../blobs/SHA``)."""
+    fields = load_json(index)
+    weight_map = fields.get("weight_map") if isinstance(fields, dict) else None
+    if not isinstance(weight_map, dict):
+        raise ValueError(f"{index}: weight_map={weight_map!r} is not an object (tensor name -> shard file)")
+    for name, shard in weight_map.items():
+        if not isinstance(shard, str) or not shard or Path(shard).anchor or ".." in Path(shard).parts:
+            raise ValueError(f"{index}: weight_map[{name!r}]={shard!r} is not a file inside {directory}")
+    return {name: directory / shard for name, shard in weight_map.items()}
 
 
 def read_safetensors(path: Path) -> TensorFile:
