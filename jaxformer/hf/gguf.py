@@ -45,8 +45,10 @@ def _readable(path: Path) -> Iterator[None]:
 
 def _whole_reads(reader_class: type) -> type:
     """``gguf.GGUFReader`` whose reads past the end of the file raise ``ValueError``. The package's own return what
-    is there, none at the end, so a 30-byte file whose array claims 2**40 elements looped (and grew a list) 2**40
-    times; each element read now takes at least a byte of the file."""
+    is there, none at the end, so a 51-byte file whose array claims 2**40 elements looped (and grew a list) 2**40
+    times; each element read now takes at least a byte of the file. A private override because gguf (0.19.0) offers
+    no public bound: its constructor parses the whole header through ``_get``, so the declared counts are known only
+    by parsing it (transformers' GGUF loader reads through the same reader unguarded)."""
 
     class WholeReads(reader_class):
         def _get(self, offset, dtype, count=1, override_order=None):
