@@ -209,10 +209,6 @@ class ModelConfig(Section):
         """Pre-norm and sandwich stacks end with a norm; post-norm stacks already did."""
         return self.norm_position != "post"
 
-    @property
-    def is_causal(self) -> bool:
-        return self.family != "encoder"
-
 
 def check_context(cfg: ModelConfig, length: int, *, what: str = "sequence length") -> None:
     """Raises ``ValueError`` naming ``what`` when ``length`` positions do not fit the model's context.
