@@ -38,7 +38,7 @@ class FlopsPerToken:
     def fit(cls, N, D, C) -> "FlopsPerToken":
         """Least squares of ln(C/D) on ln N over the runs ``[R]``; exactly 6N when every C is 6ND."""
         N, per_token = np.asarray(N, np.float64), np.asarray(C, np.float64) / np.asarray(D, np.float64)
-        if np.allclose(per_token, 6.0 * N, rtol=1e-9) or np.ptp(np.log(N)) == 0:
+        if np.allclose(per_token, SIX_ND(N), rtol=1e-9) or np.ptp(np.log(N)) == 0:
             return SIX_ND
         p, log_k = np.polyfit(np.log(N), np.log(per_token), 1)
         return cls(k=float(np.exp(log_k)), p=float(p))

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from jaxformer.scaling.allocation import ParametricLaw
+from jaxformer.scaling.allocation import SIX_ND, ParametricLaw
 from jaxformer.scaling.table import RunTable
 
 
@@ -26,7 +26,7 @@ def isoflop_sweep(law: ParametricLaw, budgets, *, sizes: int = 9, span: float = 
         C += [c] * sizes
         B += [c] * sizes
     N, C = np.array(N), np.array(C, dtype=np.float64)
-    D = C / (6 * N)
+    D = C / SIX_ND(N)
     curve_run = np.repeat(np.arange(len(N)), curve_points)
     curve_tokens = (D[:, None] * np.geomspace(0.01, 1.0, curve_points)[None]).ravel()
     curve_loss = law.loss(N[curve_run], curve_tokens) * np.exp(noise * rng.standard_normal(len(curve_run)))

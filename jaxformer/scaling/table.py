@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from jaxformer.files import load_jsonl
+from jaxformer.scaling.allocation import SIX_ND
 
 # role -> accepted names, compared after lower-casing and mapping spaces/dashes to "_"
 CANDIDATES: dict[str, tuple[str, ...]] = {
@@ -72,8 +73,8 @@ class RunTable:
             raise ValueError(f"{source}: columns have different lengths {lengths}")
         n = arrays["N"]
         with np.errstate(over="ignore", under="ignore"):
-            d = arrays["D"] if "D" in arrays else arrays["C"] / (6.0 * n)
-            c = arrays["C"] if "C" in arrays else 6.0 * n * d
+            d = arrays["D"] if "D" in arrays else arrays["C"] / SIX_ND(n)
+            c = arrays["C"] if "C" in arrays else SIX_ND(n) * d
         _derived("D = C/(6N)", d, {"C": c, "N": n}, source)
         _derived("C = 6ND", c, {"N": n, "D": d}, source)
         return cls(n, d, c, arrays["loss"], arrays.get("budget"), source=source)
@@ -276,7 +277,7 @@ def _long_form(run_ids: list[str], num: dict[str, np.ndarray], source: str) -> R
     """One row per evaluation: the final point of each run is its row with the most tokens."""
     names, index = np.unique(np.array(run_ids), return_inverse=True)
     n = num["N"]
-    tokens = num["D"] if "D" in num else num["C"] / (6.0 * n)
+    tokens = num["D"] if "D" in num else num["C"] / SIX_ND(n)
     finals = []
     for r in range(len(names)):
         rows = np.flatnonzero(index == r)
