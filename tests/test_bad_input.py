@@ -61,6 +61,9 @@ def workspace(tmp_path_factory):
         (root / f"{name}.yaml").write_text(yaml.safe_dump({**spec, "hyperparameters": {"optimizer.lr": formula}}))
     (root / "own-config").mkdir()  # a config kept in the run directory it names, before any run began there
     (root / "own-config" / "config.yaml").write_text("# my notes\n" + yaml.safe_dump(apply_overrides({}, TINY_RUN)))
+    (root / "own-metrics" / "tensorboard").mkdir(parents=True)  # a folder of the user's own metrics, not a run's
+    (root / "own-metrics" / "metrics.jsonl").write_text('{"step": 1, "loss": 2.5}\n')
+    (root / "own-metrics" / "tensorboard" / "events.out.tfevents.1.mine").write_bytes(b"mine")
     (root / "number-key.yaml").write_text(yaml.safe_dump({**spec, "hyperparameters": {1: 2}}))  # YAML's 1: 2
     (root / "number-and-name-keys.yaml").write_text("model: {preset: tiny, 1: 2, zz: 3}\n")
     (root / "escape.yaml").write_text(yaml.safe_dump({**spec, "name": "../../escaped"}))
@@ -261,7 +264,10 @@ CASES = [  # (id naming the input under test, argv, what stderr must name, direc
     ("import-hf-gguf-array-past-its-end", ["import-hf", "{w}/long-array.gguf", "--out", "{w}/imported"],
      "long-array.gguf: not a readable GGUF file (the file ends inside a field that starts at byte 51)", None),
     ("train-config-the-run-directorys-own", ["train", "{w}/own-config/config.yaml", "--run-dir", "{w}/own-config"],
-     "own-config/config.yaml is the run directory's own config.yaml, which the run replaces", "own-config"),
+     "own-config/config.yaml is not a run's: {w}/own-config holds no run (no data.json record", "own-config"),
+    ("train-a-folder-of-the-users-own-metrics",
+     ["train", "{w}/own-config/config.yaml", "--run-dir", "{w}/own-metrics"],
+     "own-metrics/metrics.jsonl is not a run's: {w}/own-metrics holds no run (no data.json record", "own-metrics"),
     ("generate-hf-eos_token_id-not-an-id", ["generate", "--hf", "{w}/hf-eos", "--prompt", "a"],
      "generation_config.json: eos_token_id must be a token id or a list of them, got 'x'", "hf-eos"),
     ("fit-table-cell-past-the-csv-limit",

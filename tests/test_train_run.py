@@ -142,6 +142,39 @@ def test_a_diverging_run_stops_with_one_line_and_keeps_the_last_good_checkpoint(
     assert not (run_dir / "final.json").exists()
 
 
+@pytest.mark.parametrize("mine", ["config.yaml", "metrics.jsonl", "tensorboard/events.out.tfevents.1.mine",
+                                  "data.json"])
+def test_a_folder_of_the_users_files_is_refused_as_it_is(tmp_path, capsys, empty_yaml, mine):
+    """A fresh run replaced the config.yaml, dropped the metrics.jsonl rows and wrote TensorBoard events beside the
+    user's own in a folder no run began in: exit 2 naming the file, the folder as it was, no error.json."""
+    folder = tmp_path / "mine"
+    (folder / mine).parent.mkdir(parents=True, exist_ok=True)
+    (folder / mine).write_text('{"step": 1, "loss": 2.5}\n')  # a data.json that is no run's corpus record
+    (folder / "notes.txt").write_text("mine\n")
+    before = {path: path.read_bytes() for path in folder.rglob("*") if path.is_file()}
+    assert main(["train", empty_yaml, *TINY, "train.tokens=20480", "--run-dir", str(folder)]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"jaxformer train: error: {folder / mine.split('/')[0]} is not a run's: {folder} holds no run (no "
+                   "data.json record of one), and a run there would replace it; give another run directory, or move "
+                   "it\n")
+    assert {path: path.read_bytes() for path in folder.rglob("*") if path.is_file()} == before
+
+
+def test_a_run_that_diverged_before_its_first_checkpoint_trains_again_from_the_start(tmp_path, cache_dir,
+                                                                                     empty_yaml):
+    """A run directory begun by an earlier attempt (its data.json, config, metrics, events and error.json, no
+    checkpoint) is no folder of the user's (`refuse_others_files`): the run trains there again from the start."""
+    run_dir = tmp_path / "run"
+    tiny = [*TINY, "train.tokens=20480", "logging.interval=1", f"train.compilation_cache={cache_dir}"]
+    diverging = ["optimizer.lr=1e10", "optimizer.warmup_fraction=0.5"]
+    assert main(["train", empty_yaml, *tiny, *diverging, "--run-dir", str(run_dir)]) == 1
+    assert json.loads((run_dir / "error.json").read_text())["error"] == "NonFiniteLoss"
+    assert not any((run_dir / "checkpoints").glob("*")) and _rows(run_dir)[0]["step"] == 1
+    assert main(["train", empty_yaml, *tiny, "--run-dir", str(run_dir)]) == 0
+    assert not (run_dir / "error.json").exists() and json.loads((run_dir / "final.json").read_text())["steps"] == 20
+    assert [row["step"] for row in _rows(run_dir)] == list(range(1, 21))  # the diverged attempt's rows replaced
+
+
 @pytest.mark.parametrize(("arguments", "message"), [
     (["data.corpus=files:no/such/dir/*.txt"], "data.corpus 'files:no/such/dir/*.txt': no file matches"),
     # a directory for a glob said only "no file matches '{tmp}'"

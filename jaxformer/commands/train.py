@@ -3,8 +3,9 @@
 The run directory is ``--run-dir``, else ``train.run_dir``, else ``runs/<config name>``.
 Bad input (unknown keys, wrong types, missing corpus files, a corpus shorter than one
 batch, ``seq_len`` past the model's positions, non-positive budgets, a run directory
-holding a different run) exits 2 with one line naming the field and value, after writing
-only ``RUN_DIR/error.json`` — and nothing at all into a directory that already holds a run
+holding a different run, or files a run writes where no run began, such as the config given being
+``RUN_DIR/config.yaml``: `jaxformer.train.prepare.refuse_others_files`) exits 2 with one line naming the field and
+value, after writing only ``RUN_DIR/error.json`` — and nothing at all into a directory holding a run or such files
 (`jaxformer.train.attempt`). A loss that turns NaN/inf exits 1, keeping the last good checkpoint.
 A finished run is reported, not trained again; a damaged ``final.json`` (`jaxformer.train.final`) trains the run
 again from its last checkpoint, and without one exits 2 naming the file, which is left as it is.
@@ -13,7 +14,6 @@ again from its last checkpoint, and without one exits 2 naming the file, which i
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
@@ -44,7 +44,6 @@ def run(args: argparse.Namespace) -> int:
     from jaxformer.train.attempt import attempt_run
 
     run_dir = run_dir_for(args)
-    _refuse_own_config(Path(args.config), run_dir)
     attempt = attempt_run(args.config, args.overrides, run_dir)
     if attempt.status == "bad_input":
         raise attempt.error  # the dispatcher prints one line and exits 2
@@ -53,20 +52,6 @@ def run(args: argparse.Namespace) -> int:
         return 1
     print(summary(attempt.record, run_dir / "final.json"))
     return 0
-
-
-def _refuse_own_config(config: Path, run_dir: Path) -> None:
-    """A config kept as ``RUN_DIR/config.yaml`` before the run began there (no data.json, checkpoints or final.json)
-    is the user's file, which the run would replace with its resolved config (comments, overrides' absence lost);
-    once begun, that file is the run's own record, and a resume may name it."""
-    from jaxformer.train.checkpoint_config import has_checkpoints
-
-    record = run_dir / "config.yaml"
-    if not (config.is_file() and record.is_file() and os.path.samefile(config, record)):
-        return
-    if not ((run_dir / "data.json").is_file() or (run_dir / "final.json").is_file() or has_checkpoints(run_dir)):
-        raise ValueError(f"{config} is the run directory's own config.yaml, which the run replaces with its resolved "
-                         f"config: keep the config outside {run_dir}, or give another --run-dir")
 
 
 def summary(record: dict, final: Path) -> str:

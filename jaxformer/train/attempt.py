@@ -4,8 +4,9 @@
 must tell apart into an `Attempt`: ``done``, ``bad_input`` (one line naming the field; exit 2
 from the command) or ``failed`` (a non-finite loss or unreadable checkpoints; exit 1). A failed
 attempt leaves ``RUN_DIR/error.json`` — except bad input aimed at a directory that already
-holds a run (its config.yaml or checkpoints: a refused resume, another model's checkpoints) or
-that another process is training (`RunBusy`), which writes nothing there. An ``OSError`` before
+holds a run (its config.yaml or checkpoints: a refused resume, another model's checkpoints), that
+another process is training (`RunBusy`) or that holds the user's own files (`NotARunDirectory`), which writes
+nothing there. An ``OSError`` before
 the run directory is written is classed as the `jaxformer` command classes it
 (`jaxformer.files.is_input_error`: a path that is wrong or not permitted, a read-only run directory, is bad input;
 a disk that fills fails the attempt); once it is written (`jaxformer.train.loop.RunWriteError`), every ``OSError``
@@ -25,6 +26,7 @@ from jaxformer.train.checkpoint import CheckpointError
 from jaxformer.train.checkpoint_config import has_checkpoints
 from jaxformer.train.config import load_config
 from jaxformer.train.loop import NonFiniteLoss, RunWriteError, train
+from jaxformer.train.prepare import NotARunDirectory
 from jaxformer.train.run_claim import RunBusy
 
 
@@ -91,9 +93,9 @@ def _path_error(error: OSError) -> bool:
 
 def write_error(run_dir: Path, attempt: Attempt) -> None:
     """``RUN_DIR/error.json`` for a failed attempt (best effort; never into a directory holding a run on bad input,
-    nor into one another process is training)."""
+    nor into one another process is training or that holds the user's files)."""
     holds_run = (run_dir / "config.yaml").is_file() or has_checkpoints(run_dir)
-    if isinstance(attempt.error, RunBusy) or attempt.status == "bad_input" and holds_run:
+    if isinstance(attempt.error, (RunBusy, NotARunDirectory)) or attempt.status == "bad_input" and holds_run:
         return
     try:
         run_dir.mkdir(parents=True, exist_ok=True)

@@ -1,11 +1,12 @@
 """A run directory before its training: every check of the run's input, then its first files.
 
 `prepare_run` runs every check that can fail on user input (resume compatibility, the corpus and its hash, memory,
-sizes, the checkpoints' model, a finished or damaged ``final.json``: `jaxformer.train.final`) before anything is
-written to the run directory; `begin_run` then writes the resolved ``config.yaml``, ``data.json`` (corpus
-description and hash) and, for BPE, ``tokenizer.json`` (from ``model.init_from``: with its ``hf.json`` and
-``tokenizer_config.json``). The loop (`jaxformer.train.loop`) and runs trained together
-(`jaxformer.train.together`) both begin here.
+sizes, the checkpoints' model, a finished or damaged ``final.json``: `jaxformer.train.final`; a directory holding
+files a run writes where no run began: `refuse_others_files`) before anything is written to the run directory;
+`begin_run` then writes ``data.json`` (corpus description and hash: first, so a run killed at any later point has
+begun), the resolved ``config.yaml`` and, for BPE, ``tokenizer.json`` (from ``model.init_from``: with its
+``hf.json``, ``tokenizer_config.json`` and ``generation_config.json``). The loop (`jaxformer.train.loop`) and runs
+trained together (`jaxformer.train.together`) both begin here.
 """
 
 from __future__ import annotations
@@ -31,12 +32,23 @@ from jaxformer.train.from_checkpoint import checkpoint_tokenizer, keep_token_met
 from jaxformer.train.optimizer import make_optimizer
 
 
+# what a run writes into its directory besides final.json and error.json (`begin_run`, the loop, the metrics logger)
+RUN_FILES = ("data.json", "config.yaml", "tokenizer.json", "hf.json", "tokenizer_config.json", "generation_config.json",
+             "checkpoints", "metrics.jsonl", "tensorboard")
+
+
+class NotARunDirectory(ValueError):
+    """A fresh run's directory holds a file a run writes, but no run began there: the file is the user's."""
+
+
 def check_resume(config: TrainConfig, run_dir: Path) -> bool:
     """Whether the run resumes: ``run_dir`` holds checkpoints, or the ``final.json`` of a run that finished (its
-    checkpoints removed or never kept); raises ``ValueError`` when the run directory holds a different run."""
+    checkpoints removed or never kept); raises ``ValueError`` when the run directory holds a different run, or
+    (a fresh start) files of no run (`refuse_others_files`)."""
     finished = (run_dir / "final.json").is_file()
     held = "checkpoints" if has_checkpoints(run_dir) else "a finished run" if finished else None
-    if held is None:  # a fresh start, also over a run that diverged before its first checkpoint
+    if held is None:  # a fresh start, also over a run that diverged or was stopped before its first checkpoint
+        refuse_others_files(run_dir)
         return False
     if not config.checkpoint.resume:
         raise ValueError(f"checkpoint.resume=false but {run_dir} holds {held}; use a new train.run_dir")
@@ -45,6 +57,28 @@ def check_resume(config: TrainConfig, run_dir: Path) -> bool:
         conflict = resume_conflict(load_yaml(saved), config)  # a damaged file: one line naming it
         if conflict:
             raise ValueError(f"cannot resume {run_dir}: {conflict} (use a new train.run_dir)")
+    return True
+
+
+def refuse_others_files(run_dir: Path) -> None:
+    """Raises `NotARunDirectory` naming the first of `RUN_FILES` in ``run_dir`` when no run began there (`run_began`):
+    a folder of the user's own ``metrics.jsonl``, ``config.yaml`` or ``tensorboard/``, whose files a fresh run would
+    replace, truncate or add to. A run begun there (stopped, diverged, failed) is started again over its own files."""
+    if run_began(run_dir):
+        return
+    for name in RUN_FILES:
+        if (run_dir / name).exists():
+            raise NotARunDirectory(f"{run_dir / name} is not a run's: {run_dir} holds no run (no data.json record of "
+                                   "one), and a run there would replace it; give another run directory, or move it")
+
+
+def run_began(run_dir: Path) -> bool:
+    """Whether a run began in ``run_dir``: its ``data.json`` (the first file `begin_run` writes, and the first a
+    sweep's branch is seeded with) is a run's corpus record, a JSON object with the corpus's ``sha256``."""
+    try:
+        saved_corpus_hash(run_dir / "data.json")
+    except (OSError, ValueError):
+        return False
     return True
 
 
@@ -121,8 +155,8 @@ def begin_run(config: TrainConfig, run_dir: Path, dataset: Dataset) -> None:
 
 
 def _write_run_files(config: TrainConfig, run_dir: Path, dataset: Dataset) -> None:
+    write_json_atomic(run_dir / "data.json", dataset.info)  # first: the run has begun (`run_began`)
     write_text_atomic(run_dir / "config.yaml", yaml.safe_dump(config_to_dict(config), sort_keys=False))
-    write_json_atomic(run_dir / "data.json", dataset.info)
     if dataset.tokenizer is not None and dataset.tokenizer.name == "bpe":
         dataset.tokenizer.save(run_dir / "tokenizer.json")
         keep_token_metadata(config, run_dir)
