@@ -197,10 +197,10 @@ def _reference_backward(q, k, v, out, d_out, lse, scale, causal, q_offset):
     K = k.shape[2]
     p = jnp.exp(_scores(q, k, scale, causal, q_offset) - lse.reshape(B, K, H // K, T)[..., None])
     q, out, d_out = (x.reshape(B, T, K, H // K, x.shape[-1]) for x in (q, out, d_out))
-    delta = jnp.einsum("btkge,btkge->bkgt", d_out, out)
-    d_scores = p * (jnp.einsum("btkge,bske->bkgts", d_out, v) - delta[..., None]) * scale
+    delta = jnp.einsum("btkgd,btkgd->bkgt", d_out, out)
+    d_scores = p * (jnp.einsum("btkgd,bskd->bkgts", d_out, v) - delta[..., None]) * scale
     dq = jnp.einsum("bkgts,bskd->btkgd", d_scores, k).reshape(B, T, H, D)
-    return dq, jnp.einsum("bkgts,btkgd->bskd", d_scores, q), jnp.einsum("bkgts,btkge->bske", p, d_out)
+    return dq, jnp.einsum("bkgts,btkgd->bskd", d_scores, q), jnp.einsum("bkgts,btkgd->bskd", p, d_out)
 
 
 def _kernel_call(ffi_fn, reference, num_arrays: int, rule: str):
@@ -212,7 +212,7 @@ def _kernel_call(ffi_fn, reference, num_arrays: int, rule: str):
 _forward_call = _kernel_call(_forward_ffi, _reference_forward, 3, "b t h d, b s k d, b s k d -> b t h d, b h t")
 _backward_call = _kernel_call(
     _backward_ffi, _reference_backward, 6,
-    "b t h d, b s k d, b s k e, b t h e, b t h e, b h t -> b t h d, b s k d, b s k e")
+    "b t h d, b s k d, b s k d, b t h d, b t h d, b h t -> b t h d, b s k d, b s k d")
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))

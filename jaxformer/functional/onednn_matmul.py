@@ -4,8 +4,9 @@ XLA:CPU computes a bf16 dot by converting to fp32 (slower than its own fp32 dot)
 primitive uses the CPU's bf16 units (AVX512_BF16 dot products, AMX tiles), as PyTorch's bf16
 autocast does, and its fp32 kernels (those PyTorch's own oneDNN uses) beat XLA:CPU's dot on some
 shapes and CPUs. :func:`matmul` is ``jnp.matmul(x, w, preferred_element_type=out_dtype)`` of
-``x [M, K]`` and ``w [K, N]``, both bf16 or both fp32, with fp32 accumulation; its gradient (a
-``jax.custom_vjp``) is two more calls on the same kernel, whose transposes are strides, not copies.
+``x [N, I]`` and ``w [I, O]`` (`jaxformer.functional.dense`'s flattened operands), both bf16 or both fp32,
+with fp32 accumulation; its gradient (a ``jax.custom_vjp``) is two more calls on the same kernel, whose
+transposes are strides, not copies.
 
 Requires the ``onednn`` extra (``pip install 'jaxformer[onednn]'``: oneDNN's library and headers from
 PyPI); the kernel is compiled on first use (`jaxformer.functional.extension`), and
@@ -14,8 +15,8 @@ loaded, :func:`onednn_available` is False, one warning says why, and ``dense(...
 computes with ``jnp.matmul``; so does it for a dtype oneDNN has no matmul for on this CPU
 (:func:`unsupported_reason`: bf16 needs bf16-capable instructions, which an AVX2-only CPU lacks).
 
-Sharding: each call is wrapped in ``custom_partitioning`` with the rule ``i r, r j -> i j``: rows
-``i`` and columns ``j`` keep their shardings, and a sharded contraction ``r`` (the weight gradient's
+Sharding: each call is wrapped in ``custom_partitioning`` with the rule ``rows inner, inner cols -> rows cols``:
+``rows`` and ``cols`` keep their shardings, and a sharded contraction ``inner`` (the weight gradient's
 ``B·T`` under data parallelism, a row-parallel weight under tensor parallelism) is summed locally in
 fp32 and then ``psum``-ed over its mesh axes.
 
@@ -134,8 +135,9 @@ def _partitioned(trans_a: bool, trans_b: bool, out_dtype):
     from jax.experimental.custom_partitioning import custom_partitioning
     from jax.sharding import NamedSharding, PartitionSpec
 
-    a_factors = ("r", "i") if trans_a else ("i", "r")
-    b_factors = ("j", "r") if trans_b else ("r", "j")
+    # factors named in words: a call is x·w, dy·wᵀ or xᵀ·dy, so its rows, columns and contraction are no one axis
+    a_factors = ("inner", "rows") if trans_a else ("rows", "inner")
+    b_factors = ("cols", "inner") if trans_b else ("inner", "cols")
 
     def call(a, b):
         return _ffi(a, b, trans_a, trans_b, out_dtype)
@@ -149,35 +151,37 @@ def _partitioned(trans_a: bool, trans_b: bool, out_dtype):
         return {name: _axes(entry) for name, entry in zip(factors, (*spec, None, None))}
 
     def layout(mesh, arg_shapes):
-        """``(axes of i, of j, of r)``: i from a, j and (failing a's) r from b; no mesh axis used twice."""
+        """``(axes of rows, of cols, of inner)``: rows from a, cols and (failing a's) inner from b; no mesh axis
+        used twice."""
         a, b = factor_axes(arg_shapes[0], a_factors), factor_axes(arg_shapes[1], b_factors)
-        i = a["i"]
-        j = tuple(axis for axis in b["j"] if axis not in i)
-        r = tuple(axis for axis in a["r"] or b["r"] if axis not in i + j)
-        return i, j, r
+        rows = a["rows"]
+        cols = tuple(axis for axis in b["cols"] if axis not in rows)
+        inner = tuple(axis for axis in a["inner"] or b["inner"] if axis not in rows + cols)
+        return rows, cols, inner
 
     def spec(mesh, factors, axes):
         return NamedSharding(mesh, PartitionSpec(*(axes[name] or None for name in factors)))
 
     def infer(mesh, arg_shapes, result_shape):
-        i, j, _ = layout(mesh, arg_shapes)
-        return spec(mesh, "ij", {"i": i, "j": j})
+        rows, cols, _ = layout(mesh, arg_shapes)
+        return spec(mesh, ("rows", "cols"), {"rows": rows, "cols": cols})
 
     def partition(mesh, arg_shapes, result_shape):
-        i, j, r = layout(mesh, arg_shapes)
-        axes = {"i": i, "j": j, "r": r}
+        rows, cols, inner = layout(mesh, arg_shapes)
+        axes = {"rows": rows, "cols": cols, "inner": inner}
 
         def lower(a, b):
-            if not r:
+            if not inner:
                 return call(a, b)
             partial = _ffi(a, b, trans_a, trans_b, jnp.float32)  # summed across devices in fp32
-            return jax.lax.psum(partial, r).astype(out_dtype)
+            return jax.lax.psum(partial, inner).astype(out_dtype)
 
-        return mesh, lower, spec(mesh, "ij", axes), (spec(mesh, a_factors, axes), spec(mesh, b_factors, axes))
+        operands = (spec(mesh, a_factors, axes), spec(mesh, b_factors, axes))
+        return mesh, lower, spec(mesh, ("rows", "cols"), axes), operands
 
-    rule = f"{' '.join(a_factors)}, {' '.join(b_factors)} -> i j"
+    rule = f"{' '.join(a_factors)}, {' '.join(b_factors)} -> rows cols"
     wrapped.def_partition(partition=partition, infer_sharding_from_operands=infer, sharding_rule=rule,
-                          reduction_factors=("r",))
+                          reduction_factors=("inner",))
     return _differentiable(_vmappable(wrapped, trans_a), trans_a, trans_b, out_dtype)
 
 
@@ -242,11 +246,11 @@ def matmul(x: jax.Array, w: jax.Array, out_dtype=jnp.bfloat16) -> jax.Array:
     """``x @ w`` by oneDNN; the caller checks :func:`supports` first.
 
     Args:
-      x: ``[M, K]`` bf16 or fp32.
-      w: ``[K, N]`` of ``x``'s dtype.
+      x: ``[N, I]`` bf16 or fp32.
+      w: ``[I, O]`` of ``x``'s dtype.
       out_dtype: ``bfloat16`` (bf16 operands only) or ``float32``; the sums are fp32 either way.
 
-    Returns ``[M, N]`` of ``out_dtype``; the gradients have the operands' dtype, as ``jnp.matmul``'s.
+    Returns ``[N, O]`` of ``out_dtype``; the gradients have the operands' dtype, as ``jnp.matmul``'s.
     Raises ``ValueError`` for another ``out_dtype``, and where oneDNN has no matmul for ``x``'s dtype on this CPU
     (:func:`unsupported_reason`).
     """
