@@ -1,8 +1,9 @@
 """Ctrl-C in a `jaxformer` command: a save Orbax begins ends whole before the interrupt is raised, an interrupt
 that lands in JAX's garbage-collection callback is raised again rather than printed and lost, and a sweep's
-workers stop with their launcher, none replaced."""
+workers stop with their launcher, none replaced; a sweep's closing fit leaves fit/ whole or as it was."""
 
 import gc
+import json
 import os
 import signal
 import subprocess
@@ -11,6 +12,7 @@ import time
 from pathlib import Path
 
 import jax.numpy as jnp
+import numpy as np
 import pytest
 import yaml
 
@@ -112,3 +114,59 @@ def test_ctrl_c_in_a_command_that_exits_at_once_skips_the_teardown_too(monkeypat
     with pytest.raises(SystemExit) as ended:
         cli.main()
     assert ended.value.code == 130 and capsys.readouterr().err == "jaxformer fit: interrupted\n"
+
+
+@pytest.fixture
+def fitted_sweep(tmp_path):
+    """A sweep directory of a synthetic IsoFLOP sweep (Chinchilla's law) and the results rows its launch hands the
+    closing fit (`fit_sweep`)."""
+    from jaxformer.scaling.allocation import PRESETS
+    from jaxformer.scaling.synthetic import isoflop_sweep
+    from jaxformer.sweep.table import write_sweep
+
+    table = isoflop_sweep(PRESETS["chinchilla"], np.logspace(18, 20, 3), sizes=5)
+    rows = [{"status": "done", "flops_rule": "exact", "N": n, "D": d, "loss": loss}
+            for n, d, loss in zip(table.N, table.D, table.loss)]
+    return write_sweep(table, tmp_path / "sweep"), rows
+
+
+def test_ctrl_c_as_a_sweeps_closing_fit_draws_its_figures_leaves_no_fit_directory(fitted_sweep, monkeypatch):
+    """`jaxformer sweep` interrupted while its fit drew the figures (6 s into a relaunch that only fits) left an empty
+    fit/ in --out: the directory was made before the figures were drawn."""
+    from matplotlib.figure import Figure
+
+    from jaxformer.sweep.fit import fit_sweep
+    from jaxformer.sweep.spec import FitSpec
+
+    out, rows = fitted_sweep
+    draw = Figure.savefig
+
+    def interrupted_draw(figure, *args, **kwargs):  # Ctrl-C arrives as a figure is drawn
+        signal.raise_signal(signal.SIGINT)
+        return draw(figure, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", interrupted_draw)
+    with pytest.raises(KeyboardInterrupt):
+        fit_sweep(out, rows, FitSpec(approaches=[3], bootstrap=0))
+    assert not (out / "fit").exists()
+
+
+def test_ctrl_c_as_a_sweeps_closing_fit_is_written_waits_for_the_whole_fit(fitted_sweep, monkeypatch):
+    """A Ctrl-C once the fit is drawn waits for its files: fit.json and its six figures, then the interrupt."""
+    from jaxformer.files import write_all_atomic
+    from jaxformer.sweep import fit
+    from jaxformer.sweep.spec import FitSpec
+
+    out, rows = fitted_sweep
+
+    def interrupted_write(payloads):  # Ctrl-C arrives as the files are written
+        signal.raise_signal(signal.SIGINT)
+        write_all_atomic(payloads)
+
+    monkeypatch.setattr(fit, "write_all_atomic", interrupted_write)
+    with pytest.raises(KeyboardInterrupt):
+        fit.fit_sweep(out, rows, FitSpec(approaches=[3], bootstrap=0))
+    written = sorted(path.name for path in (out / "fit").iterdir())
+    assert written == ["contour.png", "contour.svg", "fit.json", "n_opt.png", "n_opt.svg", "residuals.png",
+                       "residuals.svg"]
+    assert json.loads((out / "fit" / "fit.json").read_text())["approach3"]["params"]["alpha"] > 0

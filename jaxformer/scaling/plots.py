@@ -148,8 +148,18 @@ def save(fig: Figure, directory: str | Path, name: str) -> list[Path]:
 
 def save_all(figures: dict[str, Figure], directory: str | Path) -> list[Path]:
     """Writes ``name.png`` and ``name.svg`` of each figure, all or none (`write_all_atomic`): every file is
-    rendered, and every target checked, before the first is written, and a write that fails midway (a full disk, a
-    directory turned read-only) leaves none of them written and the files there before as they were."""
+    rendered, and every target checked, before the first is written (`render_all`), and a write that fails midway
+    (a full disk, a directory turned read-only) leaves none of them written and the files there before as they were."""
+    rendered = render_all(figures, directory)
+    Path(directory).mkdir(parents=True, exist_ok=True)
+    write_all_atomic(rendered)
+    return list(rendered)
+
+
+def render_all(figures: dict[str, Figure], directory: str | Path) -> dict[Path, bytes]:
+    """The bytes of ``directory/name.png`` and ``name.svg`` of each figure, nothing written (drawing takes seconds,
+    writing milliseconds: a caller can keep the writes alone from being cut short); a directory standing where a
+    figure goes raises ``ValueError``."""
     directory = Path(directory)
     rendered: dict[Path, bytes] = {}
     for name, fig in figures.items():
@@ -157,9 +167,7 @@ def save_all(figures: dict[str, Figure], directory: str | Path) -> list[Path]:
             buffer = io.BytesIO()
             fig.savefig(buffer, format=ext, dpi=150)
             rendered[directory / f"{name}.{ext}"] = buffer.getvalue()
-    directory.mkdir(parents=True, exist_ok=True)
     taken = [path for path in rendered if path.is_dir()]
     if taken:
         raise ValueError(f"{taken[0]} is a directory, where a figure goes")
-    write_all_atomic(rendered)
-    return list(rendered)
+    return rendered

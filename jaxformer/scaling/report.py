@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
@@ -22,6 +22,9 @@ from jaxformer.scaling.isoflop import IsoFLOPFit, fit_isoflop
 from jaxformer.scaling.parametric import PARAMS, ParametricFit, fit_parametric
 from jaxformer.scaling.powerlaw import sample_allocations
 from jaxformer.scaling.table import RunTable
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 APPROACHES = ("1", "2", "3", "all")
 
@@ -159,8 +162,14 @@ class FitReport:
         return "\n".join(lines)
 
     def write_plots(self, directory: str | Path) -> list[Path]:
-        """PNG and SVG of every figure the fitted approaches support, all drawn before any is written
+        """PNG and SVG of every figure the fitted approaches support (`figures`), all drawn before any is written
         (`plots.save_all`)."""
+        from jaxformer.scaling import plots
+
+        return plots.save_all(self.figures(), directory)
+
+    def figures(self) -> dict[str, Figure]:
+        """Every figure the fitted approaches support, by name (matplotlib ``Figure`` objects, drawn, not written)."""
         from jaxformer.scaling import plots  # matplotlib is imported only by a fit that draws
 
         figures = {}
@@ -179,7 +188,7 @@ class FitReport:
                                         [p.n_opt for p in self.approach2.profiles])
         flops_range = (t.C.min() / 3, max(t.C.max() * 3, 10 * REFERENCE_BUDGET))
         figures["n_opt"] = plots.plot_nopt(self.laws(), flops_range, points, bands=self.frontier_bands)
-        return plots.save_all(figures, directory)
+        return figures
 
 
 def _interval(stat: Interval | None) -> list[float] | None:

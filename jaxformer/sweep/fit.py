@@ -8,8 +8,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from jaxformer.files import write_bytes_atomic
+from jaxformer.files import write_all_atomic
 from jaxformer.sweep.spec import FitSpec
+from jaxformer.train.interrupts import deferred_interrupt
 
 if TYPE_CHECKING:
     from jaxformer.scaling.report import FitReport
@@ -18,7 +19,9 @@ if TYPE_CHECKING:
 
 def fit_sweep(out: Path, rows: list[dict], spec: FitSpec) -> tuple[str, FitReport | None]:
     """Fits the finished runs, writes ``fit/`` and returns the text for the user (the law, the seed noise,
-    the compute-optimal allocation) with the fit.
+    the compute-optimal allocation) with the fit. ``fit/`` is written whole, ``fit.json`` with its figures, or
+    not at all: a Ctrl-C while the fit is computed or drawn leaves it as it was, one as they are written waits
+    for their end (`jaxformer.train.interrupts.deferred_interrupt`).
 
     A fit that the results cannot support (too few finished runs, one budget) writes nothing
     and returns one line and None; the trained runs are kept either way.
@@ -38,6 +41,7 @@ def fit_and_write(table: RunTable, done: list[dict], spec: FitSpec, directory: P
     """`fit_sweep` on a table of the finished runs ``done`` (their results rows): the approaches of
     ``spec``, each on its own, then fit.json and the figures in ``directory``."""
     from jaxformer.scaling.allocation import allocate
+    from jaxformer.scaling.plots import render_all
     from jaxformer.scaling.report import fit_table, jsonable
 
     settings = {"resamples": spec.bootstrap, "resample2": spec.approach2_resample}
@@ -68,12 +72,13 @@ def fit_and_write(table: RunTable, done: list[dict], spec: FitSpec, directory: P
             loss = "" if row["loss"] is None else f"{row['loss']:.3f}"
             lines.append(f"  {label:<12}{row['flops']:>12.3g}{row['N_opt']:>12.4g}{row['D_opt']:>12.4g}"
                          f"{row['tokens_per_param']:>8.1f}{loss:>8}")
-    directory.mkdir(exist_ok=True)
-    (directory / "verify.json").unlink(missing_ok=True)  # it judged the fit this one replaces (verify.py)
-    paths = report.write_plots(directory)
-    write_bytes_atomic(directory / "fit.json",
-                 (json.dumps(jsonable({**report.to_dict(), "allocation": allocations}), indent=1) + "\n").encode())
-    lines.append(f"\nwrote {directory / 'fit.json'} and {len(paths)} figures to {directory}")
+    fit_json = (json.dumps(jsonable({**report.to_dict(), "allocation": allocations}), indent=1) + "\n").encode()
+    figures = render_all(report.figures(), directory)  # seconds of drawing, with nothing written
+    with deferred_interrupt():  # a Ctrl-C waits for the writes: fit/ whole, or as it was (absent on a first fit)
+        (directory / "verify.json").unlink(missing_ok=True)  # it judged the fit this one replaces (verify.py)
+        directory.mkdir(exist_ok=True)
+        write_all_atomic({directory / "fit.json": fit_json, **figures})  # fit.json first: a directory there stops all
+    lines.append(f"\nwrote {directory / 'fit.json'} and {len(figures)} figures to {directory}")
     return "\n".join(lines), report
 
 
