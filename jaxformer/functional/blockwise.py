@@ -40,8 +40,13 @@ class _Static(NamedTuple):
     relative_max_distance: int = 128
 
 
-def check_structured_args(q_BTHD: jax.Array, key_lengths, window, alibi_slopes, relative_bias=None) -> None:
-    """Shape checks shared by every attention path; raises one-line ``ValueError``s."""
+def check_structured_args(q_BTHD: jax.Array, key_lengths: jax.Array | None, window: int | None,
+                          alibi_slopes: jax.Array | None, relative_bias: jax.Array | None = None) -> None:
+    """Shape checks shared by every attention path; raises one-line ``ValueError``s.
+
+    ``q_BTHD [B, T, H, D]`` (batched); ``key_lengths [B]``, ``alibi_slopes [H]``, ``relative_bias [P, H]``;
+    ``window`` a positive number of keys.
+    """
     B, _, H, _ = q_BTHD.shape
     if key_lengths is not None and jnp.shape(key_lengths) != (B,):
         raise ValueError(f"key_lengths must have shape [batch] = ({B},), got {jnp.shape(key_lengths)}")

@@ -21,6 +21,7 @@ from jaxformer.kernel import MATMUL_IMPLS
 
 
 def check_matmul_impl(impl: str) -> None:
+    """Raises one line unless ``impl`` is a matmul implementation a model can be built with (not ``auto``)."""
     if impl == "auto":
         raise ValueError("matmul_impl 'auto' is chosen per run by training (jaxformer.train.matmul_choice); "
                          f"a model built directly needs one of {MATMUL_IMPLS}")

@@ -41,6 +41,7 @@ from jaxformer.kernel import IMPLEMENTATIONS
 
 
 def check_impl(impl: str) -> None:
+    """Raises one line unless ``impl`` is an attention implementation a model can be built with (not ``auto``)."""
     if impl == "auto":
         raise ValueError("attention_impl 'auto' is chosen per run by training (jaxformer.train.kernel_choice); "
                          f"a model built directly needs one of {', '.join(IMPLEMENTATIONS)}")

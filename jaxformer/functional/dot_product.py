@@ -34,7 +34,11 @@ def group_heads(q_BTHD: jax.Array, num_kv_heads: int) -> jax.Array:
 
 
 def validate_qkv(q: jax.Array, k: jax.Array, v: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array, bool]:
-    """Checks ranks and shapes; returns batched ``(q, k, v, was_unbatched)``."""
+    """Checks ranks and shapes; returns batched ``(q, k, v, was_unbatched)``.
+
+    ``q [B, T, H, D]``, ``k [B, S, K, D]`` and ``v [B, S, K, ·]`` (its head dimension may differ from D), or all
+    three without ``B``; ``H`` a multiple of ``K``.
+    """
     if q.ndim not in (3, 4):
         raise ValueError(f"q must have shape [batch, seq, heads, head_dim] or [seq, heads, head_dim], got {q.shape}")
     _check_rank("k", k, q.ndim)
@@ -52,8 +56,10 @@ def validate_qkv(q: jax.Array, k: jax.Array, v: jax.Array) -> tuple[jax.Array, j
     return q, k, v, unbatched
 
 
-def attention_logits(q_BTHD: jax.Array, k_BSKD: jax.Array, *, bias=None, scale: float | None = None) -> jax.Array:
-    """Scores ``q·kᵀ·scale + bias`` as ``[B, H, T, S]``, in at least float32."""
+def attention_logits(q_BTHD: jax.Array, k_BSKD: jax.Array, *, bias: jax.Array | None = None,
+                     scale: float | None = None) -> jax.Array:
+    """Scores ``q·kᵀ·scale + bias`` as ``[B, H, T, S]``, in at least float32; ``bias`` broadcasts to that shape,
+    ``scale`` defaults to ``1/sqrt(D)``."""
     B, T, H, D = q_BTHD.shape
     K = k_BSKD.shape[2]
     scale = 1.0 / math.sqrt(D) if scale is None else scale
@@ -68,7 +74,9 @@ def attention_logits(q_BTHD: jax.Array, k_BSKD: jax.Array, *, bias=None, scale: 
 def masked_softmax(logits: jax.Array, mask: jax.Array | None) -> jax.Array:
     """Softmax over the last axis with ``mask`` (True = keep) applied before it.
 
-    The row maximum is subtracted; a row with nothing to attend to gives zeros, not NaN.
+    ``logits [..., S]`` (attention's ``[B, H, T, S]``), ``mask`` boolean and broadcastable to them; returns
+    weights of their shape and dtype, each row summing to 1 over its kept keys. The row maximum is subtracted;
+    a row with nothing to attend to gives zeros, not NaN.
     """
     if mask is not None:
         logits = jnp.where(mask, logits, -jnp.inf)
@@ -88,7 +96,7 @@ def dot_product_attention(
     bias: jax.Array | None = None,
     scale: float | None = None,
     return_weights: bool = False,
-):
+) -> jax.Array | tuple[jax.Array, jax.Array]:
     """``softmax(q·kᵀ·scale + bias) · v`` over keys, materialising the scores.
 
     Args:

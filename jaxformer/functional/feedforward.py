@@ -21,6 +21,7 @@ GATED = frozenset({"swiglu", "geglu", "geglu_tanh"})
 
 
 def check_activation(activation: str) -> None:
+    """Raises one line unless ``activation`` is a key of ``ACTIVATIONS``."""
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
 

@@ -60,9 +60,16 @@ unavailable_reason = EXTENSION.unavailable_reason
 loaded_path = EXTENSION.loaded_path
 
 
-def supports(q, k, v, *, q_offset=0, key_lengths=None, window=None, alibi_slopes=None, relative_bias=None,
-             scale=None) -> bool:
-    """Whether the fused kernel computes this call (else the plain path does); builds the kernel if needed."""
+def supports(q: jax.Array, k: jax.Array, v: jax.Array, *, q_offset: int | jax.Array = 0,
+             key_lengths: jax.Array | None = None, window: int | None = None, alibi_slopes: jax.Array | None = None,
+             relative_bias: jax.Array | None = None, scale: float | jax.Array | None = None) -> bool:
+    """Whether the fused kernel computes this call (else the plain path does); builds the kernel if needed.
+
+    The arguments are :func:`jaxformer.functional.attention`'s: ``q [B, T, H, D]``, ``k, v [B, S, K, D]`` (or all
+    without ``B``). The kernel takes, on a CPU, fp32 or bf16 operands of one dtype, one head dimension
+    ``D <= MAX_HEAD_DIM`` for all three, at least one key, a static non-negative ``q_offset`` and a static scale,
+    and none of ``key_lengths``, ``window``, ALiBi or a relative bias.
+    """
     if scale is not None and not isinstance(scale, (int, float, np.number)):
         return False  # a traced scale
     if q.ndim not in (3, 4) or k.ndim != q.ndim or v.ndim != q.ndim:
@@ -233,7 +240,8 @@ def _fused_bwd(scale, causal, q_offset, residuals, d_out):
 _fused.defvjp(_fused_fwd, _fused_bwd)
 
 
-def fused_attention(q, k, v, *, causal: bool = False, q_offset: int = 0, scale: float | None = None) -> jax.Array:
+def fused_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool = False, q_offset: int = 0,
+                    scale: float | None = None) -> jax.Array:
     """``softmax(q·kᵀ·scale)·v`` by the fused kernel; the caller checks :func:`supports` first.
 
     Args:

@@ -47,7 +47,11 @@ class Routing(NamedTuple):
 
 def route(x_NE: jax.Array, w_router_EX: jax.Array, k: int) -> Routing:
     """Softmax router, top-``k`` experts per token, gates renormalised over the chosen ``k`` when ``k > 1`` (the
-    module docstring says why not for one)."""
+    module docstring says why not for one).
+
+    ``x_NE [N, E]`` tokens, ``w_router_EX [E, X]``; returns `Routing` with float32 ``probs [N, X]`` and
+    ``gates [N, R]``, int32 ``experts [N, R]`` (``R = k``).
+    """
     num_experts = w_router_EX.shape[-1]
     if not 1 <= k <= num_experts:
         raise ValueError(f"experts per token must be in [1, {num_experts}], got {k}")
@@ -63,7 +67,8 @@ def load_balancing_loss(routing: Routing) -> jax.Array:
 
     ``f_x``: fraction of the ``N·R`` assignments sent to expert ``x`` (before capacity
     drops; not differentiable); ``P_x``: mean router probability of ``x``. Equals 1 for
-    perfectly uniform routing and grows as the router concentrates.
+    perfectly uniform routing and grows as the router concentrates. A float32 scalar, from
+    ``routing.probs [N, X]`` and ``routing.experts [N, R]``.
     """
     num_experts = routing.probs.shape[-1]
     counts_X = jnp.sum(jax.nn.one_hot(routing.experts, num_experts, dtype=jnp.float32), axis=(0, 1))

@@ -22,6 +22,7 @@ def mean_pool(x_BTE: jax.Array, lengths_B: jax.Array | None = None) -> jax.Array
 
 
 def l2_normalize(x_BE: jax.Array, *, eps: float = 1e-12) -> jax.Array:
-    """Each row divided by its Euclidean norm (at least ``eps``), as ``torch.nn.functional.normalize``."""
+    """``[B, E] -> [B, E]`` (any leading axes): each row divided by its Euclidean norm (at least ``eps``), as
+    ``torch.nn.functional.normalize``; x's dtype, the norm taken in at least float32."""
     norm_B1 = jnp.linalg.norm(x_BE.astype(jnp.promote_types(x_BE.dtype, jnp.float32)), axis=-1, keepdims=True)
     return (x_BE / jnp.maximum(norm_B1, eps)).astype(x_BE.dtype)

@@ -20,7 +20,7 @@ def sinusoidal_positions(num_positions: int, dim: int, *, base: float = 10000.0,
                          split: bool = False) -> jax.Array:
     """``[num_positions, dim]`` table with ``PE[p, 2i] = sin(p·ω_i)``, ``PE[p, 2i+1] = cos(p·ω_i)``.
 
-    ``ω_i = base^(-2i/dim)`` (Vaswani et al. 2017). ``PE_p · PE_{p+k}`` depends only on k.
+    ``ω_i = base^(-2i/dim)`` radians per position (Vaswani et al. 2017). ``PE_p · PE_{p+k}`` depends only on k.
     ``split``: the same values laid out as all sines then all cosines,
     ``PE[p, i] = sin(p·ω_i)``, ``PE[p, dim/2 + i] = cos(p·ω_i)`` (Marian, fairseq).
     ``dtype``: the table's; positions and angles are computed in at least float32 (float64 when
@@ -41,7 +41,8 @@ def sinusoidal_positions(num_positions: int, dim: int, *, base: float = 10000.0,
 
 def rope_frequencies(head_dim: int, base: float = 10000.0, *, llama3: tuple[float, float, float, int] | None = None
                      ) -> np.ndarray:
-    """``[head_dim // 2]`` RoPE frequencies ``ω_i = base^(-2i/head_dim)`` (float32, a constant).
+    """``[J]`` (``J = head_dim // 2``) RoPE frequencies ``ω_i = base^(-2i/head_dim)`` in radians per position
+    (float32, a constant).
 
     ``llama3 = (factor, low_freq_factor, high_freq_factor, original_max_len)``: Llama 3.1's
     rescaling. Wavelengths ``2π/ω`` above ``original_max_len / low_freq_factor`` are slowed by
@@ -109,7 +110,8 @@ def apply_rope(x: jax.Array, positions: jax.Array, *, base: float = 10000.0, sca
 
 
 def alibi_slopes(num_heads: int) -> jax.Array:
-    """``[num_heads]`` geometric ALiBi slopes (Press et al. 2022): 1/2 … 1/256 for 8 heads.
+    """``[H]`` geometric ALiBi slopes (Press et al. 2022), score units per position of distance: 1/2 … 1/256 for
+    8 heads.
 
     For a head count that is not a power of two, the slopes of the next power down are
     followed by every other slope of the power up, as in the reference implementation.

@@ -75,7 +75,8 @@ class Attention(nnx.Module):
             raise ValueError("position relative_bias: self-attention needs the stack's relative_bias table, "
                              "cross-attention and other positions take none")
 
-    def queries_keys_values(self, x_BTE, context_BSE=None, *, offset=0):
+    def queries_keys_values(self, x_BTE: jax.Array, context_BSE: jax.Array | None = None, *,
+                            offset: int | jax.Array = 0) -> tuple[jax.Array, jax.Array, jax.Array]:
         """``q [B, T, H, D]``, ``k, v [B, S, K, D]`` with RoPE applied at positions ``offset + t``."""
         source_BSE = x_BTE if context_BSE is None else context_BSE
         q_BTHD = self._rope(self._project(x_BTE, self.wq, self.bq), offset)

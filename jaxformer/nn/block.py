@@ -124,8 +124,12 @@ class Stack(nnx.Module):
         context_kvs: tuple[KV, ...] | None = None,
         **kwargs,
     ) -> tuple[jax.Array, jax.Array, tuple[KV, ...] | None]:
-        """``kwargs`` go to every `Block`; ``kv_caches`` (self-attention) and ``context_kvs``
-        (cross-attention, see :meth:`context_kvs`) hold one ``(k, v)`` per layer."""
+        """``x [B, T, E] -> (y [B, T, E], aux_loss, caches)``: ``aux_loss`` the float32 scalar sum of the layers'
+        MoE losses; ``caches`` the updated ``kv_caches`` (None without them).
+
+        ``kwargs`` go to every `Block`; ``kv_caches`` (self-attention) and ``context_kvs``
+        (cross-attention, see :meth:`context_kvs`) hold one ``(k, v)`` per layer: ``[B, slots, K, D]`` caches,
+        ``[B, S, K, D]`` context keys and values."""
         aux_total = jnp.zeros((), jnp.float32)
         new_caches = []
         relative_bias = None if self.relative_bias is None else self.relative_bias[...]

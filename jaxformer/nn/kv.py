@@ -49,8 +49,13 @@ def _write(cache: jax.Array, new_BTKD: jax.Array, start) -> jax.Array:
     return jax.lax.dynamic_update_slice(cache, new_BTKD.astype(cache.dtype), (0, start, 0, 0))
 
 
-def update(kv_cache: KV, k_BTKD: jax.Array, v_BTKD: jax.Array, offset, *, window: int | None) -> CacheView:
-    """Writes ``T`` new keys/values at positions ``offset … offset+T-1`` and returns the view to attend to."""
+def update(kv_cache: KV, k_BTKD: jax.Array, v_BTKD: jax.Array, offset: int | jax.Array, *,
+           window: int | None) -> CacheView:
+    """Writes ``T`` new keys/values at positions ``offset … offset+T-1`` and returns the view to attend to.
+
+    ``kv_cache``: ``(k, v)``, each ``[B, slots, K, D]`` (`cache_slots`); ``k_BTKD``, ``v_BTKD [B, T, K, D]``;
+    ``offset``: the position of the first new key (an int, or a traced int32 scalar).
+    """
     (k_cache, v_cache), (B, T) = kv_cache, k_BTKD.shape[:2]
     slots = k_cache.shape[1]
     if window is None or slots < window:  # linear: the window (if any) never wraps this cache

@@ -34,15 +34,17 @@ def _param(value: jax.Array, axes: Sequence[str | None]) -> nnx.Param:
 
 
 def normal(rngs: nnx.Rngs, shape: Sequence[int], axes: Sequence[str | None], *, std: float = INIT_STD) -> nnx.Param:
-    """A weight drawn from N(0, std²), float32."""
+    """A float32 weight of ``shape`` drawn from N(0, std²), its dimensions named ``axes`` (`AXIS_NAMES`)."""
     return _param(std * jax.random.normal(rngs.params(), tuple(shape), jnp.float32), axes)
 
 
 def zeros(shape: Sequence[int], axes: Sequence[str | None]) -> nnx.Param:
+    """A float32 parameter of ``shape``, all zeros, its dimensions named ``axes``."""
     return _param(jnp.zeros(tuple(shape), jnp.float32), axes)
 
 
 def ones(shape: Sequence[int], axes: Sequence[str | None]) -> nnx.Param:
+    """A float32 parameter of ``shape``, all ones, its dimensions named ``axes``."""
     return _param(jnp.ones(tuple(shape), jnp.float32), axes)
 
 
