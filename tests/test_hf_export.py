@@ -122,6 +122,40 @@ def test_an_untied_marian_is_imported_from_the_embeddings_its_stacks_use(tmp_pat
     assert np.abs(theirs - ours).max() <= TOLERANCE
 
 
+@pytest.mark.parametrize(("name", "copy", "original"), [
+    ("gpt2", "lm_head.weight", "transformer.wte.weight"), ("qwen2", "lm_head.weight", "model.embed_tokens.weight"),
+    ("bert", "cls.predictions.decoder.weight", "bert.embeddings.word_embeddings.weight"),
+], ids=["gpt2", "qwen2", "bert"])
+def test_a_tied_checkpoint_holding_a_head_of_its_own_is_refused_naming_tie_word_embeddings(name, copy, original,
+                                                                                           tmp_path, capsys):
+    """tie_word_embeddings=true, and the file holds an lm_head.weight that is not the embedding: transformers 5
+    unties them and computes with that head; the import tied them and left it unread (logits off by 18 and 21).
+    A copy equal to the embedding (a tied model's pytorch_model.bin) imports tied; with tie_word_embeddings=false
+    the head is read, with transformers' logits."""
+    import json
+
+    from safetensors.numpy import load_file, save_file
+
+    hf_model(name).save_pretrained(tmp_path / "src")
+    weights, config = tmp_path / "src" / "model.safetensors", tmp_path / "src" / "config.json"
+    tensors = load_file(weights)
+    save_file({**tensors, copy: tensors[original].copy()}, weights, metadata={"format": "pt"})
+    assert hf.load(tmp_path / "src")[0].tie_embeddings
+    head = np.random.default_rng(1).standard_normal(tensors[original].shape).astype(np.float32)
+    save_file({**tensors, copy: head}, weights, metadata={"format": "pt"})
+    theirs = transformers.AutoModelForMaskedLM if name == "bert" else transformers.AutoModelForCausalLM
+    theirs = theirs.from_pretrained(tmp_path / "src").eval()
+    assert np.array_equal(theirs.get_output_embeddings().weight.detach().numpy(), head)  # untied by transformers
+    assert_refused_in_one_line(tmp_path / "src", tmp_path / "imported",
+                               f"{tmp_path / 'src'}: config.json: tie_word_embeddings=True, but its {copy} differs "
+                               f"from {original} (transformers 5 then unties them", capsys)
+    config.write_text(json.dumps({**json.loads(config.read_text()), "tie_word_embeddings": False}))
+    cfg, params = hf.load(tmp_path / "src")
+    assert not cfg.tie_embeddings
+    reference, ours = _logits(theirs, cfg, params, tokens(2, 10), None)
+    assert np.abs(reference - ours).max() <= TOLERANCE
+
+
 def test_the_generation_config_survives_import_and_export(tmp_path, capsys):
     """import-hf then export-hf dropped generation_config.json: transformers then generated from the export with
     config.json's one EOS and greedily, where the source stops at either of two EOS and samples (Qwen2.5's)."""

@@ -124,11 +124,24 @@ def params_from_tensors(cfg: ModelConfig, family, tensors: Mapping[str, np.ndarr
             # a config whose sizes are not the tensors': numpy's reshape names neither
             shapes = ", ".join(f"{name} {tuple(np.shape(a))}" for name, a in zip(names, arrays))
             raise ValueError(f"{source}: {shapes} does not fit the model its config describes ({error})") from None
+    if cfg.tie_embeddings:
+        _check_tied_copies(family, tensors, source)
     unused = sorted(name for name in tensors if name not in used and not any(part in name for part in family.IGNORED))
     if unused:
         warnings.warn(f"{source}: {len(unused)} tensors not used by the jaxformer model, e.g. {unused[0]}",
                       stacklevel=2)
     return params_from_flat(cfg, flat, source=source)
+
+
+def _check_tied_copies(family, tensors: Mapping[str, np.ndarray], source: str) -> None:
+    """Refuses a tied model's checkpoint holding a tied copy (``family.TIED``: an ``lm_head.weight``) with numbers
+    of its own, which the tied model would leave unread: transformers 5 unties such a pair ("both are present in the
+    checkpoints with different values", ``PreTrainedModel.tie_weights``), so its outputs would not be jaxformer's."""
+    for copy, original in family.TIED.items():
+        names = _lookup(tensors, copy, family), _lookup(tensors, original, family)
+        if None not in names and names[0] != names[1] and not np.array_equal(tensors[names[0]], tensors[names[1]]):
+            raise ValueError(f"{source}: config.json: tie_word_embeddings=True, but its {names[0]} differs from "
+                             f"{names[1]} (transformers 5 then unties them, as with tie_word_embeddings=false)")
 
 
 def _is_imported(path: Path) -> bool:

@@ -1,7 +1,8 @@
 """One module per checkpoint family: its config mapping, its weight `Rule`s and its export checks.
 
 Each module has ``MODEL_TYPES``, ``PREFIX`` (the base-model prefix that bare checkpoints lack),
-``IGNORED`` (tensors that carry nothing jaxformer needs: buffers, tied copies),
+``IGNORED`` (tensors that carry nothing jaxformer needs: buffers, tied copies), ``TIED`` (each tied copy's
+original: a checkpoint of a tied model holding a copy that differs is refused),
 ``to_config(config_json, tensor_names)``, ``rules(cfg)``, ``check_export(cfg)`` and ``hf_config(cfg)``.
 """
 

@@ -15,6 +15,7 @@ PREFIX = "transformer."  # GPT2Model checkpoints (the published gpt2) have no pr
 ARCHITECTURE = "GPT2LMHeadModel"
 AUTO_CLASS = "AutoModelForCausalLM"
 IGNORED = (".attn.bias", ".attn.masked_bias", "lm_head.weight")  # causal-mask buffers; the head when tied
+TIED = {"lm_head.weight": "transformer.wte.weight"}  # what transformers ties when tie_word_embeddings
 
 
 def to_config(hf: dict[str, Any], names: set[str]) -> ModelConfig:
