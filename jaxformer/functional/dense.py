@@ -15,6 +15,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+from jax.typing import DTypeLike
 
 from jaxformer.functional import onednn_matmul
 from jaxformer.kernel import MATMUL_IMPLS
@@ -29,7 +30,7 @@ def check_matmul_impl(impl: str) -> None:
         raise ValueError(f"matmul_impl must be one of {MATMUL_IMPLS}, got {impl!r}")
 
 
-def dense(x: jax.Array, w: jax.Array, *, in_axes: int = 1, preferred_element_type=None,
+def dense(x: jax.Array, w: jax.Array, *, in_axes: int = 1, preferred_element_type: DTypeLike | None = None,
           impl: str = "xla") -> jax.Array:
     """Contracts the last ``in_axes`` axes of ``x`` with the first ``in_axes`` axes of ``w``.
 

@@ -36,6 +36,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.custom_batching import custom_vmap
+from jax.typing import DTypeLike
 
 from jaxformer.functional.extension import Extension
 
@@ -87,7 +88,7 @@ def _cpu_has(operand_dtype: jnp.dtype) -> bool:
                if _result_ok(operand_dtype, out_dtype))
 
 
-def unsupported_reason(operand_dtype) -> str | None:
+def unsupported_reason(operand_dtype: DTypeLike) -> str | None:
     """Why :func:`matmul` cannot multiply ``operand_dtype`` (bf16 or fp32) operands here, ``None`` when it can;
     builds the kernel if needed."""
     operand_dtype = jnp.dtype(operand_dtype)
@@ -100,7 +101,7 @@ def unsupported_reason(operand_dtype) -> str | None:
     return None
 
 
-def supports(x: jax.Array, w: jax.Array, out_dtype) -> bool:
+def supports(x: jax.Array, w: jax.Array, out_dtype: DTypeLike) -> bool:
     """Whether :func:`matmul` computes ``x @ w`` as ``out_dtype`` (2-D, both bf16 or both fp32, a result type
     that :func:`matmul` takes, on a CPU where oneDNN multiplies that dtype); builds the kernel if needed."""
     if x.ndim != 2 or w.ndim != 2 or x.shape[1] != w.shape[0]:
@@ -242,7 +243,7 @@ def _matmul_bwd(out_dtype, residuals, dy):
 _matmul.defvjp(_matmul_fwd, _matmul_bwd)
 
 
-def matmul(x: jax.Array, w: jax.Array, out_dtype=jnp.bfloat16) -> jax.Array:
+def matmul(x: jax.Array, w: jax.Array, out_dtype: DTypeLike = jnp.bfloat16) -> jax.Array:
     """``x @ w`` by oneDNN; the caller checks :func:`supports` first.
 
     Args:

@@ -7,6 +7,7 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.typing import DTypeLike
 
 from jaxformer.checks import require_positive
 
@@ -16,7 +17,7 @@ def _inverse_frequencies(dim: int, base: float, dtype=jnp.float32) -> jax.Array:
     return base ** (-jnp.arange(0, dim, 2, dtype=dtype) / dim)
 
 
-def sinusoidal_positions(num_positions: int, dim: int, *, base: float = 10000.0, dtype=jnp.float32,
+def sinusoidal_positions(num_positions: int, dim: int, *, base: float = 10000.0, dtype: DTypeLike = jnp.float32,
                          split: bool = False) -> jax.Array:
     """``[num_positions, dim]`` table with ``PE[p, 2i] = sin(p·ω_i)``, ``PE[p, 2i+1] = cos(p·ω_i)``.
 
