@@ -30,6 +30,12 @@ DAMAGED = {  # final.json's text, and what the table and a fit say is wrong with
     "a non-finite loss": ('{"val_loss": NaN}', "val_loss is nan, not a finite number"),
     "a loss as text": ('{"val_loss": "3.25"}', "val_loss is '3.25', not a finite number"),
     "a loss as a boolean": ('{"val_loss": true}', "val_loss is True, not a finite number"),
+    # `jaxformer results` showed these values as the run's (D = lots, a train loss of x), and the fit took 1e15 tokens
+    "a token count as text": ('{"tokens": "lots", "val_loss": 3.25}', "tokens is 'lots', not a positive number"),
+    "a token count not its steps'": ('{"tokens": 1e15, "steps": 79, "batch_size": 8, "seq_len": 32, "val_loss": 3.25}',
+                                     "tokens is 1000000000000000.0, not steps × batch_size × seq_len = 20,224"),
+    "a train loss as text": ('{"val_loss": 3.25, "train_loss": "x"}',
+                             "train_loss is 'x', not a non-negative finite number"),
 }
 
 

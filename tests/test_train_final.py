@@ -20,6 +20,7 @@ DAMAGED = {  # final.json's text -> what the refusal says is wrong with it
     "text": ("the run went well\n", "not valid JSON (Expecting value at line 1, column 1)"),
     "cut short": ('{"params": 8240, "val_lo', "not valid JSON (Unterminated string starting at line 1, column 18)"),
     "no object": ("[3.25]", "a JSON list, not a run's record (a JSON object)"),
+    "a count as text": ('{"val_loss": 3.25, "steps": "ten"}', "steps is 'ten', not a positive number"),
 }
 
 
@@ -76,11 +77,11 @@ def test_a_damaged_final_json_with_checkpoints_trains_again_from_the_last_one(fi
 
 
 def test_a_record_with_only_a_finite_val_loss_is_a_finished_run(finished, tmp_path, capsys):
-    """A finished run's record is a JSON object with a finite val_loss (`jaxformer.train.final`): the command
-    reports what it holds and trains nothing."""
+    """A finished run's record is a JSON object with a finite val_loss, its other fields optional
+    (`jaxformer.train.final`): the command reports what it holds and trains nothing."""
     run_dir = tmp_path / "run"
     shutil.copytree(finished / "run", run_dir)
-    (run_dir / "final.json").write_text('{"val_loss": 3.25, "steps": "ten"}')
+    (run_dir / "final.json").write_text('{"val_loss": 3.25, "train_loss": null}')
     before = snapshot(run_dir)
     code, (out, err) = train(finished, run_dir), capsys.readouterr()
     assert code == 0, err

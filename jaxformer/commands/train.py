@@ -56,8 +56,8 @@ def run(args: argparse.Namespace) -> int:
 
 def summary(record: dict, final: Path) -> str:
     """The line a run ends with, from its ``final.json`` record. Only a finite ``val_loss`` is sure to be there (a
-    finished run's record, `jaxformer.train.final`, may be one written by hand): a field missing or not a number
-    is left out."""
+    finished run's record, `jaxformer.train.final`, may be one written by hand): a field missing or null is left
+    out."""
 
     def shown(key: str, template: str) -> str | None:
         value = record.get(key)
