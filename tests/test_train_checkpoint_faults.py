@@ -260,7 +260,7 @@ def test_a_path_refused_once_the_run_is_written_fails_the_run_with_an_error_reco
     def run(self):
         raise PermissionError(errno.EACCES, "Permission denied", str(self.run_dir / "checkpoints" / "4"))
 
-    monkeypatch.setattr("jaxformer.train.loop._Run.run", run)
+    monkeypatch.setattr("jaxformer.train.loop.RunSegment.run", run)
     run_dir = tmp_path / "run"
     attempt = attempt_run(config_path, TINY, run_dir)
     assert attempt.status == "failed" and attempt.error.errno == errno.EACCES

@@ -83,7 +83,7 @@ def train(config: TrainConfig, run_dir: Path) -> dict:
             enable_compilation_cache(config.train.compilation_cache)
             config, kernel_choice, matmul_choice = choose_kernels(config)  # `auto`: timed here, or read from the cache
             times["kernel_choice_s"] = kernel_choice.seconds + matmul_choice.seconds
-            return _Run(config, run_dir, dataset, layout, started, times, kernel_choice, matmul_choice).run()
+            return RunSegment(config, run_dir, dataset, layout, started, times, kernel_choice, matmul_choice).run()
 
 
 def due_at(config: TrainConfig, step: int, over_budget: Callable[[], bool]) -> tuple[bool, bool, bool]:
@@ -109,7 +109,7 @@ class _Silent:
         pass
 
 
-class _Run:
+class RunSegment:
     """The state of one training process (one segment of a possibly resumed run), trained alone by `run`; runs
     trained together (`jaxformer.train.together`) each keep one for their files, loader, schedule and rows
     (`open` … `final_record`), sharing one ``times`` dict: the seconds of the one program they all ran."""
@@ -142,7 +142,7 @@ class _Run:
 
     def run(self) -> dict:
         config, layout = self.config, self.layout
-        graphdef, abstract, init = self._timed("init_s", lambda: initial_state(
+        graphdef, abstract, init = self.timed("init_s", lambda: initial_state(
             config.model, config.kernel, config.optimizer, self.optimizer, layout))
         state = self.open(abstract, lambda: init(config.train.seed))
         example = jax.ShapeDtypeStruct(self.batch_shape, np.int32, sharding=self.batch_sharding)
@@ -160,7 +160,7 @@ class _Run:
                 self.logger.advance()
                 state = self._maybe_report(step, state, eval_pass)
             if self.val_loss is None:  # resumed at the very end: evaluate the restored parameters
-                self.val_loss = self._timed("eval_s", lambda: float(eval_pass(state["params"], self.val_batches)))
+                self.val_loss = self.timed("eval_s", lambda: float(eval_pass(state["params"], self.val_batches)))
         finally:
             self.close()
         record = self.final_record()
@@ -182,7 +182,7 @@ class _Run:
         self.times["restore_s"] += time.perf_counter() - mark
         self.previous_wall_s, self.resumed_from = 0.0, None
         if restored is None:
-            state = self._timed("init_s", fresh)
+            state = self.timed("init_s", fresh)
             if config.model.init_from:
                 state = {**state, "params": checkpoint_params(config.model, abstract["params"])}
         else:
@@ -207,7 +207,7 @@ class _Run:
 
     def close(self) -> None:
         self.logger.close()
-        self._timed("checkpoint_s", self.checkpointer.close)  # an asynchronous save's write ends here
+        self.timed("checkpoint_s", self.checkpointer.close)  # an asynchronous save's write ends here
 
     def _maybe_report(self, step, state, eval_pass):
         """At log, eval and checkpoint steps: synchronise, check the loss, write rows and checkpoints."""
@@ -221,7 +221,7 @@ class _Run:
             state = {**state, "sums": jax.device_put(empty_sums(), self.layout.replicated)}
         val_loss = None
         if evaluate:
-            val_loss = self._timed("eval_s", lambda: float(eval_pass(state["params"], self.val_batches)))
+            val_loss = self.timed("eval_s", lambda: float(eval_pass(state["params"], self.val_batches)))
         if log or evaluate:  # a step that only saves writes no row (metrics.jsonl holds log and eval steps)
             self.logger.log(self.row(step, host["sums"] if log else None, val_loss))
         if save:
@@ -273,7 +273,7 @@ class _Run:
     def save(self, step: int, state) -> None:
         """Checkpoints this run's ``state`` at ``step`` with the loader's position and the wall time so far."""
         meta = {"loader": self.loader.state_dict(), "wall_s": self._wall_s()}
-        self._timed("checkpoint_s", lambda: self.checkpointer.save(step, state, meta))
+        self.timed("checkpoint_s", lambda: self.checkpointer.save(step, state, meta))
 
     def _saving_over_budget(self) -> bool:
         """Whether saving has cost more than ``checkpoint.max_overhead`` of the training time so far (process 0's
@@ -282,7 +282,8 @@ class _Run:
         return budget is not None and bool(from_process_0(
             "checkpoint-over-budget", self.times["checkpoint_s"] > budget * self.times["train_s"]))
 
-    def _timed(self, what: str, work):
+    def timed(self, what: str, work: Callable[[], Any]) -> Any:
+        """``work()``, its seconds added to ``times[what]`` (also when it raises)."""
         start = time.perf_counter()
         try:
             return work()

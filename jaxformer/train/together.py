@@ -16,7 +16,7 @@ small models is what fills the device.
 Each run keeps its own directory exactly as `jaxformer.train.loop.train` writes it —
 config.yaml, data.json, metrics.jsonl, checkpoints of its own slice of the state (so a lone
 `train` resumes it), final.json (plus ``trained_with``: the other runs of the program, and
-``trained_as``: ``vmap`` or ``map``) — through the loop's own `_Run` bookkeeping. The runs
+``trained_as``: ``vmap`` or ``map``) — through the loop's own `RunSegment` bookkeeping. The runs
 share one ``time`` breakdown, the seconds of the program they all ran, so each run's
 ``tokens_per_s`` is its own tokens over the shared time.
 
@@ -55,7 +55,7 @@ from jaxformer.train.checkpoint_config import latest_saved_step
 from jaxformer.train.compiled import compiled_steps, initial_state, stacked_shardings
 from jaxformer.train.config import TrainConfig, flatten_dotted, config_to_dict
 from jaxformer.train.matmul_choice import choose_kernels
-from jaxformer.train.loop import NonFiniteLoss, _Run, train, written_runs
+from jaxformer.train.loop import NonFiniteLoss, RunSegment, train, written_runs
 from jaxformer.train.prepare import begin_run, prepare_run
 from jaxformer.train.run_claim import claimed
 from jaxformer.train.step import Stacked, empty_sums
@@ -156,7 +156,7 @@ def _train_claimed(configs: Sequence[TrainConfig], run_dirs: list[Path], stacked
                           if config.kernel.matmul_impl == "onednn" else (config, attention, matmul)
                           for config, attention, matmul in chosen]
             times["kernel_choice_s"] = sum(attention.seconds + matmul.seconds for _, attention, matmul in chosen)
-            runs = [_Run(config, run_dirs[i], prepared[i][1], prepared[i][0], started, times, attention, matmul)
+            runs = [RunSegment(config, run_dirs[i], prepared[i][1], prepared[i][0], started, times, attention, matmul)
                     for i, (config, attention, matmul) in zip(todo, chosen)]
             grouped = _Together(runs, stacking)
             together = grouped.run()
@@ -185,9 +185,9 @@ def _slice(tree, i: int):
 
 
 class _Together:
-    """R `_Run` s stepped as one program; they share one ``times`` dict."""
+    """R `RunSegment` s stepped as one program; they share one ``times`` dict."""
 
-    def __init__(self, runs: list[_Run], stacked: Stacked) -> None:
+    def __init__(self, runs: list[RunSegment], stacked: Stacked) -> None:
         self.runs, self.lead, self.stacked = runs, runs[0], stacked
         self.times, self.layout = self.lead.times, self.lead.layout
         self.live = list(range(len(runs)))  # the runs still recorded
@@ -198,7 +198,7 @@ class _Together:
         it would alone, in ``self.results``: the others are grouped again) or when the restored steps differ (a
         corrupt checkpoint fell back: the runs train alone)."""
         runs, lead, layout = self.runs, self.lead, self.layout
-        programs = [lead._timed("init_s", lambda: initial_state(run.config.model, run.config.kernel,
+        programs = [lead.timed("init_s", lambda: initial_state(run.config.model, run.config.kernel,
                                                                 run.config.optimizer, run.optimizer, layout))
                     for run in runs]
         graphdef = programs[0][0]
@@ -261,11 +261,12 @@ class _Together:
 
     def _evaluate(self, eval_pass, state) -> np.ndarray:
         """``[R]`` validation losses of every run's parameters, timed as ``eval_s``."""
-        return self.lead._timed("eval_s", lambda: np.asarray(jax.device_get(
+        return self.lead.timed("eval_s", lambda: np.asarray(jax.device_get(
             eval_pass(state["params"], self.lead.val_batches))))
 
     def _maybe_report(self, step: int, state, eval_pass):
-        """`_Run._maybe_report` for all runs at once: one synchronisation, then each live run's row and checkpoint."""
+        """`RunSegment._maybe_report` for all runs at once: one synchronisation, then each live run's row and
+        checkpoint."""
         runs = self.runs
         log, evaluate, save = self.lead.due(step)  # the runs share every setting it reads, and the times
         if not (log or evaluate or save):
