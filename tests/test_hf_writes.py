@@ -1,5 +1,6 @@
 """What ``import-hf`` and ``export-hf`` leave behind when a write fails or the input is garbled: one line, the right
-exit code, and no half-written ``--out``; what they leave when they succeed: files readable by all (0644)."""
+exit code, and no half-written ``--out``; what they leave when they succeed: files readable by all (0644); which
+files of a checkpoint directory the weights are read from (transformers' choice; a shard index's stay inside it)."""
 
 from __future__ import annotations
 
@@ -137,16 +138,21 @@ def test_saving_over_a_directory_that_holds_files_is_refused_before_any_work(sou
     assert _left_in(tmp_path / "empty") == ["config.json", "model.safetensors"]
 
 
-def _sharded(directory: Path, source: Path, weights: Path, shard: str) -> None:
-    """``directory``: ``source``'s config.json, and an index naming ``shard`` as the file of every tensor of
-    ``weights`` (``source``'s model.safetensors, moved)."""
+def _index(directory: Path, weights: Path, shard: str) -> None:
+    """``directory/model.safetensors.index.json``, naming ``shard`` as the file of every tensor of ``weights``."""
     import json
 
-    directory.mkdir()
-    (directory / "config.json").write_bytes((source / "config.json").read_bytes())
     names = list(convert.read_safetensors(weights))
     (directory / "model.safetensors.index.json").write_text(json.dumps(
         {"metadata": {}, "weight_map": {name: shard for name in sorted(names)}}))
+
+
+def _sharded(directory: Path, source: Path, weights: Path, shard: str) -> None:
+    """``directory``: ``source``'s config.json, and an index naming ``shard`` as the file of every tensor of
+    ``weights`` (``source``'s model.safetensors, moved)."""
+    directory.mkdir()
+    (directory / "config.json").write_bytes((source / "config.json").read_bytes())
+    _index(directory, weights, shard)
 
 
 @pytest.mark.parametrize("shard", ["../secret/model.safetensors", "{tmp}/secret/model.safetensors"],
@@ -176,3 +182,18 @@ def test_shards_linked_to_blobs_outside_the_directory_are_read_as_in_the_hubs_ca
     ours = convert.flat_params(hf.load(tmp_path / "snapshots")[1])
     expected = convert.flat_params(init_params(LLAMA, 0)[1])
     assert ours.keys() == expected.keys() and all(np.array_equal(ours[k], expected[k]) for k in ours)
+
+
+def test_model_safetensors_is_read_before_a_shard_index_beside_it_as_transformers_reads_it(source, tmp_path):
+    """transformers' save_pretrained of a model, unsharded, into the directory of its sharded save keeps the old
+    index: transformers reads model.safetensors, the import read the index (the old weights where its shards stayed,
+    else a missing shard's FileNotFoundError)."""
+    import transformers
+
+    old = hf.save(LLAMA, init_params(LLAMA, 1)[1], tmp_path / "old") / "model.safetensors"
+    old.rename(source / "model-00001-of-00001.safetensors")
+    _index(source, source / "model-00001-of-00001.safetensors", "model-00001-of-00001.safetensors")
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(source).model.embed_tokens.weight.detach().numpy()
+    ours = convert.flat_params(hf.load(source)[1])["embedding.tokens"]
+    assert np.array_equal(ours, theirs)
+    assert np.array_equal(ours, convert.flat_params(init_params(LLAMA, 0)[1])["embedding.tokens"])  # the new ones

@@ -109,16 +109,17 @@ def _unpickler_reason(message: str) -> str:
 
 
 def read_tensors(directory: Path) -> TensorFile:
-    """The weights of a Hugging Face model directory: ``model.safetensors`` (or its sharded index),
-    else ``pytorch_model.bin`` (or its index). Raises ``FileNotFoundError`` naming what was looked for."""
+    """The weights of a Hugging Face model directory: ``model.safetensors``, else its sharded index, else
+    ``pytorch_model.bin``, else its index: transformers' order (a model saved unsharded where it was saved sharded
+    keeps the old index). Raises ``FileNotFoundError`` naming what was looked for."""
     directory = Path(directory)
     for index_name, single, kind in ((SAFETENSORS_INDEX, SAFETENSORS, "safetensors"),
                                      (PYTORCH_INDEX, PYTORCH_BIN, "torch")):
         index, path = directory / index_name, directory / single
-        if index.is_file():
-            files = _shard_files(directory, index)
-        elif path.is_file():
+        if path.is_file():
             files = None
+        elif index.is_file():
+            files = _shard_files(directory, index)
         else:
             continue
         if kind == "safetensors":
