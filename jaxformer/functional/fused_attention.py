@@ -47,6 +47,7 @@ from jax.custom_batching import custom_vmap
 
 from jaxformer.functional.dot_product import validate_qkv
 from jaxformer.functional.extension import Extension
+from jaxformer.functional.masks import query_key_distance
 
 LIBRARY_ENV = "JAXFORMER_FUSED_ATTENTION_LIB"
 MAX_HEAD_DIM = 128
@@ -186,7 +187,7 @@ def _scores(q, k, scale: float, causal: bool, q_offset: int) -> jax.Array:
     scores = jnp.einsum("btkgd,bskd->bkgts", q.reshape(B, T, K, H // K, D), k) * scale
     if not causal:
         return scores
-    return jnp.where(jnp.arange(T)[:, None] + q_offset >= jnp.arange(S)[None, :], scores, -jnp.inf)
+    return jnp.where(query_key_distance(T, S, q_offset) >= 0, scores, -jnp.inf)
 
 
 def _reference_forward(q, k, v, scale, causal, q_offset):

@@ -12,8 +12,12 @@ import jax.numpy as jnp
 from jaxformer.checks import require_positive
 
 
-def _query_key_distance(q_len: int, k_len: int, offset: int) -> jax.Array:
-    """``[q_len, k_len]`` matrix of ``(i + offset) - j``."""
+def query_key_distance(q_len: int, k_len: int, offset: int | jax.Array) -> jax.Array:
+    """``[T, S]`` integer ``(i + offset) - j``: how many positions query ``i`` (at ``i + offset``) is past key ``j``.
+
+    The one computation of the distance: masks, ALiBi, T5's relative bias and the fused kernel's plain reference
+    read it; ``offset`` may be traced.
+    """
     query_pos = jnp.arange(q_len)[:, None] + offset
     return query_pos - jnp.arange(k_len)[None, :]
 
@@ -23,13 +27,13 @@ def causal_mask(q_len: int, k_len: int | None = None, *, offset: int = 0) -> jax
     k_len = q_len if k_len is None else k_len
     require_positive("q_len", q_len)
     require_positive("k_len", k_len)
-    return _query_key_distance(q_len, k_len, offset) >= 0
+    return query_key_distance(q_len, k_len, offset) >= 0
 
 
 def sliding_window_mask(q_len: int, k_len: int, window: int, *, offset: int = 0) -> jax.Array:
     """``[q_len, k_len]``: causal, and only the last ``window`` keys (itself included)."""
     require_positive("window", window)
-    distance = _query_key_distance(q_len, k_len, offset)
+    distance = query_key_distance(q_len, k_len, offset)
     return (distance >= 0) & (distance < window)
 
 

@@ -10,6 +10,7 @@ import numpy as np
 from jax.typing import DTypeLike
 
 from jaxformer.checks import require_positive
+from jaxformer.functional.masks import query_key_distance
 
 
 def _inverse_frequencies(dim: int, base: float, dtype=jnp.float32) -> jax.Array:
@@ -145,7 +146,7 @@ def alibi_bias_from_slopes(slopes_H: jax.Array, q_len: int, k_len: int, *, offse
     """
     slopes_H = jnp.asarray(slopes_H)
     slopes_H = slopes_H.astype(jnp.promote_types(slopes_H.dtype, jnp.float32))
-    distance_TS = jnp.abs(jnp.arange(q_len)[:, None] + offset - jnp.arange(k_len)[None, :])
+    distance_TS = jnp.abs(query_key_distance(q_len, k_len, offset))
     return -slopes_H[:, None, None] * distance_TS[None].astype(slopes_H.dtype)
 
 
@@ -198,7 +199,7 @@ def relative_position_bias(table_PH: jax.Array, q_len: int, k_len: int, *, offse
     traced, so a tile of keys starting at ``j0`` uses ``offset - j0``, as ALiBi does.
     """
     table_PH = jnp.asarray(table_PH)
-    distance_TS = jnp.arange(q_len)[:, None] + offset - jnp.arange(k_len)[None, :]
+    distance_TS = query_key_distance(q_len, k_len, offset)
     buckets_TS = relative_position_buckets(distance_TS, num_buckets=table_PH.shape[0], max_distance=max_distance,
                                            bidirectional=bidirectional)
     return jnp.moveaxis(table_PH[buckets_TS], -1, 0).astype(jnp.promote_types(table_PH.dtype, jnp.float32))
