@@ -93,12 +93,14 @@ def test_written_files_and_directories_are_readable_by_all(source, tmp_path):
         assert set(modes.values()) == {0o644}, modes
 
 
-def _gguf(path: Path) -> bytes:
-    """A GGUF file holding one tensor; its bytes."""
+def _gguf(path: Path, experts: int = 0) -> bytes:
+    """A GGUF file holding one tensor (and ``llama.expert_count`` when ``experts``); its bytes."""
     import gguf
 
     writer = gguf.GGUFWriter(str(path), "llama")
     writer.add_block_count(1)
+    if experts:
+        writer.add_expert_count(experts)
     writer.add_tensor("token_embd.weight", np.ones((64, 16), np.float32))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
@@ -118,6 +120,17 @@ def test_a_garbled_or_truncated_gguf_is_named_in_one_line(content, reason, tmp_p
     assert main(_argv("import-hf", path, tmp_path / "out")) == 2
     assert f"error: {path}: not a readable GGUF file {reason}" in _one_line(capsys)
     assert _left_in(tmp_path) == ["model.gguf"]
+
+
+def test_a_mixture_of_experts_gguf_is_refused_naming_its_expert_count(tmp_path, capsys):
+    """Mixtral's GGUF files are of the llama architecture with llama.expert_count set: the import refused them for a
+    missing tensor (model.layers.0.mlp.gate_proj.weight), or the first missing field, not for what they are."""
+    path = tmp_path / "mixtral.gguf"
+    _gguf(path, experts=8)
+    assert main(_argv("import-hf", path, tmp_path / "out")) == 2
+    assert (f"error: {path}: GGUF metadata llama.expert_count=8 is not supported (dense feed-forward layers only)\n"
+            in _one_line(capsys))
+    assert _left_in(tmp_path) == ["mixtral.gguf"]
 
 
 def test_saving_over_a_directory_that_holds_files_is_refused_before_any_work(source, tmp_path, monkeypatch):

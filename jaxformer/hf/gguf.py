@@ -121,6 +121,10 @@ def read_gguf(path: str | Path) -> tuple[dict[str, Any], GGUFTensors, str | None
     if arch not in ARCHITECTURES:
         raise ValueError(f"{path}: GGUF metadata general.architecture={arch!r} is not supported "
                          f"(supported: {', '.join(ARCHITECTURES)})")
+    experts = int(field(f"{arch}.expert_count", 0))  # Mixtral's files are of the llama architecture
+    if experts:
+        raise ValueError(f"{path}: GGUF metadata {arch}.expert_count={experts} is not supported "
+                         "(dense feed-forward layers only)")
     names: dict[str, Any] = {}
     for tensor in reader.tensors:
         if tensor.name == "rope_freqs.weight":
