@@ -333,7 +333,7 @@ def test_only_the_late_reports_of_abandoned_checkpoint_reads_are_dropped():
     """The second late report, seen in CI under load: asyncio logging a failed TensorStore read that nobody awaited."""
     import logging
 
-    from jaxformer.train.checkpoint import _keeps_log_record
+    from jaxformer.train.late_reports import _keeps_log_record
 
     def record(message, error):
         return logging.LogRecord("asyncio", logging.ERROR, __file__, 1, message, None,
@@ -363,7 +363,7 @@ def test_the_unstarted_metadata_read_of_an_abandoned_restore_warns_no_more():
     import gc
     import warnings
 
-    from jaxformer.train.checkpoint import ignore_reads_outliving_their_loop
+    from jaxformer.train.late_reports import ignore_reads_outliving_their_loop
 
     class Store:
         async def _get_array_metadatas(self):

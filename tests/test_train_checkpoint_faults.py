@@ -167,6 +167,27 @@ def test_a_step_whose_metadata_does_not_read_is_corrupt_and_falls_back(tmp_path,
     assert latest_saved_step(run_dir) == 4  # saved again as the run ended
 
 
+def test_train_called_as_a_library_gives_its_caller_back_their_hooks(tmp_path, finished, monkeypatch):
+    """`train` called from Python, not through the `jaxformer` command, left sys.unraisablehook replaced and a filter
+    on asyncio's logger for the rest of the process (`Checkpointer.restore_latest` installed them for good, to drop
+    the late reports of a failed restore): the caller's hook and filters are theirs again when it returns."""
+    from jaxformer.train.config import load_config
+    from jaxformer.train.loop import train
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(finished, run_dir)
+    (run_dir / "final.json").unlink()
+    (run_dir / "checkpoints" / "4" / "state" / "_METADATA").write_text("garbage")  # a failed restore, then step 2
+    reported = []
+    monkeypatch.setattr(sys, "unraisablehook", reported.append)
+    mine, filters = sys.unraisablehook, list(logging.getLogger("asyncio").filters)
+    record = train(load_config(None, TINY), run_dir)
+    gc.collect()
+    assert record["resumed_from"]["step"] == 2
+    assert sys.unraisablehook is mine and logging.getLogger("asyncio").filters == filters
+    assert [repr(r.exc_value) for r in reported] == []
+
+
 def test_restoring_another_models_checkpoints_raises_and_moves_nothing(tmp_path):
     """`Checkpointer.restore_latest` itself, for every caller (training, a read-only restore): the newest step read
     is another model's, refused before any step is restored or set aside."""
@@ -204,7 +225,7 @@ async def _read_array_index_and_device_put():  # named as Orbax's read of one ar
 
 
 def test_only_the_late_reports_of_a_failed_restore_are_dropped():
-    from jaxformer.train.checkpoint import _unraisable_read_after_its_loop
+    from jaxformer.train.late_reports import _unraisable_read_after_its_loop
 
     read = _read_array_index_and_device_put()
     try:

@@ -218,8 +218,10 @@ def _stop_when_interrupted(code: int) -> None:
 def main() -> None:
     from jaxformer.runtime import run_inline_on_cpu
     from jaxformer.train.interrupts import raise_swallowed_interrupts
+    from jaxformer.train.late_reports import ignore_reads_outliving_their_loop
 
     raise_swallowed_interrupts()  # a Ctrl-C in JAX's gc callback ends the worker's run, as anywhere else
+    ignore_reads_outliving_their_loop()  # a failed restore's late reports, for the worker's whole life
     run_inline_on_cpu()  # a worker's runs are one-device programs (a device per thread): no page faults on scratch
     answers = os.fdopen(os.dup(1), "w")  # runs' output goes to their logs; answers keep their own descriptor
     os.dup2(2, 1)

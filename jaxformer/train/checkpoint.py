@@ -32,7 +32,6 @@ import os
 import re
 import shutil
 import sys
-import warnings
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
@@ -45,6 +44,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from jaxformer.parallel.distributed import exchange
 from jaxformer.train.checkpoint_shapes import refuse_another_model
 from jaxformer.train.interrupts import deferred_interrupt
+from jaxformer.train.late_reports import reads_outliving_their_loop_ignored
 
 
 
@@ -252,6 +252,7 @@ class Checkpointer:
             raise OSError(code, f"cannot save checkpoint step {step} in {self.directory}: {os.strerror(code)}") \
                 from error
 
+    @reads_outliving_their_loop_ignored()
     def restore_latest(self, abstract_state: Any, *, model_checked: bool = False) -> tuple[int, Any, dict] | None:
         """``(step, state, meta)`` of the newest readable step; None when there is no checkpoint.
 
@@ -261,7 +262,6 @@ class Checkpointer:
         model_checked: the caller has refused another model's steps already, and no step was added since
           (training: `jaxformer.train.prepare.prepare_run`, before anything was written); every process passes alike.
         """
-        ignore_reads_outliving_their_loop()
         steps, unreadable = self.steps(), []
         if not model_checked:  # each step's metadata read: on a small run it costs more than the restore itself
             refuse_another_model(self.directory, steps, abstract_state)
@@ -342,49 +342,3 @@ def _keeps_absl_record(record: logging.LogRecord) -> bool:
     if error is None or _ORBAX not in record.pathname:
         return True
     return not (isinstance(error, KeyboardInterrupt) or _write_errno(error) is not None)
-
-
-def _unraisable_read_after_its_loop(unraisable: Any) -> bool:
-    if getattr(unraisable.object, "__qualname__", None) == "_read_array_index_and_device_put":
-        return True  # a read of a failed restore, closed unfinished: its error is the step's, already reported
-    return (unraisable.object is None and isinstance(unraisable.exc_value, RuntimeError)
-            and str(unraisable.exc_value) == "Event loop is closed")
-
-
-# the metadata read of a restore abandoned before it began, collected at exit ("sys:1: RuntimeWarning: …")
-_UNSTARTED_READ = r"coroutine '\S*_get_array_metadatas' was never awaited"
-
-
-def _keeps_log_record(record: logging.LogRecord) -> bool:
-    """False for asyncio's note on a TensorStore read's failure that nobody awaited any more."""
-    error = record.exc_info[1] if record.exc_info else None
-    return not (record.getMessage().startswith(("Future exception was never retrieved",
-                                                "Task exception was never retrieved"))
-                and error is not None and "tensorstore_spec" in str(error))
-
-
-def ignore_reads_outliving_their_loop() -> None:
-    """Drops four known late reports for the rest of the process; every other goes on as before.
-
-    When one array of a step fails to restore, Orbax closes the event loop of that restore while
-    TensorStore is still reading the step's other arrays. Each of those reads, when it completes on
-    TensorStore's thread, reports ``RuntimeError: Event loop is closed`` as an unraisable exception,
-    or, when it failed too, asyncio logs "Future (or Task) exception was never retrieved"; a read
-    closed unfinished (Orbax's ``_read_array_index_and_device_put`` coroutine, an array of another
-    shape) raises its error again as an unraisable exception as it is collected, and one never started
-    (Orbax's ``_get_array_metadatas``) warns at exit that it was never awaited: tracebacks and lines
-    printed after the command's one-line error, or pytest warnings. The reads' results are not wanted
-    (the step is already judged unreadable), so those reports are dropped.
-    """
-    warnings.filterwarnings("ignore", _UNSTARTED_READ, RuntimeWarning)  # each time: a caller may reset the filters
-    previous = sys.unraisablehook
-    if getattr(previous, "drops_reads_after_their_loop", False):
-        return
-
-    def hook(unraisable: Any) -> None:
-        if not _unraisable_read_after_its_loop(unraisable):
-            previous(unraisable)
-
-    hook.drops_reads_after_their_loop = True
-    sys.unraisablehook = hook
-    logging.getLogger("asyncio").addFilter(_keeps_log_record)

@@ -14,12 +14,11 @@ import jax
 import orbax.checkpoint as ocp
 from flax import nnx
 
-# the late TensorStore reports of a failed restore, which Checkpointer.restore_latest drops too
-from jaxformer.train.checkpoint import (Checkpointer, CheckpointError, ignore_reads_outliving_their_loop,
-                                       params_digest)
+from jaxformer.train.checkpoint import Checkpointer, CheckpointError, params_digest
 from jaxformer.train.checkpoint_config import has_checkpoints
 from jaxformer.train.checkpoint_shapes import refuse_another_model
 from jaxformer.train.config import TrainConfig, load_config
+from jaxformer.train.late_reports import reads_outliving_their_loop_ignored
 from jaxformer.train.optimizer import make_optimizer
 from jaxformer.train.step import build_state
 from jaxformer.train.tokenizer import BPETokenizer, ByteTokenizer
@@ -43,6 +42,7 @@ def run_tokenizer(run_dir: Path, config: TrainConfig) -> ByteTokenizer | BPEToke
     return BPETokenizer.load(path)
 
 
+@reads_outliving_their_loop_ignored()  # the late TensorStore reports of a failed restore
 def restore_params(run_dir: Path, config: TrainConfig | None = None) -> tuple[int, nnx.State] | None:
     """``(step, params)`` of the run's newest readable checkpoint, read-only; None when it has none.
 
@@ -66,7 +66,6 @@ def restore_params(run_dir: Path, config: TrainConfig | None = None) -> tuple[in
     args = ocp.args.Composite(state=ocp.args.PyTreeRestore(
         item=item, restore_args=ocp.checkpoint_utils.construct_restore_args(item), partial_restore=True),
         meta=ocp.args.JsonRestore())
-    ignore_reads_outliving_their_loop()
     checkpointer = Checkpointer(run_dir / "checkpoints", config.checkpoint.keep, read_only=True)
     try:
         steps, unreadable = checkpointer.steps(), []
