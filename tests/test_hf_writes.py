@@ -93,14 +93,21 @@ def test_written_files_and_directories_are_readable_by_all(source, tmp_path):
         assert set(modes.values()) == {0o644}, modes
 
 
-def _gguf(path: Path, experts: int = 0) -> bytes:
-    """A GGUF file holding one tensor (and ``llama.expert_count`` when ``experts``); its bytes."""
+def _gguf(path: Path, experts: int = 0, sizes: bool = False) -> bytes:
+    """A GGUF file holding one tensor (and ``llama.expert_count`` when ``experts``; with ``sizes``, every size a
+    dense llama's config needs but the vocabulary's); its bytes."""
     import gguf
 
     writer = gguf.GGUFWriter(str(path), "llama")
     writer.add_block_count(1)
     if experts:
         writer.add_expert_count(experts)
+    if sizes:
+        writer.add_head_count(4)
+        writer.add_embedding_length(16)
+        writer.add_feed_forward_length(32)
+        writer.add_context_length(64)
+        writer.add_layer_norm_rms_eps(1e-5)
     writer.add_tensor("token_embd.weight", np.ones((64, 16), np.float32))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
@@ -131,6 +138,17 @@ def test_a_mixture_of_experts_gguf_is_refused_naming_its_expert_count(tmp_path, 
     assert (f"error: {path}: GGUF metadata llama.expert_count=8 is not supported (dense feed-forward layers only)\n"
             in _one_line(capsys))
     assert _left_in(tmp_path) == ["mixtral.gguf"]
+
+
+def test_a_gguf_without_a_vocabulary_is_refused_naming_the_fields_that_give_its_size(tmp_path, capsys):
+    """Neither llama.vocab_size nor tokenizer.ggml.tokens: refused as 'model.vocab_size must be a positive integer,
+    got 0', naming neither the file nor a GGUF field."""
+    path = tmp_path / "no-vocabulary.gguf"
+    _gguf(path, sizes=True)
+    assert main(_argv("import-hf", path, tmp_path / "out")) == 2
+    assert (f"error: {path}: GGUF metadata gives no vocabulary size (neither llama.vocab_size nor "
+            "tokenizer.ggml.tokens)\n" in _one_line(capsys))
+    assert _left_in(tmp_path) == ["no-vocabulary.gguf"]
 
 
 def test_saving_over_a_directory_that_holds_files_is_refused_before_any_work(source, tmp_path, monkeypatch):

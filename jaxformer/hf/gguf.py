@@ -137,6 +137,10 @@ def read_gguf(path: str | Path) -> tuple[dict[str, Any], GGUFTensors, str | None
         else:
             names[f"gguf.{tensor.name}"] = tensor  # reported as unused by the importer
     tokens = field("tokenizer.ggml.tokens", [])
+    vocab_size = int(field(f"{arch}.vocab_size", len(tokens)))
+    if vocab_size <= 0:
+        raise ValueError(f"{path}: GGUF metadata gives no vocabulary size (neither {arch}.vocab_size nor "
+                         "tokenizer.ggml.tokens)")
     heads = int(field(f"{arch}.attention.head_count"))
     kv_heads = int(field(f"{arch}.attention.head_count_kv", heads))
     d_model = int(field(f"{arch}.embedding_length"))
@@ -153,7 +157,7 @@ def read_gguf(path: str | Path) -> tuple[dict[str, Any], GGUFTensors, str | None
         "max_position_embeddings": int(field(f"{arch}.context_length")),
         "rms_norm_eps": float(field(f"{arch}.attention.layer_norm_rms_epsilon")),
         "rope_theta": float(field(f"{arch}.rope.freq_base", 10000.0)),
-        "vocab_size": int(field(f"{arch}.vocab_size", len(tokens))),
+        "vocab_size": vocab_size,
         "tie_word_embeddings": "lm_head.weight" not in names, "hidden_act": "silu",
     }
     scaling = field(f"{arch}.rope.scaling.type", "none")
