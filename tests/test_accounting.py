@@ -166,6 +166,12 @@ def test_training_flops_exact_versus_6nd():
     train = training_flops(cfg, 1e12, 2048)
     assert train["6ND"] == 6 * count_params(cfg).total * 1e12
     assert train["exact"] / train["6ND"] == pytest.approx(1.0, abs=0.1)  # attention adds, embeddings subtract
+    # the exact count written out (Hoffmann et al. 2022, App. F; 2 FLOPs a multiply-add, backward twice forward):
+    # per layer 4d² attention and 3·d·11008 SwiGLU weights, the untied 32000-row head, and 2·2·T·d attention
+    d, layers, seq_len = 4096, 32, 2048
+    weights = layers * (4 * d * d + 3 * d * 11_008) + d * 32_000
+    attention = layers * 4 * seq_len * d
+    assert train["exact"] == 3 * (2 * weights + attention) * 1e12 == 4.2863689728e22
 
 
 def test_training_flops_per_token_is_the_one_rule_and_counts_active_moe_parameters():
