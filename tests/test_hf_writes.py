@@ -202,6 +202,17 @@ def test_a_shard_index_naming_a_file_outside_the_checkpoint_is_refused(shard, so
     assert not (tmp_path / "out").exists()
 
 
+def test_a_shard_index_whose_weight_map_is_no_object_is_named_in_one_short_line(source, tmp_path, capsys):
+    import json
+
+    (source / "model.safetensors").unlink()
+    (source / "model.safetensors.index.json").write_text(json.dumps({"weight_map": list(range(100_000))}))
+    assert main(_argv("import-hf", source, tmp_path / "out")) == 2
+    line = _one_line(capsys)
+    assert "model.safetensors.index.json: weight_map=[0, 1, 2, 3, 4, 5, ...] is not an object" in line
+    assert len(line) < 400 and not (tmp_path / "out").exists()
+
+
 def test_shards_linked_to_blobs_outside_the_directory_are_read_as_in_the_hubs_cache(source, tmp_path):
     """The Hub's cache keeps a snapshot's shards as links to ../../blobs: names inside the directory, read as
     transformers reads them (it checks the names, not where links lead)."""

@@ -11,6 +11,7 @@ import errno
 import os
 import pickle
 import re
+import reprlib
 import warnings
 from pathlib import Path
 from typing import Iterator, Mapping
@@ -140,7 +141,7 @@ def _shard_files(directory: Path, index: Path) -> dict[str, Path]:
     fields = load_json(index)
     weight_map = fields.get("weight_map") if isinstance(fields, dict) else None
     if not isinstance(weight_map, dict):
-        raise ValueError(f"{index}: weight_map={weight_map!r} is not an object (tensor name -> shard file)")
+        raise ValueError(f"{index}: weight_map={reprlib.repr(weight_map)} is not an object (tensor name -> shard file)")
     for name, shard in weight_map.items():
         if not isinstance(shard, str) or not shard or Path(shard).anchor or ".." in Path(shard).parts:
             raise ValueError(f"{index}: weight_map[{name!r}]={shard!r} is not a file inside {directory}")
