@@ -27,6 +27,8 @@ def test_plan_has_exact_counts_whole_steps_and_isoflop_compute():
         assert run.D % tokens_per_step == 0 and run.steps == run.D // tokens_per_step
         assert run.C == 6 * run.N * run.D
         assert abs(run.C / run.budget - 1) < 0.03  # whole steps: within a step of the budget
+        # the nearest whole number of steps: within half a step's FLOPs of the budget
+        assert abs(run.C - run.budget) <= 6 * run.N * tokens_per_step / 2
         assert run.config["train"]["tokens"] == run.D
     assert len({run.N for run in runs}) == 2
 
@@ -56,6 +58,7 @@ def test_budgets_are_exact_training_flops_by_default(tmp_path):
         assert run.C_exact == run.C and run.C_6nd == pytest.approx(counted["6ND"], rel=1e-12)
         assert run.C > 1.1 * run.C_6nd  # these small models' attention and head are far from negligible
         assert abs(run.C / run.budget - 1) < 0.03
+        assert abs(run.C - run.budget) <= run.C / run.steps / 2  # the nearest whole number of steps
 
 
 @pytest.fixture(scope="module")
