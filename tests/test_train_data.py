@@ -58,6 +58,7 @@ def test_markov_entropy_rate_matches_the_empirical_conditional_entropy():
     total = sum(symbols.values())
     assert -sum(c / total * math.log2(c / total) for c in symbols.values()) == pytest.approx(unigram, abs=0.01)
     assert source.sample(3, 50, seed=1) == source.sample(3, 50, seed=1)  # seeded
+    assert source.sample(3, 50, seed=1) != source.sample(3, 50, seed=2)  # by its seed
 
 
 def test_stdlib_corpus_is_sorted_hashed_and_excludes_tests():
