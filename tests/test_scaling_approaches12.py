@@ -275,3 +275,17 @@ def test_wild_bootstrap_draws_one_sign_per_group():
     n_opt = fit_isoflop(exact, resamples=50, seed=0, resample="wild", keep_edges=True).stats["N_opt@1e+19"]
     assert n_opt.value == pytest.approx(t.N[1], rel=1e-9)
     assert n_opt.low == pytest.approx(n_opt.value, rel=1e-9) and n_opt.high == pytest.approx(n_opt.value, rel=1e-9)
+
+
+def test_the_report_names_each_point_estimate_outside_its_own_interval():
+    """What `jaxformer fit` warns of (tests/test_scaling_cli.py checks the line with this list replaced): none on a
+    law's own sweep, and each interval that misses its point, Approach 3 first."""
+    from jaxformer.scaling.bootstrap import Interval
+    from jaxformer.scaling.report import fit_table
+
+    report = fit_table(isoflop_sweep(LAW, BUDGETS, noise=0.002), "all", resamples=20, seed=0)
+    assert report.outside_intervals() == []
+    report.approach2.stats["a"] = Interval(0.381, 2e-7, 1.5, 1.5)
+    report.bootstrap3.stats["E"] = Interval(1.4, 1e-3, 1.5, 1.6)
+    report.bootstrap3.stats["alpha"] = Interval(0.34, 1e-3, 0.33, 0.35)  # inside: not named
+    assert report.outside_intervals() == ["Approach 3: E 1.4 [1.5, 1.6]", "Approach 2: a 0.381 [1.5, 1.5]"]
