@@ -1,6 +1,8 @@
 """The README's Python snippets run as written."""
 
+import keyword
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -11,7 +13,23 @@ SNIPPETS = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
 
 @pytest.mark.parametrize("snippet", SNIPPETS, ids=[f"snippet{i}" for i in range(len(SNIPPETS))])
 def test_readme_snippet_runs(snippet):
-    exec(compile(snippet, str(README), "exec"), {})
+    """Runs as written, and prints what the README says it prints: a ``print(...)  # value`` line's comment is its
+    output, or names the fields it shows (``# N_opt, D_opt, …``); a snippet printing False where its comment says
+    True used to pass."""
+    printed: dict[int, str] = {}
+
+    def record(*args, **kwargs):  # by the line of the snippet that printed
+        printed[sys._getframe(1).f_lineno] = " ".join(map(str, args))
+
+    exec(compile(snippet, str(README), "exec"), {"print": record})
+    shown = {number: line.rsplit("#", 1)[1].strip() for number, line in enumerate(snippet.splitlines(), 1)
+             if line.startswith("print(") and "#" in line}
+    for number, comment in shown.items():
+        names = [name.strip() for name in comment.split(",")]
+        if all(name.isidentifier() and not keyword.iskeyword(name) for name in names):
+            assert all(name in printed[number] for name in names), (number, comment, printed[number])
+        else:
+            assert printed.get(number) == comment, (number, comment, printed.get(number))
 
 
 def _spec_fields(cls, prefix: str = "") -> list[str]:
