@@ -55,7 +55,7 @@ def time_together(config, runs: int, *, steps: int = 5, repeats: int = 5) -> dic
     optimizer = make_optimizer(config.optimizer)
     dtype, lr = config.train.compute_dtype, np.float32(config.optimizer.lr)
     graphdef, state = layout.materialize(lambda: build_state(config.model, config.train.seed, optimizer, config.kernel))
-    windows = np.stack([random_windows(config, seed) for seed in range(runs)])  # [R, A, B, T+1]
+    windows = np.stack([random_windows(config, seed) for seed in range(runs)])  # [Y, A, B, W]
     batch_sharding = layout.batch_sharding(windows.shape[1:], batch_dim=1)
     stacked_sharding = layout.batch_sharding(windows.shape, batch_dim=2)
     state_sharding = stacked_shardings(layout, state)

@@ -2,9 +2,11 @@
 
 Shape letters. An array's name ends in one capital letter per axis (``q_BTHD`` is
 ``[batch, query, heads, head_dim]``), and bracketed shapes in docstrings use the same
-letters. This is the one legend for the package's arrays (``functional``, ``nn``,
-``models``, ``train``, ``benchmarks``, ``scaling``); a module's docstring may add notes but never a
-second meaning, and a new letter is added here first.
+letters. This is the one legend for the whole ``jaxformer`` package (every subpackage, its
+commands and benchmarks, not ``functional`` and ``nn`` alone); a module's docstring may add notes
+but never a second meaning, and a new letter is added here first. All 26 letters are taken: an
+axis none of them names is written as a word in brackets (``[resamples]``, ``[budgets]``,
+``[starts, Q]``) and its array's name carries no letter suffix.
 
 - ``A`` stacked batches: gradient-accumulation micro-batches, validation batches
 - ``B`` batch (sequences)
@@ -29,7 +31,8 @@ second meaning, and a new letter is added here first.
 - ``V`` vocabulary
 - ``W`` training window length, ``T + 1`` (inputs plus the next-token targets)
 - ``X`` experts: any stack of expert FFNs (routed or shared)
-- ``Y`` data rows (runs) a law is fitted to
+- ``Y`` runs: the data rows a law is fitted to, or runs trained together on a leading axis
+  (``jaxformer.train.together``: ``windows_YABW``)
 - ``Z`` slots of the pooled fit solver (jobs in flight)
 - ``1`` an axis of size 1, kept for broadcasting (``mask_B1TS``)
 

@@ -142,10 +142,10 @@ def generate(
     return out_BT[0] if np.ndim(prompt) == 1 else out_BT
 
 
-def _hold_stop_tokens(tokens_BN: np.ndarray, stops: np.ndarray) -> jax.Array:
-    """``tokens_BN`` with every token after a row's first stop token replaced by that stop token."""
-    is_stop_BN = np.isin(tokens_BN, stops)
-    first_B = np.where(is_stop_BN.any(1), is_stop_BN.argmax(1), tokens_BN.shape[1])
-    after_BN = np.arange(tokens_BN.shape[1])[None] > first_B[:, None]
-    held_B = tokens_BN[np.arange(len(tokens_BN)), np.minimum(first_B, tokens_BN.shape[1] - 1)]
-    return jnp.asarray(np.where(after_BN, held_B[:, None], tokens_BN), jnp.int32)
+def _hold_stop_tokens(tokens_BT: np.ndarray, stops: np.ndarray) -> jax.Array:
+    """``tokens_BT`` with every token after a row's first stop token replaced by that stop token."""
+    is_stop_BT = np.isin(tokens_BT, stops)
+    first_B = np.where(is_stop_BT.any(1), is_stop_BT.argmax(1), tokens_BT.shape[1])
+    after_BT = np.arange(tokens_BT.shape[1])[None] > first_B[:, None]
+    held_B = tokens_BT[np.arange(len(tokens_BT)), np.minimum(first_B, tokens_BT.shape[1] - 1)]
+    return jnp.asarray(np.where(after_BT, held_B[:, None], tokens_BT), jnp.int32)

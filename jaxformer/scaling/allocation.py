@@ -36,7 +36,7 @@ class FlopsPerToken:
 
     @classmethod
     def fit(cls, N, D, C) -> "FlopsPerToken":
-        """Least squares of ln(C/D) on ln N over the runs ``[R]``; exactly 6N when every C is 6ND."""
+        """Least squares of ln(C/D) on ln N over the runs ``[Y]``; exactly 6N when every C is 6ND."""
         N, per_token = np.asarray(N, np.float64), np.asarray(C, np.float64) / np.asarray(D, np.float64)
         if np.allclose(per_token, SIX_ND(N), rtol=1e-9) or np.ptp(np.log(N)) == 0:
             return SIX_ND
@@ -242,7 +242,7 @@ def budget_labels(budgets) -> list[str]:
 
 @dataclass(frozen=True)
 class Allocation:
-    """Compute-optimal N, D, D/N and loss at each budget; arrays ``[K]``."""
+    """Compute-optimal N, D, D/N and loss at each budget; arrays ``[budgets]``."""
 
     C: np.ndarray
     N: np.ndarray

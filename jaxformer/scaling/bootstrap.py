@@ -48,7 +48,7 @@ class Interval:
 
 @dataclass(frozen=True)
 class BootstrapResult:
-    samples: dict[str, np.ndarray]  # quantity -> [B] values over resamples
+    samples: dict[str, np.ndarray]  # quantity -> [resamples] values
     stats: dict[str, Interval]
     level: float
     converged: int  # resamples whose best start converged
@@ -66,7 +66,7 @@ class BootstrapResult:
 
 def law_quantities(law: ParametricLaw, budgets) -> dict[str, np.ndarray]:
     """Parameters and derived quantities (the tokens per parameter at each budget keyed by `budget_labels`); the
-    law's fields may be ``[B]`` arrays (one per resample)."""
+    law's fields may be ``[resamples]`` arrays (one per resample)."""
     out = {"E": law.E, "A": law.A, "B": law.B, "alpha": law.alpha, "beta": law.beta, "a": law.a, "b": law.b,
            "G": law.G}
     for C, label in zip(budgets, budget_labels(budgets)):
@@ -80,7 +80,7 @@ def percentiles(level: float) -> np.ndarray:
 
 
 def sample_laws(samples: dict[str, np.ndarray], flops: FlopsPerToken) -> ParametricLaw:
-    """The resampled Approach-3 laws as one law of ``[B, 1]`` fields (broadcast against ``[K]`` budgets or
+    """The resampled Approach-3 laws as one law of ``[resamples, 1]`` fields (broadcast against ``[budgets]`` or
     sizes), counting compute with the fit's ``flops``."""
     return ParametricLaw(*(samples[k][:, None] for k in ("E", "A", "B", "alpha", "beta")), flops=flops)
 
@@ -126,15 +126,15 @@ def bootstrap_parametric(table: RunTable, fit: ParametricFit, *, resamples: int 
         raise ValueError(f"bootstrap resamples must be at least 2, got {resamples}")
     if not 0 < level < 1:
         raise ValueError(f"confidence level must be in (0, 1), got {level}")
-    x0 = np.concatenate([fit.x[None], fit.best_starts(max(starts - 1, 0))])  # [K, 5]
-    K = len(x0)
+    x0 = np.concatenate([fit.x[None], fit.best_starts(max(starts - 1, 0))])  # [starts, Q]
+    starts_used = len(x0)
     counts = resample_counts(len(table), resamples, seed, table.group)
     # a resample starts next to its optimum, as the point fit's polish does: the same tests
-    sol = lbfgs.minimize(value_and_grad, np.tile(x0, (resamples, 1)), np.repeat(counts, K, axis=0),
+    sol = lbfgs.minimize(value_and_grad, np.tile(x0, (resamples, 1)), np.repeat(counts, starts_used, axis=0),
                          log_data(table, fit.delta), **POLISH)
-    f = np.where(np.isfinite(sol.f), sol.f, np.inf).reshape(resamples, K)
+    f = np.where(np.isfinite(sol.f), sol.f, np.inf).reshape(resamples, starts_used)
     best = np.argmin(f, axis=1)
-    pick = np.arange(resamples) * K + best
+    pick = np.arange(resamples) * starts_used + best
     x = sol.x[pick]
     laws = ParametricLaw(E=np.exp(x[:, 2]), A=np.exp(x[:, 0]), B=np.exp(x[:, 1]), alpha=x[:, 3], beta=x[:, 4],
                          flops=fit.law.flops)

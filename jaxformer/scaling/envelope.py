@@ -27,9 +27,9 @@ from jaxformer.scaling.table import RunTable
 
 @dataclass(frozen=True)
 class EnvelopeFit:
-    flops: np.ndarray  # [F] FLOP values where the envelope is defined
-    n_opt: np.ndarray  # [F] size of the best run there
-    loss_opt: np.ndarray  # [F]
+    flops: np.ndarray  # [flops] FLOP values where the envelope is defined
+    n_opt: np.ndarray  # [flops] size of the best run there
+    loss_opt: np.ndarray  # [flops]
     allocation: PowerLawAllocation
     stats: dict[str, Interval] | None
 
@@ -43,7 +43,7 @@ class EnvelopeFit:
 
 
 def _loss_grid(table: RunTable, points: int) -> tuple[np.ndarray, np.ndarray]:
-    """FLOP values ``[F]`` and each run's interpolated loss there ``[R, F]`` (inf off its curve)."""
+    """FLOP values ``[flops]`` and each run's interpolated loss there ``[Y, flops]`` (inf off its curve)."""
     flops_per_token = table.C / table.D
     run, tokens, loss = table.curve_run, table.curve_tokens, table.curve_loss
     c = flops_per_token[run] * tokens

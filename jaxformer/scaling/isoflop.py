@@ -66,7 +66,7 @@ class IsoFLOPFit:
     allocation: PowerLawAllocation
     stats: dict[str, Interval] | None  # bootstrap intervals, if resampled
     warnings: list[str]
-    samples: dict[str, np.ndarray] | None = None  # quantity -> [B] values over the valid resamples
+    samples: dict[str, np.ndarray] | None = None  # quantity -> [resamples] values over the valid resamples
     flops: FlopsPerToken = SIX_ND  # the table's compute per token, for D_opt = C / F(N_opt)
 
     def to_dict(self) -> dict:
@@ -96,11 +96,12 @@ def group_budgets(table: RunTable, budget_tol: float = 0.1) -> list[np.ndarray]:
 
 
 def _parabolas(u: np.ndarray, y: np.ndarray, w: np.ndarray) -> np.ndarray:
-    """Weighted least-squares parabolas: u ``[n]``, y ``[n]`` or ``[B, n]``, weights ``[B, n]`` → coefficients ``[B, 3]``.
+    """Weighted least-squares parabolas: u ``[Y]``, y ``[Y]`` or ``[resamples, Y]``, weights ``[resamples, Y]``
+    → coefficients ``[resamples, 3]``.
 
     Resamples with fewer than three distinct sizes get NaN.
     """
-    X = np.stack([np.ones_like(u), u, u * u], axis=1)  # [n, 3]
+    X = np.stack([np.ones_like(u), u, u * u], axis=1)  # [Y, 3]
     M = np.einsum("bn,ni,nj->bij", w, X, X)
     v = np.einsum("bn,ni,bn->bi", w, X, np.broadcast_to(y, w.shape))
     _, size_of = np.unique(u, return_inverse=True)
@@ -211,7 +212,7 @@ def fit_isoflop(table: RunTable, *, budget_tol: float = 0.1, resamples: int = 0,
 
 
 def _leverage(u: np.ndarray) -> np.ndarray:
-    """``[n]`` diagonal of the hat matrix of a least-squares parabola in u ``[n]``."""
+    """``[Y]`` diagonal of the hat matrix of a least-squares parabola in u ``[Y]``."""
     X = np.stack([np.ones_like(u), u, u * u], axis=1)
     return np.einsum("ni,ij,nj->n", X, np.linalg.pinv(X.T @ X), X)
 

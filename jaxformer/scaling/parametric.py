@@ -82,9 +82,9 @@ class ParametricFit:
     """The best of all starts, polished, with how the starts fared."""
 
     law: ParametricLaw
-    x: np.ndarray  # [5] (log A, log B, log E, α, β)
+    x: np.ndarray  # [Q] (log A, log B, log E, α, β)
     objective: float
-    starts: np.ndarray  # [S, 5] grid used
+    starts: np.ndarray  # [starts, Q] grid used
     solution: lbfgs.Solution  # per start
     best: int  # index of the start that ended lowest
     delta: float

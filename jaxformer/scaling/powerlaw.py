@@ -13,7 +13,7 @@ from jaxformer.scaling.allocation import SIX_ND, FlopsPerToken, PowerLawAllocati
 
 
 def loglog_fit(C: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Slope and intercept of ln y on ln C along the last axis: ``[..., K]`` → ``[...]``, ``[...]``.
+    """Slope and intercept of ln y on ln C along the last axis: ``[..., budgets]`` → ``[...]``, ``[...]``.
 
     NaN entries of y are left out of their row's fit.
     """
@@ -30,7 +30,7 @@ def loglog_fit(C: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def allocation_from_optima(C: np.ndarray, n_opt: np.ndarray, loss_opt: np.ndarray,
                            flops: FlopsPerToken = SIX_ND) -> PowerLawAllocation:
-    """Power laws through compute-optimal points ``[K]`` (budgets, sizes, losses); D_opt = C / F(N_opt)."""
+    """Power laws through compute-optimal points (budgets, sizes, losses: ``[budgets]`` each); D_opt = C / F(N_opt)."""
     a, log_k = loglog_fit(C, n_opt)
     gamma, log_kl = loglog_fit(C, loss_opt)
     return allocation_through(float(np.exp(log_k)), float(a), flops, k_L=float(np.exp(log_kl)), gamma=float(gamma))
@@ -45,7 +45,8 @@ def allocation_through(k_N, a, flops: FlopsPerToken = SIX_ND, *, k_L=None, gamma
 
 
 def power_law_samples(C: np.ndarray, n_opt: np.ndarray, flops: FlopsPerToken = SIX_ND) -> dict[str, np.ndarray]:
-    """a, b and k_N ``[B]`` of the power laws through resampled optima ``[B, K]`` (NaN entries left out).
+    """a, b and k_N ``[resamples]`` of the power laws through resampled optima ``[resamples, budgets]`` (NaN
+    entries left out).
 
     A degenerate resample's intercept can overflow float64: its k_N is then inf (an open interval), silently.
     """
@@ -56,6 +57,6 @@ def power_law_samples(C: np.ndarray, n_opt: np.ndarray, flops: FlopsPerToken = S
 
 
 def sample_allocations(samples: dict[str, np.ndarray], flops: FlopsPerToken = SIX_ND) -> PowerLawAllocation:
-    """The resampled power laws (`power_law_samples`) as one allocation of ``[B, 1]`` fields, broadcast against
-    ``[K]`` budgets; the loss at the optimum is not resampled."""
+    """The resampled power laws (`power_law_samples`) as one allocation of ``[resamples, 1]`` fields, broadcast
+    against ``[budgets]``; the loss at the optimum is not resampled."""
     return allocation_through(samples["k_N"][:, None], samples["a"][:, None], flops)

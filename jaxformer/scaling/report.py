@@ -81,7 +81,7 @@ class FitReport:
         return out
 
     def frontier_bands(self, flops) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-        """label → (low, high) ``[K]`` percentile band of N_opt at each budget C, from each bootstrapped
+        """label → (low, high) ``[budgets]`` percentile band of N_opt at each budget C, from each bootstrapped
         approach's resampled laws (Approach 3: E, A, B, α, β; Approach 2: a, k_N). An approach none of whose
         resamples gave a law (Approach 2 when no resample bracketed two budgets' minima) has no band."""
         C = np.asarray(flops, np.float64)[None]

@@ -40,7 +40,7 @@ CANDIDATES: dict[str, tuple[str, ...]] = {
 
 @dataclass(frozen=True)
 class RunTable:
-    """One row per run; arrays ``[R]``. ``curve_*`` are ``[K]`` points of the runs' curves."""
+    """One row per run; arrays ``[Y]``. ``curve_*`` are ``[points]`` of the runs' curves."""
 
     N: np.ndarray
     D: np.ndarray

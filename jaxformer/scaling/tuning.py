@@ -71,7 +71,8 @@ class TuneFit:
 
 
 def lr_optimum(N: float, lr: np.ndarray, loss: np.ndarray) -> LROptimum:
-    """The optimum of one size's curve: ``lr`` [K] distinct rates, ``loss`` [K] final losses (NaN: diverged)."""
+    """The optimum of one size's curve: ``lr`` ``[rates]`` distinct rates, ``loss`` ``[rates]`` final losses
+    (NaN: diverged)."""
     order = np.argsort(lr)
     lr, loss = np.asarray(lr, dtype=float)[order], np.where(np.isfinite(loss), loss, np.inf)[order]
     if not np.isfinite(loss).any():
@@ -96,7 +97,7 @@ def reference_size(N: np.ndarray) -> float:
 
 
 def fit_lr_rule(N: np.ndarray, lr_opt: np.ndarray, N0: float | None = None) -> LRRule:
-    """The least-squares line of ln lr_opt on ln N through two or more sizes ``[K]``."""
+    """The least-squares line of ln lr_opt on ln N through two or more sizes ``[sizes]``."""
     N, lr_opt = np.asarray(N, dtype=float), np.asarray(lr_opt, dtype=float)
     if len(np.unique(N)) < 2:
         raise ValueError(f"a learning-rate rule needs optima at two or more sizes, got {len(np.unique(N))}")
@@ -106,7 +107,7 @@ def fit_lr_rule(N: np.ndarray, lr_opt: np.ndarray, N0: float | None = None) -> L
 
 
 def fit_tuning(N: np.ndarray, lr: np.ndarray, loss: np.ndarray) -> TuneFit:
-    """Each size's optimum and the rule across sizes, from one run per entry of ``N``, ``lr``, ``loss`` [R]."""
+    """Each size's optimum and the rule across sizes, from one run per entry of ``N``, ``lr``, ``loss`` ``[Y]``."""
     N, lr, loss = (np.asarray(x, dtype=float) for x in (N, lr, loss))
     optima = []
     for size in np.unique(N):

@@ -23,8 +23,8 @@ together: true    # runs differing only in the lr schedule and seed (a tuning si
                   # as one program in one worker request (jaxformer.train.together); default false
 ```
 
-``together`` is off by default: a group's R runs take one worker, so it pays only where the
-stacked step beats R lone steps (`jaxformer bench together` measures a shape; docs/sweep-speed.md)
+``together`` is off by default: a group's Y runs take one worker, so it pays only where the
+stacked step beats Y lone steps (`jaxformer bench together` measures a shape; docs/sweep-speed.md)
 and there are at least as many groups as workers — else cores that would train other runs sit idle.
 
 IsoFLOP runs take ``D = C / (3·F)`` with F the exact forward FLOPs per token, attention and

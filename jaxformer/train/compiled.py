@@ -8,8 +8,8 @@ and the batch shapes — not on the seed, the learning rate (an argument of ever
 number of steps; the initial state's program takes the seed as an argument, and a run that
 restores a checkpoint (a resumed run, a sweep's cooldown branch) needs only its abstract state.
 `initial_state` and `compiled_steps` compile each such program once per process; JAX's persistent compilation cache (``train.compilation_cache``) serves other processes and relaunches.
-Runs trained together (`jaxformer.train.together`) step R states stacked on a leading axis
-(``stacked``: ``vmap`` or ``map``), placed by `stacked_shardings`: a program per shape, R and way.
+Runs trained together (`jaxformer.train.together`) step Y states stacked on a leading axis
+(``stacked``: ``vmap`` or ``map``), placed by `stacked_shardings`: a program per shape, Y and way.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def initial_state(model: ModelConfig, kernel: KernelConfig, optimizer_config: Op
 
 
 def stacked_shardings(layout: Layout, state: Any) -> Any:
-    """Where R runs' states stacked on a leading axis live: each run's slice as `Layout.shardings` places one
+    """Where Y runs' states stacked on a leading axis live: each run's slice as `Layout.shardings` places one
     run's ``state`` (arrays or ``ShapeDtypeStruct``), the run axis not split."""
     return jax.tree.map(lambda s: NamedSharding(s.mesh, PartitionSpec(None, *s.spec)), layout.shardings(state))
 
@@ -69,7 +69,7 @@ def compiled_steps(graphdef, optimizer_config: OptimizerConfig, optimizer: optax
                    val_batches: jax.Array, *, stacked: Stacked = None) -> tuple[Callable, Callable, bool]:
     """``(train_step, eval_pass, reused)``: the run's compiled steps; ``reused`` when this process had them.
 
-    ``stacked`` (``vmap`` or ``map``): ``state`` and ``batch`` hold R runs on a leading axis (`make_train_step`'s
+    ``stacked`` (``vmap`` or ``map``): ``state`` and ``batch`` hold Y runs on a leading axis (`make_train_step`'s
     ``stacked``), the state placed by `stacked_shardings`; ``val_batches`` are one set for every run.
     """
     key = (graphdef, transformation_settings(optimizer_config), compute_dtype, *_layout_key(layout),

@@ -51,8 +51,8 @@ class MarkovSource:
 
     order: int
     alphabet: int
-    successors: np.ndarray  # [A^k, branching] int
-    probs: np.ndarray  # [A^k, branching] float64, rows sum to 1
+    successors: np.ndarray  # [contexts, branching] int (A^k contexts)
+    probs: np.ndarray  # [contexts, branching] float64, rows sum to 1
 
     @property
     def num_contexts(self) -> int:
@@ -65,7 +65,7 @@ class MarkovSource:
         return np.arange(self.alphabet, dtype=np.uint8) + offset
 
     def _next_contexts(self) -> np.ndarray:
-        """``[A^k, branching]``: the context after emitting each successor."""
+        """``[contexts, branching]``: the context after emitting each successor."""
         shifted = (np.arange(self.num_contexts) * self.alphabet) % self.num_contexts
         return shifted[:, None] + self.successors
 

@@ -32,11 +32,11 @@ from jaxformer.kernel import KernelConfig
 from jaxformer.models.pure import init_params
 
 State = dict[str, Any]
-Stacked = Literal["vmap", "map"] | None  # how a program steps R runs on a leading axis (`over_runs`)
+Stacked = Literal["vmap", "map"] | None  # how a program steps Y runs on a leading axis (`over_runs`)
 
 
 def over_runs(fn: Callable, how: Stacked, in_axes: tuple = (0, 0, 0)) -> Callable:
-    """``fn`` applied to R runs stacked on a leading axis of the arguments ``in_axes`` marks (None: shared).
+    """``fn`` applied to Y runs stacked on a leading axis of the arguments ``in_axes`` marks (None: shared).
 
     ``vmap``: batched into one computation; ``map``: ``jax.lax.map``, the runs one after another inside
     one program (plain matmuls, one dispatch for all; `jaxformer bench together` times both). Either way
@@ -108,7 +108,7 @@ def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformat
     and ``batch_sharding`` the step is compiled for that layout (pjit semantics): the state
     keeps its sharding from step to step, ``lr`` is replicated, and GSPMD adds the collectives.
 
-    ``stacked``: R runs at once (`jaxformer.train.together`), ``train_step(state_R, windows_RABW, lr_R)``:
+    ``stacked``: Y runs at once (`jaxformer.train.together`), ``train_step(state_Y, windows_YABW, lr_Y)``:
     every state leaf, the windows and the learning rate carry a leading run axis, and the same
     step is applied over it (`over_runs`: ``vmap`` or ``map``).
     """
@@ -162,7 +162,7 @@ def make_eval_pass(graphdef: nnx.GraphDef, compute_dtype: str, *, params_shardin
     differ from the training loss on the same windows.
 
     Shardings as for `make_train_step`; the loss comes back replicated. ``stacked``: the parameters of
-    R runs with a leading run axis, one set of batches for all, ``[R]`` losses (`over_runs` of the same pass).
+    Y runs with a leading run axis, one set of batches for all, ``[Y]`` losses (`over_runs` of the same pass).
     """
     dtype = jnp.dtype(compute_dtype)
 

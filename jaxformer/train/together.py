@@ -1,11 +1,11 @@
-"""`train_together(configs, run_dirs)`: R runs of one shape trained as one compiled program.
+"""`train_together(configs, run_dirs)`: Y runs of one shape trained as one compiled program.
 
 Runs whose configs differ only in their learning-rate schedule (`FREE`: ``optimizer.lr`` and
 the schedule's settings) and ``train.seed`` take the same steps on the same shapes — a tuning
 stage's learning rates at one size, a budget's seeds. Their states are stacked on a leading run
-axis R and stepped by `make_train_step`'s own step applied over that axis: one program, one
-dispatch per step for all R, each run with its own windows ``[R, A, B, T+1]`` (its seed's
-stream) and its own learning rate ``lr[R]`` (its schedule, evaluated on the host). How the step
+axis Y and stepped by `make_train_step`'s own step applied over that axis: one program, one
+dispatch per step for all Y, each run with its own windows ``[Y, A, B, W]`` (its seed's
+stream) and its own learning rate ``lr[Y]`` (its schedule, evaluated on the host). How the step
 goes over the axis (`jaxformer.train.step.over_runs`) is measured, not assumed
 (`jaxformer bench together`, figures in docs/sweep-speed.md): ``vmap`` batches the runs into one
 computation, whose batched matmuls XLA:CPU ran slower than lone steps beyond the smallest models;
@@ -22,7 +22,7 @@ share one ``time`` breakdown, the seconds of the program they all ran, so each r
 
 A non-finite loss fails its run alone: the error a lone run raises is returned for it (its
 last good checkpoint kept), its rows and checkpoints stop, and the others go on. Its slot
-keeps being computed: dropping it would compile a program for R − 1 runs, which costs more
+keeps being computed: dropping it would compile a program for Y − 1 runs, which costs more
 than the slot for the short runs that train together (runs are independent either way, so
 its NaNs reach no other run).
 
@@ -187,7 +187,7 @@ def _slice(tree, i: int):
 
 
 class _Together:
-    """R `RunSegment` s stepped as one program; they share one ``times`` dict."""
+    """Y `RunSegment` s stepped as one program; they share one ``times`` dict."""
 
     def __init__(self, runs: list[RunSegment], stacked: Stacked) -> None:
         self.runs, self.lead, self.stacked = runs, runs[0], stacked
@@ -232,7 +232,7 @@ class _Together:
             run.reused_program = reused
         # host zeros: each reset puts fresh device arrays, as the state they join is donated to the next step
         self.empty_sums = jax.tree.map(lambda x: np.zeros((count, *x.shape), x.dtype), empty_sums())
-        learning_rates = np.stack([run.learning_rates for run in runs], axis=1)  # [steps, R]
+        learning_rates = np.stack([run.learning_rates for run in runs], axis=1)  # [steps, Y]
         self.mark = time.perf_counter()
         try:
             for step in range(lead.start_step + 1, lead.total_steps + 1):
@@ -262,7 +262,7 @@ class _Together:
         return self.results
 
     def _evaluate(self, eval_pass, state) -> np.ndarray:
-        """``[R]`` validation losses of every run's parameters, timed as ``eval_s``."""
+        """``[Y]`` validation losses of every run's parameters, timed as ``eval_s``."""
         return self.lead.timed("eval_s", lambda: np.asarray(jax.device_get(
             eval_pass(state["params"], self.lead.val_batches))))
 
