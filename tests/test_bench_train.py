@@ -65,7 +65,7 @@ def test_alternating_sides_time_each_run_after_an_untimed_one(monkeypatch):
     from jaxformer.train.throughput import TrainStepRunner
 
     calls = []
-    real_run, real_torch_step = TrainStepRunner.run, bench._torch_step
+    real_run, real_torch_step = TrainStepRunner.run, bench.timed_torch_step
 
     def run(self, steps):
         calls.append(("jax", steps))
@@ -80,7 +80,7 @@ def test_alternating_sides_time_each_run_after_an_untimed_one(monkeypatch):
         return timed
 
     monkeypatch.setattr(TrainStepRunner, "run", run)
-    monkeypatch.setattr(bench, "_torch_step", torch_step)
+    monkeypatch.setattr(bench, "timed_torch_step", torch_step)
     config = bench.bench_config(16, 1, 32, 4)
     row = bench.measure(config, steps=2, repeats=2, torch_too=True)
     assert calls == [("torch", 1)] + [("jax", 2), ("jax", 2), ("torch", 2), ("torch", 2)] * 2  # warm-up, then pairs

@@ -22,6 +22,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -97,7 +98,7 @@ def measure(config, *, steps: int, repeats: int, torch_too: bool, one_device: bo
     config, choice, matmul_choice = choose_kernels(config)
     runner = TrainStepRunner(config)
     alone = TrainStepRunner(config, one_device=True) if one_device and runner.devices > 1 else None
-    torch_step = _torch_step(config) if torch_too else None
+    torch_step = timed_torch_step(config) if torch_too else None
     if torch_step is not None:
         torch_step(steps=1)  # warm-up
     # A step's first run after the other side's pays for the memory that run churned (fresh huge pages cost XLA's
@@ -137,7 +138,10 @@ def _timed_after_settling(run, settle: bool) -> float:
     return run()
 
 
-def _torch_step(config):
+def timed_torch_step(config) -> Callable[..., float]:
+    """``timed(steps=n) -> seconds`` of ``n`` PyTorch training steps of ``config``'s model on one fixed batch of
+    random windows (`torch_reference.make_torch_step` with ``config.optimizer``'s settings, bf16 autocast when
+    ``train.compute_dtype`` is bfloat16): the peer side of `measure`, usable on its own."""
     import torch
 
     from jaxformer.benchmarks.torch_reference import make_torch_step

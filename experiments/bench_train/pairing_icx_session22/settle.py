@@ -4,7 +4,7 @@ untimed step. Run with GLIBC_TUNABLES=glibc.malloc.hugetlb=1 XLA_FLAGS="--xla_cp
 --xla_force_host_platform_device_count=2"."""
 import statistics
 import jax
-from jaxformer.benchmarks.train import bench_config, _torch_step
+from jaxformer.benchmarks.train import bench_config, timed_torch_step
 from jaxformer.train.throughput import TrainStepRunner
 cfg = bench_config(128, 4, 128, 32, attention_impl="fused", matmul_impl="onednn")
 r = TrainStepRunner(cfg)
@@ -12,7 +12,7 @@ tok = 5 * r.tokens_per_step
 alone = [tok / r.run(5) for _ in range(4)]
 import torch
 torch.set_num_threads(2)
-ts = _torch_step(cfg); ts(steps=1)
+ts = timed_torch_step(cfg); ts(steps=1)
 first, second, third, tfirst, tsecond = [], [], [], [], []
 for _ in range(8):
     tfirst.append(tok / ts(steps=5)); tsecond.append(tok / ts(steps=5))

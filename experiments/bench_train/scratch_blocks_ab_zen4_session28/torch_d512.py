@@ -1,6 +1,6 @@
 import os, time, resource
-from jaxformer.benchmarks.train import bench_config, _torch_step
-step = _torch_step(bench_config(512, 8, 256, 32))
+from jaxformer.benchmarks.train import bench_config, timed_torch_step
+step = timed_torch_step(bench_config(512, 8, 256, 32))
 step(steps=1)
 ts = []
 for _ in range(2):
