@@ -139,6 +139,18 @@ def test_norms_match_their_definitions_and_swiglu_gates():
     np.testing.assert_allclose(ln.std(-1), 1.0, atol=1e-3)
     rms = F.rms_norm(x, scale=2.0 * jnp.ones(16))
     np.testing.assert_allclose(jnp.sqrt(jnp.mean(rms ** 2, -1)), 2.0, atol=1e-4)
+    # PyTorch's, with a scale and a bias: on rows off zero mean (RMSNorm keeps the mean, LayerNorm removes it), and on
+    # rows whose variance, 9e-6, is of the order of eps (layer_norm's default 1e-5, rms_norm's 1e-6, as torch is called)
+    rows = np.array([[1.0, 0.5], [3e-3, 0.0]], np.float32)  # each batch row's scale and offset
+    shifted = np.asarray(x) * rows[:, :1, None] + rows[:, 1:, None]
+    scale, bias = np.asarray(jax.random.normal(jax.random.key(6), (2, 16)))
+    to_torch = lambda a: torch.from_numpy(np.array(a))
+    for ours, theirs in ((F.layer_norm(jnp.asarray(shifted), jnp.asarray(scale), jnp.asarray(bias)),
+                          torch.nn.functional.layer_norm(to_torch(shifted), (16,), to_torch(scale), to_torch(bias),
+                                                         eps=1e-5)),
+                         (F.rms_norm(jnp.asarray(shifted), jnp.asarray(scale)),
+                          torch.nn.functional.rms_norm(to_torch(shifted), (16,), to_torch(scale), eps=1e-6))):
+        np.testing.assert_allclose(ours, theirs.numpy(), rtol=1e-5, atol=1e-5)
     w_in, w_gate, w_out = jax.random.normal(jax.random.key(4), (3, 16, 16))
     gated = F.feed_forward(x, w_in, w_out, activation="swiglu", w_gate_EF=w_gate)
     np.testing.assert_allclose(gated, (jax.nn.silu(x @ w_gate) * (x @ w_in)) @ w_out, rtol=1e-5, atol=1e-5)
