@@ -30,6 +30,8 @@ def test_wsd_learning_rate_is_the_formula_at_every_update(shape, total):
     config = OptimizerConfig(lr=2e-3, schedule="wsd", warmup_fraction=0.05, final_lr_fraction=0.1,
                              cooldown_fraction=0.2, cooldown_shape=shape)
     warmup, cooldown = warmup_steps(config, total), cooldown_steps(config, total)
+    # 5% and 20% of the run in whole steps, the cooldown at least one: the formula's phases, not the code's alone
+    assert (warmup, cooldown) == {7: (0, 1), 100: (5, 20), 1001: (50, 200)}[total]
     expected = [wsd_formula(k, total, warmup, cooldown, 2e-3, 2e-4, shape) for k in range(total)]
     np.testing.assert_allclose(learning_rates(config, total), expected, rtol=2e-6, atol=0)
     assert learning_rates(config, total)[-1] == np.float32(2e-4)
