@@ -23,7 +23,7 @@ import warnings
 from jaxformer.files import is_input_error
 from jaxformer.runtime import reexec_tuned
 from jaxformer.train.interrupts import raise_swallowed_interrupts
-from jaxformer.train.late_reports import ignore_reads_outliving_their_loop
+from jaxformer.train.late_reports import ignore_failed_write_tracebacks, ignore_reads_outliving_their_loop
 
 
 # sub-command -> (module, one-line help)
@@ -109,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     _one_line_notes()
     raise_swallowed_interrupts()
     ignore_reads_outliving_their_loop()  # the command owns its process (a library restores its caller's hooks)
+    ignore_failed_write_tracebacks()  # as above, for absl's logger filters
     selected = next((a for a in argv if not a.startswith("-")), None)
     args = build_parser(selected).parse_args(argv)
     try:

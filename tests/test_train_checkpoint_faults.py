@@ -92,14 +92,14 @@ def test_a_disk_that_fills_while_saving_fails_the_run_in_one_line_with_an_error_
 
 
 def test_a_write_failure_tensorstore_reports_maps_to_its_errno():
-    from jaxformer.train.checkpoint import _write_errno
+    from jaxformer.train.late_reports import failed_write_errno
 
     full = ("RESOURCE_EXHAUSTED: Error writing local file \"/m/checkpoints/40.orbax-checkpoint-tmp/state/_sharding\": "
             "Failed to write 15139 bytes to file 19: No space left on device [os_error_code='28']")
-    assert _write_errno(ValueError(full)) == errno.ENOSPC
-    assert _write_errno(ValueError("RESOURCE_EXHAUSTED: out of quota")) == errno.ENOSPC
-    assert _write_errno(OSError(errno.EROFS, "Read-only file system")) == errno.EROFS
-    assert _write_errno(ValueError("Requested shape: (64,) is not compatible with the stored shape: (32,)")) is None
+    assert failed_write_errno(ValueError(full)) == errno.ENOSPC
+    assert failed_write_errno(ValueError("RESOURCE_EXHAUSTED: out of quota")) == errno.ENOSPC
+    assert failed_write_errno(OSError(errno.EROFS, "Read-only file system")) == errno.EROFS
+    assert failed_write_errno(ValueError("Requested shape: (64,) is not compatible with the stored shape: (32,)")) is None
 
 
 def tree_md5s(root: Path) -> dict[str, str]:
@@ -170,7 +170,9 @@ def test_a_step_whose_metadata_does_not_read_is_corrupt_and_falls_back(tmp_path,
 def test_train_called_as_a_library_gives_its_caller_back_their_hooks(tmp_path, finished, monkeypatch):
     """`train` called from Python, not through the `jaxformer` command, left sys.unraisablehook replaced and a filter
     on asyncio's logger for the rest of the process (`Checkpointer.restore_latest` installed them for good, to drop
-    the late reports of a failed restore): the caller's hook and filters are theirs again when it returns."""
+    the late reports of a failed restore), and a filter on absl's logger (every writing `Checkpointer` added it for
+    good, to drop Orbax's tracebacks of a failed write): the caller's hook and filters are theirs again when it
+    returns."""
     from jaxformer.train.config import load_config
     from jaxformer.train.loop import train
 
@@ -180,12 +182,33 @@ def test_train_called_as_a_library_gives_its_caller_back_their_hooks(tmp_path, f
     (run_dir / "checkpoints" / "4" / "state" / "_METADATA").write_text("garbage")  # a failed restore, then step 2
     reported = []
     monkeypatch.setattr(sys, "unraisablehook", reported.append)
+    def callers_filter(record: logging.LogRecord) -> bool:
+        return True
+
+    absl_filters = [callers_filter]  # the caller's own, none of jaxformer's (`finished` ran the command)
+    monkeypatch.setattr(logging.getLogger("absl"), "filters", list(absl_filters))
     mine, filters = sys.unraisablehook, list(logging.getLogger("asyncio").filters)
     record = train(load_config(None, TINY), run_dir)
     gc.collect()
     assert record["resumed_from"]["step"] == 2
     assert sys.unraisablehook is mine and logging.getLogger("asyncio").filters == filters
+    assert logging.getLogger("absl").filters == absl_filters
     assert [repr(r.exc_value) for r in reported] == []
+
+
+def test_a_checkpointer_that_writes_gives_absl_its_filters_back(tmp_path, monkeypatch):
+    """A writing `Checkpointer` added its filter of Orbax's write tracebacks to absl's logger for good: now only
+    while it saves, waits or closes."""
+    import jax.numpy as jnp
+
+    from jaxformer.train.checkpoint import Checkpointer
+
+    monkeypatch.setattr(logging.getLogger("absl"), "filters", [])
+    checkpointer = Checkpointer(tmp_path / "checkpoints", keep=2, asynchronous=True)
+    checkpointer.save(1, {"params": {"w": jnp.ones((3, 2), jnp.float32)}}, {})
+    assert logging.getLogger("absl").filters == []
+    checkpointer.close()
+    assert logging.getLogger("absl").filters == [] and checkpointer.steps() == [1]
 
 
 def test_restoring_another_models_checkpoints_raises_and_moves_nothing(tmp_path):
@@ -239,7 +262,7 @@ def test_only_the_late_reports_of_a_failed_restore_are_dropped():
 
 
 def test_ctrl_c_and_failed_writes_leave_no_orbax_traceback_and_other_errors_do():
-    from jaxformer.train.checkpoint import _keeps_absl_record
+    from jaxformer.train.late_reports import _keeps_absl_record
 
     import orbax.checkpoint
 

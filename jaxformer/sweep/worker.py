@@ -218,10 +218,11 @@ def _stop_when_interrupted(code: int) -> None:
 def main() -> None:
     from jaxformer.runtime import run_inline_on_cpu
     from jaxformer.train.interrupts import raise_swallowed_interrupts
-    from jaxformer.train.late_reports import ignore_reads_outliving_their_loop
+    from jaxformer.train.late_reports import ignore_failed_write_tracebacks, ignore_reads_outliving_their_loop
 
     raise_swallowed_interrupts()  # a Ctrl-C in JAX's gc callback ends the worker's run, as anywhere else
     ignore_reads_outliving_their_loop()  # a failed restore's late reports, for the worker's whole life
+    ignore_failed_write_tracebacks()  # and Orbax's tracebacks of a failed checkpoint write, raised in one line
     run_inline_on_cpu()  # a worker's runs are one-device programs (a device per thread): no page faults on scratch
     answers = os.fdopen(os.dup(1), "w")  # runs' output goes to their logs; answers keep their own descriptor
     os.dup2(2, 1)

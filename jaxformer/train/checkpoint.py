@@ -24,12 +24,10 @@ computed on the devices and does not depend on the sharding, so it checks such r
 from __future__ import annotations
 
 import contextlib
-import errno
 import functools
 import hashlib
 import logging
 import os
-import re
 import shutil
 import sys
 from pathlib import Path
@@ -44,29 +42,12 @@ from jax.sharding import NamedSharding, PartitionSpec
 from jaxformer.parallel.distributed import exchange
 from jaxformer.train.checkpoint_shapes import refuse_another_model
 from jaxformer.train.interrupts import deferred_interrupt
-from jaxformer.train.late_reports import reads_outliving_their_loop_ignored
-
+from jaxformer.train.late_reports import (failed_write_errno, failed_write_tracebacks_ignored,
+                                          reads_outliving_their_loop_ignored)
 
 
 class CheckpointError(RuntimeError):
     """Checkpoints exist but none of them can be restored."""
-
-
-# TensorStore reports a file system's error as a ValueError: "RESOURCE_EXHAUSTED: … [os_error_code='28']"
-_OS_ERROR_CODE = re.compile(r"os_error_code='?(\d+)")
-
-
-def _write_errno(error: BaseException) -> int | None:
-    """The errno of a failed Orbax write (an ``OSError``, or TensorStore's ValueError naming one); None for any
-    other error."""
-    if isinstance(error, OSError):
-        return error.errno
-    if not isinstance(error, ValueError):
-        return None
-    text = str(error)
-    if code := _OS_ERROR_CODE.search(text):
-        return int(code.group(1))
-    return errno.ENOSPC if "RESOURCE_EXHAUSTED" in text or "No space left" in text else None
 
 
 def _mix32(h: jax.Array) -> jax.Array:
@@ -202,8 +183,6 @@ class Checkpointer:
         self.directory = Path(directory).absolute()
         self.read_only, self.asynchronous = read_only, asynchronous
         self.saving: int | None = None  # the step of the last save, until it is on disk
-        if not read_only:  # Orbax logs a failed write's traceback in each thread it reaches; we raise it once
-            logging.getLogger("absl").addFilter(_keeps_absl_record)
         policies, kept = ocp.checkpoint_managers, list(kept_steps)
         # Orbax takes max_to_keep or a preservation policy, not both; kept steps need the policy (newest `keep` or kept)
         policy = policies.AnyPreservationPolicy([policies.LatestN(keep), policies.CustomSteps(kept)]) if kept else None
@@ -241,12 +220,14 @@ class Checkpointer:
     @contextlib.contextmanager
     def _writing(self, step: int | None) -> Iterator[None]:
         """Raises a failed write of ``step`` as an ``OSError`` (a full disk: ``ENOSPC``) in one line, not as the
-        ValueError TensorStore raises, which reads as bad input."""
+        ValueError TensorStore raises, which reads as bad input; Orbax's own tracebacks of it (absl's logger, in each
+        thread the error reaches) are dropped meanwhile (`failed_write_tracebacks_ignored`)."""
         self.saving = step
         try:
-            yield
+            with failed_write_tracebacks_ignored():
+                yield
         except Exception as error:
-            code = _write_errno(error)
+            code = failed_write_errno(error)
             if code is None:
                 raise
             raise OSError(code, f"cannot save checkpoint step {step} in {self.directory}: {os.strerror(code)}") \
@@ -330,15 +311,3 @@ def _absl_warnings_off() -> Iterator[None]:
         yield
     finally:
         logger.setLevel(level)
-
-
-_ORBAX = f"{os.sep}orbax{os.sep}"
-
-
-def _keeps_absl_record(record: logging.LogRecord) -> bool:
-    """False for Orbax's own traceback of an error `Checkpointer` raises itself: a failed write (`_write_errno`),
-    or Ctrl-C while it waited for a save; every other record (another library's, a plain one) is kept."""
-    error = record.exc_info[1] if record.exc_info else None
-    if error is None or _ORBAX not in record.pathname:
-        return True
-    return not (isinstance(error, KeyboardInterrupt) or _write_errno(error) is not None)

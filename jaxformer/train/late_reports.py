@@ -1,4 +1,6 @@
-"""The reports a failed restore's abandoned reads make after the fact, dropped: for the process, or for one call.
+"""Reports of errors jaxformer already reports itself, dropped: for the process, or for one call.
+
+A failed restore's abandoned reads report after the fact.
 
 When one array of a step fails to restore, Orbax closes the event loop of that restore while TensorStore is still
 reading the step's other arrays. Each of those reads, when it completes on TensorStore's thread, reports
@@ -16,18 +18,30 @@ drops them while it runs (`reads_outliving_their_loop_ignored`) and gives its ca
 ``sys.unraisablehook`` and asyncio log filters when it returns; it leaves their warning filters alone (the warning of
 a read never begun comes as the coroutine is collected, at exit mostly). This module imports only the standard
 library: the command installs it before it knows whether anything will restore.
+
+A failed checkpoint write (a full disk) or Ctrl-C during one is logged by Orbax, through absl's logger, with its
+traceback in each thread it reaches; `jaxformer.train.checkpoint.Checkpointer` raises it once, in one line. The same
+two ways drop Orbax's records of those errors: for the process (`ignore_failed_write_tracebacks`, the command and the
+sweep worker) or while a library call runs (`failed_write_tracebacks_ignored`: `train`, `train_together`, a
+`Checkpointer`'s writes), which gives the caller back absl's logger filters as they were.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
+import os
+import re
 import sys
 import warnings
 from typing import Any, Iterator
 
 # the metadata read of a restore abandoned before it began, collected at exit ("sys:1: RuntimeWarning: …")
 _UNSTARTED_READ = r"coroutine '\S*_get_array_metadatas' was never awaited"
+# TensorStore reports a file system's error as a ValueError: "RESOURCE_EXHAUSTED: … [os_error_code='28']"
+_OS_ERROR_CODE = re.compile(r"os_error_code='?(\d+)")
+_ORBAX = f"{os.sep}orbax{os.sep}"
 
 
 def _unraisable_read_after_its_loop(unraisable: Any) -> bool:
@@ -85,3 +99,44 @@ def _drop_unraisable_and_logged() -> None:
 
     hook.drops_reads_after_their_loop = True
     sys.unraisablehook = hook
+
+
+def failed_write_errno(error: BaseException) -> int | None:
+    """The errno of a failed Orbax write (an ``OSError``, or TensorStore's ValueError naming one); None for any
+    other error."""
+    if isinstance(error, OSError):
+        return error.errno
+    if not isinstance(error, ValueError):
+        return None
+    text = str(error)
+    if code := _OS_ERROR_CODE.search(text):
+        return int(code.group(1))
+    return errno.ENOSPC if "RESOURCE_EXHAUSTED" in text or "No space left" in text else None
+
+
+def _keeps_absl_record(record: logging.LogRecord) -> bool:
+    """False for Orbax's own traceback of an error `Checkpointer` raises itself: a failed write (`failed_write_errno`),
+    or Ctrl-C while it waited for a save; every other record (another library's, a plain one) is kept."""
+    error = record.exc_info[1] if record.exc_info else None
+    if error is None or _ORBAX not in record.pathname:
+        return True
+    return not (isinstance(error, KeyboardInterrupt) or failed_write_errno(error) is not None)
+
+
+def ignore_failed_write_tracebacks() -> None:
+    """Drops Orbax's tracebacks of the errors a `Checkpointer` raises itself for the rest of the process."""
+    logging.getLogger("absl").addFilter(_keeps_absl_record)  # once: a logger keeps one of each filter
+
+
+@contextlib.contextmanager
+def failed_write_tracebacks_ignored() -> Iterator[None]:
+    """Orbax's tracebacks of the errors a `Checkpointer` raises itself dropped inside the block (also a decorator);
+    after it, absl's logger filters are as they were. Where the process drops them for good, nothing changes."""
+    absl_log = logging.getLogger("absl")
+    filtered = _keeps_absl_record in absl_log.filters
+    absl_log.addFilter(_keeps_absl_record)
+    try:
+        yield
+    finally:
+        if not filtered:
+            absl_log.removeFilter(_keeps_absl_record)

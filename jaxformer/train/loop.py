@@ -39,7 +39,7 @@ from jaxformer.train.from_checkpoint import checkpoint_params
 from jaxformer.train.loader import Loader, eval_batches
 from jaxformer.train.compiled import compiled_steps, initial_state
 from jaxformer.train.kernel_choice import KernelChoice
-from jaxformer.train.late_reports import reads_outliving_their_loop_ignored
+from jaxformer.train.late_reports import failed_write_tracebacks_ignored, reads_outliving_their_loop_ignored
 from jaxformer.train.matmul_choice import MatmulChoice, choose_kernels
 from jaxformer.train.metrics import MetricsLogger, last_logged
 from jaxformer.train.optimizer import learning_rates, make_optimizer
@@ -71,6 +71,7 @@ def written_runs() -> Iterator[None]:
 
 
 @reads_outliving_their_loop_ignored()  # a failed restore's late reports, the caller's hooks as they were after
+@failed_write_tracebacks_ignored()  # Orbax's of a failed write (raised in one line), absl's filters as they were
 def train(config: TrainConfig, run_dir: Path) -> dict:
     """Trains (or resumes) the run in ``run_dir`` (claimed: `jaxformer.train.run_claim`); returns ``final.json``."""
     started, times, run_dir = time.perf_counter(), {"startup_s": process_startup_s()}, Path(run_dir)

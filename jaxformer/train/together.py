@@ -54,7 +54,7 @@ from jaxformer.train.checkpoint import CheckpointError
 from jaxformer.train.checkpoint_config import latest_saved_step
 from jaxformer.train.compiled import compiled_steps, initial_state, stacked_shardings
 from jaxformer.train.config import TrainConfig, flatten_dotted, config_to_dict
-from jaxformer.train.late_reports import reads_outliving_their_loop_ignored
+from jaxformer.train.late_reports import failed_write_tracebacks_ignored, reads_outliving_their_loop_ignored
 from jaxformer.train.matmul_choice import choose_kernels
 from jaxformer.train.loop import NonFiniteLoss, RunSegment, train, written_runs
 from jaxformer.train.prepare import begin_run, prepare_run
@@ -111,6 +111,7 @@ def _xla_matmul(config: TrainConfig) -> TrainConfig:
 
 
 @reads_outliving_their_loop_ignored()  # as `train`
+@failed_write_tracebacks_ignored()
 def train_together(configs: Sequence[TrainConfig], run_dirs: Sequence[Path], *,
                    stacked: Stacked = None) -> list[Result]:
     """Trains (or resumes) each run ``configs[i]`` in ``run_dirs[i]``, together where they can (module docstring),
