@@ -125,6 +125,8 @@ def test_sampling_is_reproducible_and_top_k_one_is_greedy():
     again = jaxformer.generate(model, prompt, max_new_tokens=5, temperature=1.5, top_p=0.9, seed=7)
     assert first.shape == (2, 5)
     np.testing.assert_array_equal(first, again)
+    other = jaxformer.generate(model, prompt, max_new_tokens=5, temperature=1.5, top_p=0.9, seed=8)
+    assert not np.array_equal(first, other)  # the tokens are the seed's
     greedy = jaxformer.generate(model, prompt, max_new_tokens=5, temperature=0.0)
     np.testing.assert_array_equal(jaxformer.generate(model, prompt, max_new_tokens=5, top_k=1, seed=3), greedy)
 
