@@ -98,6 +98,13 @@ def test_fit_text_summary_with_intervals(tmp_path, capsys):
     match = re.search(r"\n  a +([\d.]+) +SE ([\d.e-]+) +90% CI \[([\d.]+), ([\d.]+)\]", out)
     value, se, low, high = map(float, match.groups())
     assert low < PRESETS["chinchilla"].a < high and low < value < high and 0 < se < 0.02
+    # a 90% interval: the 5th and 95th percentiles of the same resamples (a 95% one passed the checks above)
+    from jaxformer.scaling.report import fit_table
+    from jaxformer.sweep.table import sweep_table
+
+    samples = fit_table(sweep_table(sweep), "2", resamples=200, seed=0).approach2.samples["a"]
+    digits = len(match.group(3).split(".")[1])
+    assert [low, high] == pytest.approx(np.percentile(samples, [5, 95]), abs=0.6 * 10.0 ** -digits)
 
 
 @pytest.mark.parametrize(
