@@ -277,15 +277,55 @@ def test_wild_bootstrap_draws_one_sign_per_group():
     assert n_opt.low == pytest.approx(n_opt.value, rel=1e-9) and n_opt.high == pytest.approx(n_opt.value, rel=1e-9)
 
 
-def test_the_report_names_each_point_estimate_outside_its_own_interval():
+
+@pytest.fixture(scope="module")
+def both_fitted():
+    """Approaches 2 and 3, 20 resamples each, on the Chinchilla law's sweep; tests change copies of it."""
+    from jaxformer.scaling.report import fit_table
+
+    return fit_table(isoflop_sweep(LAW, BUDGETS, noise=0.002), "all", resamples=20, seed=0)
+
+
+def _with_intervals(report, approach2=None, approach3=None):
+    """A copy of ``report`` whose bootstrap intervals are replaced where given (``{name: Interval}``)."""
+    import copy
+    import dataclasses
+
+    changed = copy.copy(report)
+    if approach2:
+        changed.approach2 = dataclasses.replace(report.approach2, stats={**report.approach2.stats, **approach2})
+    if approach3:
+        changed.bootstrap3 = dataclasses.replace(report.bootstrap3, stats={**report.bootstrap3.stats, **approach3})
+    return changed
+
+
+def test_the_report_names_each_point_estimate_outside_its_own_interval(both_fitted):
     """What `jaxformer fit` warns of (tests/test_scaling_cli.py checks the line with this list replaced): none on a
     law's own sweep, and each interval that misses its point, Approach 3 first."""
     from jaxformer.scaling.bootstrap import Interval
-    from jaxformer.scaling.report import fit_table
 
-    report = fit_table(isoflop_sweep(LAW, BUDGETS, noise=0.002), "all", resamples=20, seed=0)
-    assert report.outside_intervals() == []
-    report.approach2.stats["a"] = Interval(0.381, 2e-7, 1.5, 1.5)
-    report.bootstrap3.stats["E"] = Interval(1.4, 1e-3, 1.5, 1.6)
-    report.bootstrap3.stats["alpha"] = Interval(0.34, 1e-3, 0.33, 0.35)  # inside: not named
-    assert report.outside_intervals() == ["Approach 3: E 1.4 [1.5, 1.6]", "Approach 2: a 0.381 [1.5, 1.5]"]
+    assert both_fitted.outside_intervals() == []
+    changed = _with_intervals(both_fitted, approach2={"a": Interval(0.381, 2e-7, 1.5, 1.5)},
+                              approach3={"E": Interval(1.4, 1e-3, 1.5, 1.6),
+                                         "alpha": Interval(0.34, 1e-3, 0.33, 0.35)})  # inside: not named
+    assert changed.outside_intervals() == ["Approach 3: E 1.4 [1.5, 1.6]", "Approach 2: a 0.381 [1.5, 1.5]"]
+
+
+def test_approaches_2_and_3_agree_where_their_intervals_for_a_overlap(both_fitted):
+    """Both recover the law's a (0.4516), so their intervals overlap; intervals apart disagree; intervals that
+    share an end point overlap."""
+    from jaxformer.scaling.bootstrap import Interval
+
+    found = both_fitted.agreement()
+    (low2, high2), (low3, high3) = found["interval2"], found["interval3"]
+    assert low2 < LAW.a < high2 and low3 < LAW.a < high3 and found["agree"] is True
+    assert both_fitted.agreement_text().startswith(
+        f"Approaches 2 and 3 agree: their 95% intervals for a, [{low2:.3f}, {high2:.3f}] and [{low3:.3f}, "
+        f"{high3:.3f}], overlap (a = ")
+    apart = _with_intervals(both_fitted, approach2={"a": Interval(0.6, 0.01, high3 + 0.01, high3 + 0.1)})
+    assert apart.agreement()["agree"] is False
+    assert "disagree: their 95% intervals for a" in apart.agreement_text() and "do not overlap" in apart.agreement_text()
+    below = _with_intervals(both_fitted, approach3={"a": Interval(0.3, 0.01, low2 - 0.1, low2 - 0.01)})
+    assert below.agreement()["agree"] is False
+    touching = _with_intervals(both_fitted, approach2={"a": Interval(0.6, 0.01, high3, high3 + 0.1)})
+    assert touching.agreement()["agree"] is True
