@@ -58,8 +58,11 @@ def test_query_blocks_turn_off_with_null():
 
 
 def test_moved_attention_keys_are_read_as_kernel_keys_with_a_one_line_note():
-    with pytest.warns(ConfigDeprecation, match="model.attention_impl is deprecated: use kernel.attention_impl"):
+    with pytest.warns(ConfigDeprecation) as notes:
         config = load_config(None, ["model.attention_impl=blockwise", "model.attention_query_block_size=null"])
+    assert sorted(str(note.message) for note in notes) == [
+        "model.attention_impl is deprecated: use kernel.attention_impl",
+        "model.attention_query_block_size is deprecated: use kernel.attention_query_block_size"]
     assert config.kernel.attention_impl == "blockwise" and config.kernel.attention_query_block_size is None
     assert "attention_impl" not in config_to_dict(config)["model"]
     with pytest.warns(ConfigDeprecation, match="model.attention_query_blocks is deprecated: it is no longer used"):
