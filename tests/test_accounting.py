@@ -130,6 +130,8 @@ def test_moe_total_versus_active():
     assert round(layers(moe.breakdown) / 1e9, 1) == 36.5
     active_layers = moe.active - moe.breakdown["token_embedding"] - moe.breakdown["output_head"]
     assert round(active_layers / 1e9, 1) == 10.7
+    # what the 6ND_non_embedding rule counts: the same active layers and the (untied) head, no embedding table
+    assert round((moe.active_non_embedding - moe.breakdown["output_head"]) / 1e9, 1) == 10.7
     dense = ModelConfig(d_model=4096, num_heads=32, num_layers=32, use_bias=False, norm="rmsnorm", position="rope")
     assert round(count_params(dense).per_layer["decoder.total"] * 32 / 1e9, 1) == 6.4
 
