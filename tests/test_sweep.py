@@ -30,6 +30,9 @@ def test_plan_has_exact_counts_whole_steps_and_isoflop_compute():
         # the nearest whole number of steps: within half a step's FLOPs of the budget
         assert abs(run.C - run.budget) <= 6 * run.N * tokens_per_step / 2
         assert run.config["train"]["tokens"] == run.D
+        # the spec's formula (sweeps/tiny.yaml) at the run's own N, its model's exact count, not the size asked for
+        assert run.config["optimizer"]["lr"] == pytest.approx(3e-3 * (run.N / 1e4) ** -0.25, rel=1e-12)
+        assert run.N != run.target_params
     assert len({run.N for run in runs}) == 2
 
 
