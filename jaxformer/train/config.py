@@ -41,7 +41,8 @@ class LoopConfig(Section):
     master weights. eval_interval: steps between validation passes (0: only at the end).
     eval_tokens: validation tokens per pass. peak_flops: FLOP/s the MFU is measured against
     (unset: probed with a matmul at start). compilation_cache: JAX's persistent compilation
-    cache directory ("" disables it).
+    cache directory ("" disables it); it is JAX's setting for the whole process (one cache a process), so
+    ``train`` called as a library turns it on for its caller too, unless given "".
     """
 
     SECTION = "train"
