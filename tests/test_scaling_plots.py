@@ -1,13 +1,16 @@
-"""`jaxformer.scaling.plots.save_all`: a set of figures is written whole or not at all."""
+"""`jaxformer.scaling.plots`: the fit's figures draw the table's runs and the fitted laws; `save_all` writes a set of
+figures whole or not at all."""
 
 import errno
 import resource
 import signal
 from pathlib import Path
 
+import numpy as np
 import pytest
 from matplotlib.figure import Figure
 
+from jaxformer.scaling.allocation import PRESETS
 from jaxformer.scaling.plots import save_all
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -48,3 +51,76 @@ def test_a_figure_whose_write_fails_midway_leaves_none_written_and_the_old_ones_
     assert sorted(contents) == sorted(names)
     assert all(contents[name].startswith(PNG) for name in names[::2])
     assert all(contents[name].startswith(b"<?xml") for name in names[1::2])
+
+
+def _points(collection) -> np.ndarray:
+    return np.asarray(collection.get_offsets())
+
+
+def _rows(points) -> np.ndarray:
+    """The points in one order (the report keeps its table sorted)."""
+    points = np.asarray(points)
+    return points[np.lexsort(points.T[::-1])]
+
+
+def test_the_figures_draw_the_tables_runs_and_the_fitted_laws():
+    """What each figure draws, read back from its artists: the IsoFLOP figure's points are the table's (N, loss) at each
+    budget, its curves the parabolas and its stars their minima; the contour's frontier is the law's (N_opt, D_opt)(C)
+    and its dots the runs' (N, D); the residuals are log L − log L̂(N, D) of each run against C and N; the N_opt figure
+    draws each approach's N_opt(C), the bootstrap's band around it and the published Chinchilla law."""
+    from jaxformer.scaling.report import fit_table
+    from jaxformer.scaling.synthetic import isoflop_sweep
+
+    budgets = np.logspace(18, 21, 4)
+    table = isoflop_sweep(PRESETS["chinchilla"], budgets, sizes=5, noise=0.002)
+    report = fit_table(table, "all", resamples=20, seed=0)
+    figures = report.figures()
+    close = dict(rtol=1e-12, atol=0)
+
+    ax, = figures["isoflop"].axes
+    profiles = report.approach2.profiles
+    assert [p.budget for p in profiles] == pytest.approx(budgets)
+    for k, (budget, p) in enumerate(zip(budgets, profiles)):
+        runs = table.budget == budget
+        points, star = _points(ax.collections[2 * k]), _points(ax.collections[2 * k + 1])
+        np.testing.assert_allclose(_rows(points), _rows(np.column_stack([table.N[runs], table.loss[runs]])), **close)
+        np.testing.assert_allclose(star, [[p.n_opt, p.loss_opt]], **close)
+        line = ax.lines[k]
+        u = np.log(line.get_xdata()) - p.center
+        assert line.get_xdata().min() < table.N[runs].min() and line.get_xdata().max() > table.N[runs].max()
+        np.testing.assert_allclose(line.get_ydata(), p.coeffs[0] + p.coeffs[1] * u + p.coeffs[2] * u**2, rtol=1e-9)
+        assert p.loss_opt == pytest.approx(np.min(p.curve(np.geomspace(p.N.min(), p.N.max(), 2001))), rel=1e-6)
+
+    law = report.approach3.law
+    ax = figures["contour"].axes[0]
+    frontier = ax.lines[0]
+    N, D = frontier.get_xdata(), frontier.get_ydata()
+    C = law.flops(N) * D  # each point's budget: the frontier is the law's (N_opt(C), D_opt(C))
+    np.testing.assert_allclose(N, law.n_opt(C), rtol=1e-9)
+    np.testing.assert_allclose(D, law.d_opt(C), rtol=1e-9)
+    assert C.min() < table.C.min() and C.max() > table.C.max()
+    np.testing.assert_allclose(_rows(_points(ax.collections[-1])), _rows(np.column_stack([table.N, table.D])), **close)
+
+    observed = np.log(table.loss) - np.log(law.E + law.A / table.N**law.alpha + law.B / table.D**law.beta)
+    for ax, x in zip(figures["residuals"].axes[:2], (table.C, table.N)):
+        np.testing.assert_allclose(_rows(_points(ax.collections[0])), _rows(np.column_stack([x, observed])),
+                                   rtol=1e-9, atol=1e-15)
+
+    ax, = figures["n_opt"].axes
+    laws = report.laws()
+    bands = report.frontier_bands(ax.lines[0].get_xdata())
+    assert set(bands) == {"Approach 2", "Approach 3"} and len(ax.lines) == len(laws) + 1
+    for line, (label, fitted) in zip(ax.lines, laws.items()):
+        assert line.get_label().startswith(label)
+        np.testing.assert_allclose(line.get_ydata(), fitted.n_opt(line.get_xdata()), **close)
+    chinchilla = ax.lines[-1]
+    assert chinchilla.get_label().startswith("Chinchilla published")
+    np.testing.assert_allclose(chinchilla.get_ydata(), PRESETS["chinchilla"].n_opt(chinchilla.get_xdata()), **close)
+    shaded = [c for c in ax.collections if type(c).__name__.endswith("PolyCollection")]
+    C = ax.lines[0].get_xdata()
+    for collection, label in zip(shaded, ["Approach 2", "Approach 3"]):
+        vertices = collection.get_paths()[0].vertices
+        low, high = bands[label]
+        for c, lo, hi in zip(C[::9], low[::9], high[::9]):
+            ys = vertices[np.isclose(vertices[:, 0], c, rtol=1e-12), 1]
+            assert (ys.min(), ys.max()) == pytest.approx((lo, hi), rel=1e-12), label
