@@ -139,6 +139,29 @@ def test_files_corpus_with_bpe_keeps_splits_apart_and_reuses_the_saved_tokenizer
     assert np.array_equal(again.train, dataset.train) and np.array_equal(again.val, dataset.val)
 
 
+def test_the_splits_are_the_files_bytes_whole_files_in_corpus_order(tmp_path, monkeypatch):
+    """Byte-level streams read against the files: each file's bytes go whole to one split (cut into 3-4 documents
+    of at most 100 bytes, its pieces still stay together), each split is its files' bytes concatenated in sorted
+    order, and validation holds the files `validation_mask` picks."""
+    monkeypatch.chdir(tmp_path)
+    texts = {f"f{i:02d}.txt": "".join(f"file {i} line {j}: {'xyz'[j % 3] * (i + j)}\n" for j in range(12)).encode()
+             for i in range(16)}
+    for name, text in texts.items():
+        (tmp_path / name).write_bytes(text)
+    config = load_config(None, ["data.corpus=files:*.txt", "data.tokenizer=byte", "model.vocab_size=256",
+                                "data.doc_bytes=100", "data.val_fraction=0.25", "data.split_seed=3",
+                                "train.batch_size=2", "train.seq_len=16"])
+    dataset = prepare_dataset(config)
+    train, val = dataset.train.astype(np.uint8).tobytes(), dataset.val.astype(np.uint8).tobytes()
+    held = sorted(name for name, text in texts.items() if text in val)
+    assert 0 < len(held) < len(texts) and dataset.info["val_documents"] > len(held)  # pieces of several files
+    assert val == b"".join(texts[name] for name in held) and dataset.val_bytes == len(val)
+    assert train == b"".join(text for name, text in texts.items() if name not in held)
+    names = [name for name, _ in load_corpus(config.data).documents]
+    mask = validation_mask(names, config.data.val_fraction, config.data.split_seed)
+    assert held == sorted({source_of(name) for name, is_val in zip(names, mask) if is_val})
+
+
 def test_bpe_bits_per_byte_count_the_bytes_of_the_tokens_scored(tmp_path, monkeypatch):
     """A loss is a mean over the validation windows scored, whose text need not compress as the whole split does:
     bits per byte divide by the bytes those tokens stand for. Each id's bytes (`token_bytes`) add up to the text's
@@ -219,8 +242,16 @@ def test_loader_resumes_the_same_stream_across_epochs():
     state = {**loader.state_dict(), "position": 8 * 23}
     resumed.load_state_dict(state)
     assert all(np.array_equal(resumed.next_batch(), batches[i]) for i in range(23, 60))
-    epoch0 = np.concatenate(batches[:24])[: loader.num_windows, 0]
-    assert len(set(epoch0.tolist())) == loader.num_windows  # an epoch visits every window once
+    starts, n = np.concatenate(batches)[:, 0], loader.num_windows
+    offsets, orders = [], []
+    for epoch in range(2):  # an epoch visits every window of its cut once: offset + i * seq_len, i < n
+        visited = starts[epoch * n : (epoch + 1) * n]
+        offsets.append(int(visited.min()))
+        assert 0 <= offsets[-1] < 16 and np.array_equal(np.sort(visited), offsets[-1] + np.arange(n) * 16)
+        orders.append((visited - offsets[-1]) // 16)
+    assert offsets[0] != offsets[1]  # each epoch its own cut (seed 5: offsets 10 and 2)
+    assert np.mean(orders[0] == orders[1]) < 0.1  # and its own order (a shuffle, not the same one again)
+    assert not np.array_equal(orders[0], np.arange(n))
     other = Loader(tokens, seq_len=16, batch_size=8, seed=6)
     assert not np.array_equal(other.next_batch(), batches[0])
     with pytest.raises(ValueError, match="seed"):
