@@ -4,9 +4,11 @@ These check what the benchmark reports, not how fast anything is.
 """
 
 import json
+import statistics
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from jaxformer import cli
@@ -27,7 +29,22 @@ def test_bench_attention_writes_timings_slopes_memory_and_plot(tmp_path, capsys)
     report = json.loads((tmp_path / "attention.json").read_text())
     assert sorted((r["n"], r["impl"]) for r in report["timings"]) == [(32, "blockwise"), (32, "naive"), (64, "blockwise"), (64, "naive")]
     assert all(len(r["samples_s"]) == 2 and r["median_s"] > 0 for r in report["timings"])
-    assert len(report["slopes"]["naive/forward"]["local"]) == 1 and report["slopes"]["naive/forward"]["fitted"] is not None
+    median = {}
+    for r in report["timings"]:  # the figures are the samples' median and minimum
+        assert (r["median_s"], r["min_s"]) == (statistics.median(r["samples_s"]), min(r["samples_s"]))
+        median[r["n"], r["impl"]] = r["median_s"]
+    for impl in ("naive", "blockwise"):  # the log-log slope of the medians from n = 32 to 64, fitted over both
+        slope = np.log(median[64, impl] / median[32, impl]) / np.log(2)
+        assert report["slopes"][f"{impl}/forward"]["n"] == [64]
+        assert report["slopes"][f"{impl}/forward"]["local"] == [pytest.approx(slope, rel=1e-9)]
+        assert report["slopes"][f"{impl}/forward"]["fitted"] == pytest.approx(slope, rel=1e-9)
+    table = printed[printed.index("blockwise/naive"):printed.index("fitted exponent")].splitlines()[2:]
+    rows = [line.split("|") for line in table]
+    assert [int(cells[0]) for cells in rows] == [32, 64]
+    assert [float(cells[-1]) for cells in rows] == [round(median[n, "blockwise"] / median[n, "naive"], 2)
+                                                    for n in (32, 64)]  # the blockwise/naive column
+    assert [float(cells[2].split("[")[1].rstrip("] ")) for cells in rows[1:]] == [
+        round(np.log(median[64, "blockwise"] / median[32, "blockwise"]) / np.log(2), 2)]
     (search,) = report["memory"]
     assert (search["impl"], search["largest_n"], search["limited_by"]) == ("blockwise", 64, "none")
     (probe,) = search["probes"]
