@@ -4,6 +4,7 @@ import dataclasses
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 
@@ -64,19 +65,21 @@ def test_alternating_sides_time_each_run_after_an_untimed_one(monkeypatch):
     from jaxformer.benchmarks import train as bench
     from jaxformer.train.throughput import TrainStepRunner
 
-    calls = []
+    calls, seconds = [], {"jax": [], "torch": []}  # each run's seconds, as the runs themselves report them
     real_run, real_torch_step = TrainStepRunner.run, bench.timed_torch_step
 
     def run(self, steps):
         calls.append(("jax", steps))
-        return real_run(self, steps)
+        seconds["jax"].append(real_run(self, steps))
+        return seconds["jax"][-1]
 
     def torch_step(config):
         step = real_torch_step(config)
 
         def timed(steps):
             calls.append(("torch", steps))
-            return step(steps=steps)
+            seconds["torch"].append(step(steps=steps))
+            return seconds["torch"][-1]
         return timed
 
     monkeypatch.setattr(TrainStepRunner, "run", run)
@@ -85,9 +88,14 @@ def test_alternating_sides_time_each_run_after_an_untimed_one(monkeypatch):
     row = bench.measure(config, steps=2, repeats=2, torch_too=True)
     assert calls == [("torch", 1)] + [("jax", 2), ("jax", 2), ("torch", 2), ("torch", 2)] * 2  # warm-up, then pairs
     assert row["ratio"] == pytest.approx(row["jax_tokens_per_s"] / row["torch_tokens_per_s"])
+    tokens = 2 * 4 * 32  # steps × batch × seq_len, over the median of the timed runs (each after an untimed one)
+    assert row["jax_tokens_per_s"] == pytest.approx(tokens / statistics.median(seconds["jax"][1::2]), rel=1e-12)
+    assert row["torch_tokens_per_s"] == pytest.approx(tokens / statistics.median(seconds["torch"][2::2]), rel=1e-12)
     calls.clear()
-    bench.measure(config, steps=2, repeats=2, torch_too=False)
-    assert calls == [("jax", 2)] * 2
+    seconds["jax"].clear()
+    row = bench.measure(config, steps=2, repeats=3, torch_too=False)
+    assert calls == [("jax", 2)] * 3
+    assert row["jax_tokens_per_s"] == pytest.approx(tokens / statistics.median(seconds["jax"]), rel=1e-12)
 
 
 def test_torch_twin_bf16_autocast_tracks_fp32():
