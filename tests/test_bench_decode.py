@@ -1,6 +1,7 @@
 """`jaxformer bench decode` at toy sizes: what it reports (not how fast anything is)."""
 
 import json
+import statistics
 
 import pytest
 import yaml
@@ -21,6 +22,13 @@ def test_bench_decode_reports_latencies_speedups_and_cache_bytes(tmp_path, capsy
     report = json.loads((tmp_path / "decode.json").read_text())
     assert report["points"] == [1, 2, 4] and len(report["cached_s"]) == 4
     assert all(r["speedup"] == pytest.approx(r["uncached_ms"] / r["cached_ms"]) for r in report["rows"])
+    # token t's cached latency: the median of the cached steps t - 1 and t (--window 2), steps counted from 1
+    windows = [report["cached_s"][0:1], report["cached_s"][0:2], report["cached_s"][2:4]]
+    assert [r["t"] for r in report["rows"]] == [1, 2, 4]
+    assert [r["cached_ms"] for r in report["rows"]] == [pytest.approx(statistics.median(w) * 1e3, rel=1e-12)
+                                                        for w in windows]
+    last = report["rows"][-1]
+    assert report["speedup_at_last_token"] == last["speedup"] and f"speedup at token 4: {last['speedup']:.1f}x" in printed
     # 1 layer · 2 (K and V) · 2 kv heads · head_dim 8 · 7 positions · 4 bytes
     assert report["cache_bytes"] == report["cache_bytes_formula"] == 2 * 2 * 8 * 7 * 4
     assert (tmp_path / "decode.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
