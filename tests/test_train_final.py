@@ -21,6 +21,8 @@ DAMAGED = {  # final.json's text -> what the refusal says is wrong with it
     "cut short": ('{"params": 8240, "val_lo', "not valid JSON (Unterminated string starting at line 1, column 18)"),
     "no object": ("[3.25]", "a JSON list, not a run's record (a JSON object)"),
     "a count as text": ('{"val_loss": 3.25, "steps": "ten"}', "steps is 'ten', not a positive number"),
+    "a count of zero": ('{"val_loss": 3.25, "steps": 0}', "steps is 0, not a positive number"),
+    "a negative measure": ('{"val_loss": 3.25, "wall_s": -1.5}', "wall_s is -1.5, not a non-negative finite number"),
 }
 
 
