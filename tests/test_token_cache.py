@@ -46,7 +46,8 @@ def test_a_bpe_corpus_is_tokenised_once_and_memory_mapped_after(text_files, monk
 
 def test_the_entry_depends_on_the_contents_the_split_and_the_vocabulary(text_files):
     base = prepare_dataset(_config(text_files))
-    for change in (["data.split_seed=1"], ["data.bpe_vocab_size=280", "model.vocab_size=280"]):
+    for change in (["data.split_seed=1"], ["data.val_fraction=0.4"], ["data.bpe_train_bytes=600"],
+                   ["data.bpe_vocab_size=280", "model.vocab_size=280"]):
         _as_a_new_process()
         other = prepare_dataset(_config(text_files, *change))
         assert other.info["sha256"] == base.info["sha256"]
@@ -54,7 +55,7 @@ def test_the_entry_depends_on_the_contents_the_split_and_the_vocabulary(text_fil
     (text_files / "f03.txt").write_text("an edited file\n" * 30)
     _as_a_new_process()
     assert prepare_dataset(_config(text_files)).info["sha256"] != base.info["sha256"]
-    assert len(list((text_files / "cache").iterdir())) == 4
+    assert len(list((text_files / "cache").iterdir())) == 6
 
 
 def test_a_damaged_entry_is_rebuilt_and_an_unusable_cache_is_skipped(text_files):
