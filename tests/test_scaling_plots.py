@@ -124,3 +124,36 @@ def test_the_figures_draw_the_tables_runs_and_the_fitted_laws():
         for c, lo, hi in zip(C[::9], low[::9], high[::9]):
             ys = vertices[np.isclose(vertices[:, 0], c, rtol=1e-12), 1]
             assert (ys.min(), ys.max()) == pytest.approx((lo, hi), rel=1e-12), label
+
+
+def test_the_tuning_figure_draws_each_sizes_runs_its_parabola_and_the_fitted_rule():
+    """`plot_tuning` on the synthetic objective of test_sweep_tune (a parabola in ln lr, lowest at lr*(N)), with one
+    run diverged: each size's line is its finite runs, the diverged one an × at the top, the refining parabola the
+    objective itself (it is exactly quadratic), each ★ at lr*(N); the optima and the rule's line are lr*(N)."""
+    from jaxformer.scaling.plots import plot_tuning
+    from jaxformer.scaling.tuning import fit_tuning
+    from test_sweep_tune import grid_table, synthetic_loss, true_lr
+
+    sizes, grid = np.array([1e4, 1e5, 1e6]), np.geomspace(3e-4, 3e-2, 9)
+    N, lr, loss = grid_table(sizes, grid)
+    loss[(N == 1e5) & (lr == grid[-1])] = np.nan  # diverged
+    fit = fit_tuning(N, lr, loss)
+    curves, optima = plot_tuning(fit).axes[:2]
+    top = np.nanmax(loss)
+    lines = iter(curves.lines)
+    for k, size in enumerate(sizes):
+        runs = next(lines)
+        finite = grid[:-1] if size == 1e5 else grid
+        np.testing.assert_allclose(runs.get_xdata(), finite, rtol=1e-12)
+        np.testing.assert_allclose(runs.get_ydata(), synthetic_loss(size, finite), rtol=1e-12)
+        parabola = next(lines)
+        assert fit.optima[k].refined and parabola.get_xdata()[0] < true_lr(size) < parabola.get_xdata()[-1]
+        np.testing.assert_allclose(parabola.get_ydata(), synthetic_loss(size, parabola.get_xdata()), rtol=1e-9)
+        diverged, star = _points(curves.collections[2 * k]), _points(curves.collections[2 * k + 1])
+        assert diverged.tolist() == ([[grid[-1], top]] if size == 1e5 else [])
+        np.testing.assert_allclose(star, [[true_lr(size), 2.0]], rtol=1e-9)
+    np.testing.assert_allclose(_points(optima.collections[0]), np.column_stack([sizes, true_lr(sizes)]), rtol=1e-9)
+    assert len(_points(optima.collections[1])) == 0  # no optimum at a grid edge
+    rule, = optima.lines
+    assert rule.get_xdata()[0] < sizes[0] and rule.get_xdata()[-1] > sizes[-1]
+    np.testing.assert_allclose(rule.get_ydata(), true_lr(rule.get_xdata()), rtol=1e-9)
