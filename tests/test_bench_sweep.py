@@ -183,3 +183,22 @@ def test_bench_sweep_times_a_bfloat16_plan_against_pytorchs_autocast(tmp_path, c
     assert len(finals) == 4 and {final["config"]["train"]["compute_dtype"] for final in finals} == {"bfloat16"}
     assert report["torch"]["torch_matmul_peak_dtype"] == "bfloat16" and report["torch"]["torch_matmul_peak_flops"] > 0
     assert "1-thread bfloat16 matmul peak" in capsys.readouterr().out
+
+
+def test_the_summary_takes_each_sides_lower_median_repeat_and_their_ratio():
+    """Each side's top-level figures are those of its repeat with the lower-median wall time (of two, the faster; of
+    three, the middle one), the sides picked apart, and the ratio is torch's wall time over jaxformer's."""
+    from jaxformer.benchmarks.sweep import _summarise
+
+    def repeat(jax_s, torch_s):
+        return {"jax": {"wall_s": jax_s, "runs": 12, "utilization": jax_s / 100},
+                "torch": {"wall_s": torch_s, "runs": 12, "utilization": torch_s / 100}}
+
+    for walls, (jax_s, torch_s) in (([(10.0, 30.0), (8.0, 33.0)], (8.0, 30.0)),
+                                    ([(9.0, 31.0), (12.0, 29.0), (7.0, 40.0)], (9.0, 31.0)),
+                                    ([(11.0, 35.0)], (11.0, 35.0))):
+        report = {"repeats": [repeat(*pair) for pair in walls]}
+        _summarise(report)
+        assert (report["jax_wall_s"], report["torch_wall_s"], report["runs"]) == (jax_s, torch_s, 12)
+        assert (report["jax"]["utilization"], report["torch"]["utilization"]) == (jax_s / 100, torch_s / 100)
+        assert report["ratio"] == torch_s / jax_s
