@@ -243,6 +243,7 @@ def test_loader_resumes_the_same_stream_across_epochs():
     resumed.load_state_dict(state)
     assert all(np.array_equal(resumed.next_batch(), batches[i]) for i in range(23, 60))
     starts, n = np.concatenate(batches)[:, 0], loader.num_windows
+    assert n == 186  # every window that fits whatever the epoch's offset: (3000 - 16) // 16
     offsets, orders = [], []
     for epoch in range(2):  # an epoch visits every window of its cut once: offset + i * seq_len, i < n
         visited = starts[epoch * n : (epoch + 1) * n]
