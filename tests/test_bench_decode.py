@@ -12,7 +12,16 @@ from jaxformer.train.peak import cpu_model
 
 
 @pytest.mark.slow
-def test_bench_decode_reports_latencies_speedups_and_cache_bytes(tmp_path, capsys):
+def test_bench_decode_reports_latencies_speedups_and_cache_bytes(tmp_path, capsys, monkeypatch):
+    from jaxformer.benchmarks import decode
+
+    drawn, save_figure = [], decode.save_figure
+
+    def read_then_save(fig, axes, path):  # what the figure draws, read as it is saved (the real save follows)
+        drawn.extend((list(line.get_xdata()), list(line.get_ydata())) for line in axes[0].lines)
+        save_figure(fig, axes, path)
+
+    monkeypatch.setattr(decode, "save_figure", read_then_save)
     (tmp_path / "model.yaml").write_text(yaml.safe_dump({"model": {**TINY, "position": "rope"}}))
     code = cli.main(["bench", "decode", str(tmp_path / "model.yaml"), "--out", str(tmp_path), "--tokens", "4",
                      "--prompt-len", "3", "--repeats", "1", "--window", "2"])
@@ -32,6 +41,9 @@ def test_bench_decode_reports_latencies_speedups_and_cache_bytes(tmp_path, capsy
     # 1 layer · 2 (K and V) · 2 kv heads · head_dim 8 · 7 positions · 4 bytes
     assert report["cache_bytes"] == report["cache_bytes_formula"] == 2 * 2 * 8 * 7 * 4
     assert (tmp_path / "decode.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert drawn == [([1, 2, 3, 4], [s * 1e3 for s in report["cached_s"]]),  # every cached step, in ms
+                     ([1, 2, 4], [r["cached_ms"] for r in report["rows"]]),  # the rows' windows
+                     ([1, 2, 4], [r["uncached_ms"] for r in report["rows"]])]
     assert report["machine"]["cpu_model"] == cpu_model() and cpu_model() in printed  # the environment, as train's
 
 
