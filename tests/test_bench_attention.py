@@ -18,7 +18,17 @@ SHAPE = {"batch": 1, "heads": 2, "head_dim": 8, "block_size": 32, "causal": True
 
 
 @pytest.mark.slow
-def test_bench_attention_writes_timings_slopes_memory_and_plot(tmp_path, capsys):
+def test_bench_attention_writes_timings_slopes_memory_and_plot(tmp_path, capsys, monkeypatch):
+    from jaxformer.benchmarks import attention
+
+    drawn, save_figure = [], attention.save_figure
+
+    def read_then_save(fig, axes, path):  # what the figure draws, read as it is saved (the real save follows)
+        drawn.extend([(line.get_label(), list(line.get_xdata()), list(line.get_ydata())) for line in ax.lines]
+                     for ax in axes)
+        save_figure(fig, axes, path)
+
+    monkeypatch.setattr(attention, "save_figure", read_then_save)
     code = cli.main(["bench", "attention", "--out", str(tmp_path), "--min-n", "32", "--max-n", "64",
                      "--repeats", "2", "--impls", "naive,blockwise", "--modes", "forward", "--heads", "2",
                      "--head-dim", "8", "--block-size", "32", "--fit-min-n", "32", "--memory-impls", "blockwise",
@@ -50,6 +60,12 @@ def test_bench_attention_writes_timings_slopes_memory_and_plot(tmp_path, capsys)
     (probe,) = search["probes"]
     assert probe["status"] == "ok" and probe["planned_bytes"] > 0 and probe["peak_added_bytes"] >= 0
     assert (tmp_path / "attention.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    times, memory = drawn  # each implementation's medians against n; the probe's measured and planned MiB
+    assert times == [(f"{impl} forward", [32, 64], [median[32, impl], median[64, impl]])
+                     for impl in ("naive", "blockwise")]
+    assert memory == [("blockwise train: peak RSS rise", [64], [probe["peak_added_bytes"] / 2**20]),
+                      ("blockwise: XLA plan", [64], [probe["planned_bytes"] / 2**20]),
+                      ("one fp32 score tensor", [64], [1 * 2 * 64 * 64 * 4 / 2**20])]  # B·H·n² floats
 
 
 @pytest.mark.slow
