@@ -15,10 +15,10 @@ from jaxformer.hf.layout import Rule, copies, head_bias, linear, same
 
 MODEL_TYPES = ("bert",)
 PREFIX = "bert."  # BertModel checkpoints (sentence-transformers') have no prefix
-IGNORED = (".position_ids", ".token_type_ids", "cls.predictions.decoder.weight", "cls.predictions.decoder.bias",
-           "cls.seq_relationship.")  # buffers; the tied decoder (and its copy of the bias); the NSP head
 TIED = {"cls.predictions.decoder.weight": "bert.embeddings.word_embeddings.weight",  # what transformers ties when
         "cls.predictions.decoder.bias": "cls.predictions.bias"}  # tie_word_embeddings
+# buffers; the tied decoder (and its copy of the bias); the NSP head
+IGNORED = (".position_ids", ".token_type_ids", "cls.seq_relationship.", *TIED)
 # older checkpoints (TensorFlow ports) name LayerNorm parameters gamma/beta; before transformers 5 an untied
 # head's decoder.bias was cls.predictions.bias itself (one tensor, saved under that name)
 ALIASES = {".LayerNorm.weight": ".LayerNorm.gamma", ".LayerNorm.bias": ".LayerNorm.beta",

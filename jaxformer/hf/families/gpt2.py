@@ -14,8 +14,8 @@ MODEL_TYPES = ("gpt2",)
 PREFIX = "transformer."  # GPT2Model checkpoints (the published gpt2) have no prefix
 ARCHITECTURE = "GPT2LMHeadModel"
 AUTO_CLASS = "AutoModelForCausalLM"
-IGNORED = (".attn.bias", ".attn.masked_bias", "lm_head.weight")  # causal-mask buffers; the head when tied
 TIED = {"lm_head.weight": "transformer.wte.weight"}  # what transformers ties when tie_word_embeddings
+IGNORED = (".attn.bias", ".attn.masked_bias", *TIED)  # causal-mask buffers; the head when tied
 
 
 def to_config(hf: dict[str, Any], names: set[str]) -> ModelConfig:

@@ -16,8 +16,8 @@ MODEL_TYPES = ("llama", "mistral", "qwen2")
 PREFIX = "model."  # a bare LlamaModel's checkpoint has no prefix (and no lm_head)
 AUTO_CLASS = "AutoModelForCausalLM"
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM"}
-IGNORED = (".rotary_emb.inv_freq", "lm_head.weight")  # a cached buffer; the head when tied
 TIED = {"lm_head.weight": "model.embed_tokens.weight"}  # what transformers ties when tie_word_embeddings
+IGNORED = (".rotary_emb.inv_freq", *TIED)  # a cached buffer; the head when tied
 
 
 def rope_fields(hf: dict[str, Any]) -> dict[str, Any]:

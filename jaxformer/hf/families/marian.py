@@ -19,11 +19,10 @@ MODEL_TYPES = ("marian",)
 PREFIX = ""
 ARCHITECTURE = "MarianMTModel"
 AUTO_CLASS = "AutoModelForSeq2SeqLM"
-# the shared embedding's copies, the tied head, the sinusoid tables (computed, not learned)
-IGNORED = ("model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight", "lm_head.weight",
-           ".embed_positions.weight")
 TIED = {name: "model.shared.weight"  # what transformers ties when tie_word_embeddings
         for name in ("model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight", "lm_head.weight")}
+# the shared embedding's copies and the tied head; the sinusoid tables (computed, not learned)
+IGNORED = (*TIED, ".embed_positions.weight")
 # before transformers 5 both stacks' embed_tokens were model.shared itself (saved under that name)
 ALIASES = {"model.encoder.embed_tokens.weight": "model.shared.weight",
            "model.decoder.embed_tokens.weight": "model.shared.weight"}

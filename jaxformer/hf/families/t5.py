@@ -22,11 +22,10 @@ MODEL_TYPES = ("t5",)
 PREFIX = ""
 ARCHITECTURE = "T5ForConditionalGeneration"
 AUTO_CLASS = "AutoModelForSeq2SeqLM"
-# the shared embedding's copies, the tied head, the cross-attention bias old checkpoints carry unused
-IGNORED = ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight", "lm_head.weight",
-           "EncDecAttention.relative_attention_bias.weight")
 TIED = {name: "shared.weight"  # what transformers ties when the head is tied
         for name in ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight", "lm_head.weight")}
+# the shared embedding's copies and the tied head; the cross-attention bias old checkpoints carry unused
+IGNORED = (*TIED, "EncDecAttention.relative_attention_bias.weight")
 # ``gated-ACT`` -> `ModelConfig.activation`; ``gated-gelu`` itself means gelu_new (T5Config's alias), so an
 # exact-GELU gate is written as ``gated-gelu_python`` (transformers' erf GELU, under a name T5Config keeps)
 GATED_IN = {"gelu": "geglu", "gelu_python": "geglu", "gelu_new": "geglu_tanh", "gelu_pytorch_tanh": "geglu_tanh",
