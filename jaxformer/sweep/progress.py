@@ -1,4 +1,5 @@
-"""The live view of a sweep: queued / running / done / failed, each run's loss and ETA.
+"""The live view of a sweep: queued / running / done / failed, each run's loss and ETA (a running run's
+newest logged loss, a done run's final validation loss).
 
 On a terminal the table redraws in place (``rich``); otherwise one plain line per change,
 handed to the ``write`` callback the command supplies.
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import Callable
 
 from jaxformer.sweep.runs import Outcome, RunPaths
+from jaxformer.train.final import final_record
 
 
 def _last_metrics(path: Path) -> dict:
@@ -52,6 +54,7 @@ class SweepProgress:
         self.started = time.time()
         self._stop = threading.Event()
         self._display = None
+        self._final_loss: dict[str, float | None] = {}  # a done run's record does not change: read once
 
     def event(self, name: str, what: str, outcome: Outcome | None) -> None:
         with self.lock:
@@ -73,8 +76,14 @@ class SweepProgress:
 
     def _row(self, run: dict) -> tuple[str, ...]:
         name, state = run["name"], self.state[run["name"]]
-        metrics = _last_metrics(RunPaths(self.sweep_dir, name).run_dir / "metrics.jsonl") if state == "running" else {}
+        paths = RunPaths(self.sweep_dir, name)
+        metrics = _last_metrics(paths.run_dir / "metrics.jsonl") if state == "running" else {}
         loss = metrics.get("val_loss") or metrics.get("train_loss")
+        if state == "done":
+            if name not in self._final_loss:
+                final = final_record(paths.final)
+                self._final_loss[name] = None if final is None else final["val_loss"]
+            loss = self._final_loss[name]
         eta = None
         if metrics.get("tokens_per_s") and metrics.get("tokens") is not None:
             eta = max(0.0, run["D"] - metrics["tokens"]) / metrics["tokens_per_s"]

@@ -1,0 +1,105 @@
+"""What a user sees on a terminal: `jaxformer sweep`'s live table (``rich``) and `jaxformer train`'s progress bar
+(``tqdm``), each from the command in a fresh process whose output is a pseudo-terminal, as in a user's shell."""
+
+import fcntl
+import io
+import json
+import os
+import pty
+import re
+import struct
+import subprocess
+import sys
+import termios
+
+from rich.console import Console
+
+from jaxformer.sweep.progress import SweepProgress
+from jaxformer.train.final import final_record
+from sweep_helpers import TINY
+
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+ROW = re.compile(r"│ (\S+) +│ +([\d,]+) │ +(\S+) │ +(\S+) │ (\S+) +│ +(\S*) │ +(\S*) │")
+TINY_RUN = ["model.d_model=32", "model.num_layers=1", "model.num_heads=2", "model.max_seq_len=64",
+            "data.corpus=synthetic-markov", "data.markov.bytes=200000", "train.batch_size=8", "train.seq_len=32",
+            "train.tokens=5120", "train.eval_tokens=1024", "checkpoint.interval=10", "logging.interval=5",
+            "logging.tensorboard=false"]
+
+
+def on_terminal(*args: str, columns: int = 160) -> tuple[int, str]:
+    """``jaxformer ARGS`` with stdout and stderr on a pseudo-terminal of ``columns`` × 50: its exit code and
+    what the terminal received, escape sequences removed."""
+    leader, follower = pty.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 50, columns, 0, 0))
+    env = {key: value for key, value in os.environ.items() if key not in ("COLUMNS", "LINES", "TERM")}
+    process = subprocess.Popen([sys.executable, "-m", "jaxformer.cli", *args], stdin=subprocess.DEVNULL,
+                               stdout=follower, stderr=follower, env={**env, "TERM": "xterm-256color"})
+    os.close(follower)
+    received = bytearray()
+    while True:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:  # EIO: every holder of the terminal's other end has closed it
+            break
+        if not chunk:
+            break
+        received += chunk
+    os.close(leader)
+    return process.wait(timeout=600), ANSI.sub("", received.decode(errors="replace"))
+
+
+def test_a_sweep_on_a_terminal_draws_its_table_in_place_and_ends_on_each_runs_final_loss(tmp_path):
+    """The live table (not a line per change) whose last drawing shows every run done with its final validation
+    loss, the planned N, D and C in each row, then the one-line summary."""
+    out = tmp_path / "sweep"
+    code, text = on_terminal("sweep", str(TINY), "--out", str(out))
+    assert code == 0, text[-3000:]
+    plan = {run["name"]: run for run in json.loads((out / "plan.json").read_text())["runs"]}
+    assert len(plan) == 4
+    assert not re.search(r"^\[.*\] C\S+: (running|done)", text, re.M)  # the plain lines are for pipes and files
+    last = text[text.rindex(f"sweep {out.name} — done 4 — "):]
+    rows = {match[0]: match[1:] for match in ROW.findall(last)}
+    assert set(rows) == set(plan)
+    for name, (n, d, c, state, loss, eta) in rows.items():
+        final = final_record(out / "runs" / name / "final.json")
+        assert (int(n.replace(",", "")), float(d), float(c)) == (plan[name]["N"], float(f"{plan[name]['D']:.3g}"),
+                                                                 float(f"{plan[name]['C']:.3g}"))
+        assert (state, loss, eta) == ("done", f"{final['val_loss']:.4f}", "")
+    assert re.search(rf"sweep {re.escape(str(out))}: done 4 in \d+m\d\ds", last)
+
+
+def test_the_table_shows_a_running_runs_newest_loss_and_the_time_its_tokens_left_take(tmp_path):
+    """A running run: the newest metrics row's validation loss (else its training loss) and (D − tokens) /
+    tokens_per_s; a queued run: neither; a done run whose final.json is damaged: no loss."""
+    runs = [{"name": name, "N": 8240, "D": 40_000, "C": 2e9} for name in ("a", "b", "c", "d")]
+    for name, rows in (("a", [{"step": 5, "train_loss": 3.0, "tokens": 1280, "tokens_per_s": 100.0},
+                              {"step": 10, "train_loss": 2.5, "tokens": 2560, "tokens_per_s": 250.0}]),
+                       ("b", [{"step": 10, "train_loss": 2.5, "val_loss": 2.75, "tokens": 4000,
+                               "tokens_per_s": 9.0}])):
+        (tmp_path / "runs" / name).mkdir(parents=True)
+        (tmp_path / "runs" / name / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    (tmp_path / "runs" / "d").mkdir()
+    (tmp_path / "runs" / "d" / "final.json").write_text("{")
+    progress = SweepProgress(tmp_path, runs, {"a": "running", "b": "running", "c": "queued", "d": "done"},
+                             write=lambda line: None, live=False)
+    console = Console(file=io.StringIO(), width=160, record=True)
+    console.print(progress.table())
+    rows = {match[0]: match[4:] for match in ROW.findall(console.export_text())}
+    assert rows == {"a": ("running", "2.5000", "2m29s"),  # (40,000 − 2,560) / 250 = 149.76 s
+                    "b": ("running", "2.7500", "1h06m"),  # (40,000 − 4,000) / 9 = 4,000 s
+                    "c": ("queued", "", ""), "d": ("done", "", "")}
+
+
+def test_training_on_a_terminal_shows_a_bar_of_the_steps_with_the_newest_losses(tmp_path):
+    """``logging.progress: auto`` on a terminal: tqdm's bar to the last step, its postfix the newest row's loss
+    and validation loss as metrics.jsonl holds them, and none of the plain lines a pipe gets."""
+    (tmp_path / "empty.yaml").write_text("{}\n")
+    run_dir = tmp_path / "run"
+    code, text = on_terminal("train", str(tmp_path / "empty.yaml"), *TINY_RUN, "--run-dir", str(run_dir))
+    assert code == 0, text[-3000:]
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    last = rows[-1]
+    assert last["step"] == 20 and last.get("val_loss") is not None
+    assert re.search(rf"20/20 \[[^\]]*, loss {last['train_loss']:.4f} \| val {last['val_loss']:.4f}", text), \
+        text[-2000:]
+    assert not re.search(r"^step \d+/20 \|", text, re.M)
