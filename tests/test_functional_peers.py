@@ -207,3 +207,14 @@ def test_a_half_precision_sinusoid_table_is_the_float64_table_rounded(dtype, spl
     # half an ulp at 1 in the table's dtype, plus float32's angle rounding at position 4095 (~2.5e-4)
     tolerance = float(jnp.finfo(dtype).eps) / 2 + 3e-4
     assert np.abs(np.asarray(table, np.float64) - reference).max() <= tolerance
+
+
+@pytest.mark.parametrize("num_heads", [1, 3, 6, 8, 12, 20])
+def test_alibi_slopes_are_bloom_s_for_every_head_count(num_heads):
+    """For a head count that is not a power of two the slopes of the next power down are followed by every other
+    slope of the power up (Press et al.'s reference); transformers' BLOOM builds them so (``build_alibi_tensor``:
+    the bias at distance one is the slope)."""
+    from transformers.models.bloom.modeling_bloom import build_alibi_tensor
+
+    bloom = build_alibi_tensor(torch.ones(1, 2), num_heads, torch.float32)[:, 0, 1].numpy()
+    np.testing.assert_allclose(F.alibi_slopes(num_heads), bloom, rtol=1e-6)
