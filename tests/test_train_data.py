@@ -278,3 +278,26 @@ def test_markov_corpus_reports_its_entropies():
     corpus = load_corpus(DataConfig(corpus="synthetic-markov", markov=MarkovConfig(bytes=20_000)))
     assert corpus.info["bytes"] == 5 * 4096 and corpus.info["documents"] == 5
     assert corpus.info["entropy_rate_bits_per_byte"] < corpus.info["unigram_entropy_bits_per_byte"]
+
+
+def test_one_tokens_file_holds_out_its_last_blocks_of_65536_tokens(tmp_path):
+    """``tokens:FILE``: the last ``val_fraction`` of its 64K-token blocks (rounded, at least one) is the validation
+    split; a file of one block holds out its last ``val_fraction`` of tokens; a file that is no whole number of
+    tokens is refused naming it."""
+    ids = np.arange(10 * 65_536 + 100, dtype=np.uint32) % 70_000  # 11 blocks, the last one short
+    ids.tofile(tmp_path / "big.bin")
+    np.arange(1000, dtype=np.uint16).tofile(tmp_path / "small.bin")
+    (tmp_path / "odd.bin").write_bytes(b"\0" * 7)
+
+    def splits(name, *overrides):
+        config = load_config(None, [f"data.corpus=tokens:{tmp_path / name}", "model.vocab_size=70000",
+                                    "train.batch_size=4", "train.seq_len=32", *overrides])
+        dataset = prepare_dataset(config)
+        return np.asarray(dataset.train), np.asarray(dataset.val)
+
+    train, val = splits("big.bin", "data.token_dtype=uint32", "data.val_fraction=0.25")  # round(11 × 0.25) = 3 blocks
+    assert np.array_equal(train, ids[:8 * 65_536]) and np.array_equal(val, ids[8 * 65_536:])
+    train, val = splits("small.bin", "data.val_fraction=0.1")
+    assert np.array_equal(train, np.arange(900)) and np.array_equal(val, np.arange(900, 1000))
+    with pytest.raises(ValueError, match="odd.bin holds 7 bytes, not a whole number of uint16 tokens"):
+        splits("odd.bin")
