@@ -263,6 +263,20 @@ def test_count_cli_prints_gpt2(capsys):
     assert result["params"] == 124_439_808 and result["params_breakdown"]["token_embedding"] == 38_597_376
 
 
+def test_count_cli_prints_a_mixtures_active_parameters_and_the_training_flops_its_json_holds(capsys):
+    """Active per token: the total less the 6 unchosen experts' FFNs in each of 32 layers (6 · 32 · 2 · 4096 ·
+    16384); 6ND counts the active parameters."""
+    argv = ["count", "--preset", "moe-8x-top2", "--seq-len", "4096", "--tokens", "1e12"]
+    assert main([*argv, "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["params_active"] == 36_770_680_832 - 6 * 32 * 2 * 4096 * 16384 == 11_000_877_056
+    assert result["training_flops"]["6ND"] == 6 * 11_000_877_056 * 1e12
+    assert main(argv) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "  active per token      11,000,877,056" in lines
+    assert (f"training FLOPs      {result['training_flops']['exact']:>18.4g}  exact; 6ND = 6.601e+22") in lines
+
+
 def test_count_cli_reads_a_config_file(tmp_path, capsys):
     path = tmp_path / "model.yaml"
     path.write_text("model:\n  preset: gpt2\n  num_layers: 24\n  d_model: 1024\n  num_heads: 16\n")
