@@ -76,3 +76,30 @@ def test_generate_stops_at_the_eos_tokens_of_the_generation_config_as_transforme
     assert main(["generate", "--hf", str(tmp_path / "src"), "--prompt", "Hello w5 w9 w13", "--max-new-tokens", "8",
                  "--temperature", "0"]) == 0
     assert capsys.readouterr().out == tokenizer.decode(ids + free[:stop]) + "\n"
+
+
+def test_generate_prints_a_translation_models_answer_as_transformers_decodes_it(tmp_path, capsys):
+    """An encoder–decoder (Marian) answers its prompt rather than continuing it: `jaxformer generate --hf` prints
+    the decoded answer alone, the greedy tokens transformers' generate gives after the decoder's start token (this
+    model's answer depends on its source, EOS included: another prompt, or none, gives another)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+
+    vocab = {"</s>": 0, **{f"w{i}": i for i in range(1, VOCAB - 1)}, "<pad>": VOCAB - 1}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="w1"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer.add_special_tokens(["</s>", "<pad>"])
+    tokenizer.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 0)])
+    model = hf_model("marian", seed=5)
+    with torch.no_grad():
+        model.final_logits_bias.zero_()  # with it, every answer is one token repeated
+    model.save_pretrained(tmp_path / "src")
+    tokenizer.save(str(tmp_path / "src" / "tokenizer.json"))
+    prompt = "w30 w31 w32 w33 w34 w35"
+    ids = tokenizer.encode(prompt).ids  # ends with its EOS, as Marian's tokenizer ends a source
+    with torch.no_grad():
+        answer = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                                max_new_tokens=12, do_sample=False)[0, 1:].tolist()
+    assert 0 not in answer and len(set(answer)) >= 2, answer
+    assert main(["generate", "--hf", str(tmp_path / "src"), "--prompt", prompt, "--max-new-tokens", "12",
+                 "--temperature", "0"]) == 0
+    assert capsys.readouterr().out == tokenizer.decode(answer) + "\n"
