@@ -59,6 +59,38 @@ def test_bench_train_runs_and_reports_ratios(tmp_path, capsys):
     assert f"CPU: {cpu_model()}" in out and "ratio" in out and "matmul peak bfloat16" in out
 
 
+def test_layout_compares_one_process_with_every_core_against_one_per_core_and_saves_the_faster(
+        monkeypatch, tmp_path, capsys):
+    """``--layout``: each layout's aggregate tokens/s from fresh `bench train` processes run side by side; the one
+    with more saved for the sweep (one process per core where it wins at least half the sizes)."""
+    monkeypatch.setattr("jaxformer.benchmarks.train.LAYOUT_FILE", tmp_path / "layout.json")
+    assert main(["bench", "train", "--sizes", "16:1:32", "--batch", "2", "--steps", "2", "--repeats", "1",
+                 "--no-torch", "--dtypes", "float32", "--layout", "--json", str(tmp_path / "b.json")]) == 0
+    layout = json.loads((tmp_path / "b.json").read_text())["layout"]
+    cores = os.cpu_count()
+    measured = layout["tokens_per_s"]["16:1:32"]
+    assert set(measured) == {f"1x{cores}", f"{cores}x1"} and min(measured.values()) > 0
+    per_core = measured[f"{cores}x1"] > measured[f"1x{cores}"]
+    assert layout["choice"] == ({"processes": cores, "threads": 1} if per_core else {"processes": 1, "threads": 0})
+    assert json.loads((tmp_path / "layout.json").read_text()) == layout["choice"]
+    assert f"sweep layout chosen: {layout['choice']}" in capsys.readouterr().out
+
+
+def test_layout_names_the_command_that_failed(monkeypatch, tmp_path, capsys):
+    """A measuring process that fails stops the comparison in one line naming it and its last words (it was a
+    traceback), exit 1, nothing saved."""
+    monkeypatch.setattr("jaxformer.benchmarks.train.LAYOUT_FILE", tmp_path / "layout.json")
+    monkeypatch.setattr("jaxformer.sweep.executors.thread_environment",
+                        lambda threads: {**os.environ, "JAX_PLATFORMS": "nonesuch"})
+    assert main(["bench", "train", "--sizes", "16:1:32", "--batch", "2", "--steps", "2", "--repeats", "1",
+                 "--no-torch", "--dtypes", "float32", "--layout"]) == 1
+    err = capsys.readouterr().err
+    assert re.fullmatch(r"jaxformer bench: error: --layout: `jaxformer bench train --sizes 16:1:32 --batch 2 --steps 2 "
+                        r"--repeats 3 --no-torch --dtypes float32` with all threads exited with status 1: "
+                        r".*nonesuch.*\n", err), err
+    assert not (tmp_path / "layout.json").exists()
+
+
 def test_alternating_sides_time_each_run_after_an_untimed_one(monkeypatch):
     """Where the JAX and PyTorch steps alternate, each timed run follows an untimed one of the same side (a side's
     first run after the other's pays for the memory that run churned); alone, nothing is run untimed."""

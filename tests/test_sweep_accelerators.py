@@ -94,3 +94,30 @@ def test_a_pool_on_gpus_starts_each_worker_with_its_device(monkeypatch, tmp_path
 ])
 def test_ray_starts_only_the_actors_the_cluster_holds(resources, cpus, gpus_per_run, count):
     assert ray_actor_count([resources], cpus, gpus_per_run) == count
+
+
+@pytest.mark.parametrize("saved, layout", [
+    ('{"processes": 1, "threads": 0}', (1, 0, "fastest in `jaxformer bench train --layout`, {file}")),
+    ('{"processes": 2, "threads": 1, "measured": "extra keys kept"}',
+     (2, 1, "fastest in `jaxformer bench train --layout`, {file}")),
+    # damaged: each once trained nothing (0 processes: "queued 4", exit 0) or stopped the sweep in a line naming
+    # no file; as the other per-machine caches, a damaged one counts as not measured
+    ('{"processes": 0, "threads": -1}', None),
+    ('{"processes": true, "threads": 1}', None),
+    ('{"processes": 2.5, "threads": 1}', None),
+    ('{"processes": 2', None),
+    ('[2, 1]', None),
+    (None, None),
+])
+def test_a_cpu_layout_is_the_measured_one_where_it_is_usable_else_one_run_per_core(monkeypatch, tmp_path, saved,
+                                                                                    layout):
+    file = tmp_path / "layout.json"
+    if saved is not None:
+        file.write_text(saved)
+    monkeypatch.setattr("jaxformer.runtime.LAYOUT_FILE", file)
+    monkeypatch.setattr(launch, "local_accelerators", lambda: None)
+    monkeypatch.setattr(launch.os, "cpu_count", lambda: 6)
+    default = "default one single-threaded run per core{}; measure with `jaxformer bench train --layout`"
+    if layout is None:
+        layout = (6, 1, default.format(f" ({file} holds no usable layout)" if saved is not None else ""))
+    assert launch.choose_layout(None, None) == (*layout[:2], layout[2].format(file=file))

@@ -21,6 +21,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -163,27 +164,32 @@ def timed_torch_step(config) -> Callable[..., float]:
 
 
 def _layout(sizes, batch: int, steps: int) -> dict:
-    """Aggregate tokens/s: one process with every core vs one 1-thread process per core, side by side."""
+    """Aggregate fp32 tokens/s: one process with every core vs one 1-thread process per core, side by side."""
+    from jaxformer.benchmarks.sweep import ChildFailed
     from jaxformer.sweep.executors import thread_environment
 
     cores = os.cpu_count() or 1
     results = {}
     for d, layers, seq_len in sizes:
         command = [sys.executable, "-m", "jaxformer.cli", "bench", "train", "--sizes", f"{d}:{layers}:{seq_len}",
-                   "--batch", str(batch), "--steps", str(steps), "--repeats", "3", "--no-torch"]
+                   "--batch", str(batch), "--steps", str(steps), "--repeats", "3", "--no-torch", "--dtypes", "float32"]
 
         def launch(threads: int, count: int) -> float:
-            processes = []
-            for index in range(count):
-                path = Path(f"/tmp/jaxformer-layout-{os.getpid()}-{index}.json")
-                processes.append((subprocess.Popen([*command, "--json", str(path)], env=thread_environment(threads),
-                                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL), path))
-            total = 0.0
-            for process, path in processes:
-                process.wait()
-                total += json.loads(path.read_text())["sizes"][0]["jax_tokens_per_s"]
-                path.unlink()
-            return total
+            with tempfile.TemporaryDirectory(prefix="jaxformer-layout-") as scratch:  # not a name others can guess
+                processes = []
+                for index in range(count):
+                    path, log = Path(scratch) / f"{index}.json", Path(scratch) / f"{index}.log"
+                    with open(log, "w") as stderr:  # a file: a full pipe would stall one side of the comparison
+                        processes.append((subprocess.Popen([*command, "--json", str(path)], stderr=stderr,
+                                                           env=thread_environment(threads), stdout=subprocess.DEVNULL),
+                                          path, log))
+                codes = [process.wait() for process, _, _ in processes]
+                for code, (_, path, log) in zip(codes, processes):
+                    if code != 0:
+                        last = (log.read_text(errors="replace").strip().splitlines() or ["no output"])[-1]
+                        raise ChildFailed(f"--layout: `jaxformer {' '.join(command[3:])}` with {threads or 'all'} "
+                                          f"threads exited with status {code}: {last}", code)
+                return sum(json.loads(path.read_text())["sizes"][0]["jax_tokens_per_s"] for _, path, _ in processes)
 
         results[f"{d}:{layers}:{seq_len}"] = {"1x{}".format(cores): launch(0, 1), f"{cores}x1": launch(1, cores)}
     wins = sum(value[f"{cores}x1"] > value[f"1x{cores}"] for value in results.values())
@@ -288,7 +294,13 @@ def run(args: argparse.Namespace) -> int:
               "matmul_peak_flops": peaks["float32" if "float32" in peaks else dtypes[0]]["jax"],
               "matmul_peaks": peaks, "sizes": rows, "notes": notes}  # the environment as `bench sweep` records it
     if args.layout:
-        report["layout"] = _layout(layout_sizes, args.batch, args.steps)
+        from jaxformer.benchmarks.sweep import ChildFailed
+
+        try:
+            report["layout"] = _layout(layout_sizes, args.batch, args.steps)
+        except ChildFailed as error:  # one line naming the measuring command; nothing saved
+            print(f"jaxformer bench: error: {error}", file=sys.stderr)
+            return 2 if error.status == 2 else 1
         LAYOUT_FILE.parent.mkdir(parents=True, exist_ok=True)
         write_json_atomic(LAYOUT_FILE, report["layout"]["choice"])
     _print(report, args)

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 
-from jaxformer.files import write_bytes_atomic
+from jaxformer.files import read_json, write_bytes_atomic
 from jaxformer.sweep.accelerators import keep_launcher_on_cpu, local_accelerators
 from jaxformer.sweep.branches import BranchCompute, train_branched, trunks_of
 from jaxformer.sweep.executors import (LocalPool, connect_ray, local_ray_cpus, ray_actor_count, ray_nodes, run_local,
@@ -143,10 +143,18 @@ def choose_layout(workers: int | None, threads: int | None) -> tuple[int, int, s
         return workers or cores, 1 if threads is None else threads, "from the command line"
     if accelerators is not None:
         return accelerators.workers, 0, f"one process per accelerator: {accelerators.describe()}"
-    if LAYOUT_FILE.is_file():
-        measured = json.loads(LAYOUT_FILE.read_text())
-        return measured["processes"], measured["threads"], f"fastest in `jaxformer bench train --layout`, {LAYOUT_FILE}"
-    return cores, 1, "default one single-threaded run per core; measure with `jaxformer bench train --layout`"
+    measured = read_json(LAYOUT_FILE)  # {} when absent or damaged: nothing measured
+    processes, threads = measured.get("processes"), measured.get("threads")
+    if _whole(processes, 1) and _whole(threads, 0):
+        return processes, threads, f"fastest in `jaxformer bench train --layout`, {LAYOUT_FILE}"
+    unusable = f" ({LAYOUT_FILE} holds no usable layout)" if LAYOUT_FILE.exists() else ""
+    return cores, 1, (f"default one single-threaded run per core{unusable}; "
+                      "measure with `jaxformer bench train --layout`")
+
+
+def _whole(value, least: int) -> bool:
+    """Whether ``value`` is an integer (not a bool) of at least ``least``."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= least
 
 
 @contextlib.contextmanager
