@@ -15,6 +15,7 @@ import termios
 from rich.console import Console
 
 from jaxformer.sweep.progress import SweepProgress
+from jaxformer.sweep.runs import Outcome
 from jaxformer.train.final import final_record
 from sweep_helpers import TINY
 
@@ -26,11 +27,11 @@ TINY_RUN = ["model.d_model=32", "model.num_layers=1", "model.num_heads=2", "mode
             "logging.tensorboard=false"]
 
 
-def on_terminal(*args: str, columns: int = 160) -> tuple[int, str]:
-    """``jaxformer ARGS`` with stdout and stderr on a pseudo-terminal of ``columns`` × 50: its exit code and
+def on_terminal(*args: str, columns: int = 160, lines: int = 50) -> tuple[int, str]:
+    """``jaxformer ARGS`` with stdout and stderr on a pseudo-terminal of ``columns`` × ``lines``: its exit code and
     what the terminal received, escape sequences removed."""
     leader, follower = pty.openpty()
-    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 50, columns, 0, 0))
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", lines, columns, 0, 0))
     env = {key: value for key, value in os.environ.items() if key not in ("COLUMNS", "LINES", "TERM")}
     process = subprocess.Popen([sys.executable, "-m", "jaxformer.cli", *args], stdin=subprocess.DEVNULL,
                                stdout=follower, stderr=follower, env={**env, "TERM": "xterm-256color"})
@@ -103,3 +104,44 @@ def test_training_on_a_terminal_shows_a_bar_of_the_steps_with_the_newest_losses(
     assert re.search(rf"20/20 \[[^\]]*, loss {last['train_loss']:.4f} \| val {last['val_loss']:.4f}", text), \
         text[-2000:]
     assert not re.search(r"^step \d+/20 \|", text, re.M)
+
+
+def test_a_terminal_shorter_than_the_table_shows_the_runs_training_and_counts_the_others(tmp_path):
+    """Eight lines hold two of the four runs: each drawing shows every running run (rich's cropping showed the
+    plan's first rows and "...", the runs training below them unseen), the rest counted; the last holds all."""
+    out = tmp_path / "sweep"
+    code, text = on_terminal("sweep", str(TINY), "--out", str(out), lines=8)
+    assert code == 0, text[-3000:]
+    *drawings, last = re.split(rf"sweep {out.name} — ", text)[1:]
+    assert drawings and "..." not in text
+    for drawing in drawings:
+        rows = ROW.findall(drawing)
+        running = re.match(r".*?running (\d+)", drawing.splitlines()[0])
+        assert [row[4] for row in rows].count("running") == (int(running[1]) if running else 0), drawing
+        assert len(rows) == 2 and f"{4 - len(rows)} more: " in drawing, drawing
+    assert len(ROW.findall(last)) == 4 and "more:" not in last
+
+
+def test_the_rows_a_short_table_shows_are_the_running_failed_next_queued_and_latest_done_in_plan_order(tmp_path):
+    runs = [{"name": f"r{i}", "N": 8240, "D": 40_000, "C": 2e9} for i in range(10)]
+    states = ["done", "done", "failed", "done", "done", "running", "queued", "queued", "running", "queued"]
+    progress = SweepProgress(tmp_path, runs, {f"r{i}": "queued" for i in range(10)}, write=lambda line: None,
+                             live=False)
+    for i in (3, 0, 2, 4, 1):  # the order the runs ended: r1 last, r4 before it
+        progress.event(f"r{i}", "", Outcome(f"r{i}", states[i]))
+    for i in (5, 8):
+        progress.event(f"r{i}", "running", None)
+
+    def shown(height):
+        console = Console(file=io.StringIO(), width=160, height=100, record=True)
+        console.print(progress.table(height))
+        text = console.export_text()
+        return [match[0] for match in ROW.findall(text)], text
+
+    names, text = shown(5 + 1 + 6)  # the rules, a caption and six rows
+    assert names == ["r2", "r5", "r6", "r7", "r8", "r9"] and "4 more: done 4" in text
+    names, text = shown(5 + 1 + 8)
+    assert names == ["r1", "r2", "r4", "r5", "r6", "r7", "r8", "r9"] and "2 more: done 2" in text
+    for height in (5 + 10, None):  # every row fits: no caption
+        names, text = shown(height)
+        assert names == [f"r{i}" for i in range(10)] and "more:" not in text

@@ -1,6 +1,10 @@
 """The live view of a sweep: queued / running / done / failed, each run's loss and ETA (a running run's
 newest logged loss, a done run's final validation loss).
 
+A table taller than the terminal shows the runs being trained and those that failed first, then the next
+queued and the latest finished, with the others counted below it (rich's own cropping kept the plan's first
+rows and hid the ones training); the table left on screen at the end holds every run.
+
 On a terminal the table redraws in place (``rich``); otherwise one plain line per change,
 handed to the ``write`` callback the command supplies.
 """
@@ -16,6 +20,9 @@ from typing import Callable
 
 from jaxformer.sweep.runs import Outcome, RunPaths
 from jaxformer.train.final import final_record
+
+RULES = 5  # lines of a table besides its rows: the title, the header and three rules
+STATES = ("queued", "submitted", "running", "done", "failed", "elsewhere")
 
 
 def _last_metrics(path: Path) -> dict:
@@ -55,6 +62,7 @@ class SweepProgress:
         self._stop = threading.Event()
         self._display = None
         self._final_loss: dict[str, float | None] = {}  # a done run's record does not change: read once
+        self._ended: dict[str, float] = {}  # when each run this launch trained ended (the latest are shown first)
 
     def event(self, name: str, what: str, outcome: Outcome | None) -> None:
         with self.lock:
@@ -62,6 +70,7 @@ class SweepProgress:
                 self.state[name] = what
             else:
                 self.state[name] = {"skipped": "done", "busy": "elsewhere"}.get(outcome.status, outcome.status)
+                self._ended[name] = time.monotonic()
                 if outcome.reason and outcome.status == "failed":
                     self.reasons[name] = outcome.reason
             if not self.live:  # under the lock: lines from two workers never interleave
@@ -69,10 +78,23 @@ class SweepProgress:
                 wall = f" in {_duration(outcome.wall_s)}" if outcome and outcome.wall_s else ""
                 self.write(f"[{self._counts()}] {name}: {self.state[name]}{wall}{detail}")
 
-    def _counts(self) -> str:
-        values = list(self.state.values())
-        return " ".join(f"{label} {values.count(label)}" for label in ("queued", "submitted", "running", "done", "failed", "elsewhere")
-                        if values.count(label))
+    def _counts(self, values: list[str] | None = None) -> str:
+        """``queued 3 running 2 …`` of ``values`` (default: every run's state)."""
+        values = list(self.state.values()) if values is None else values
+        return " ".join(f"{label} {values.count(label)}" for label in STATES if values.count(label))
+
+    def _shown(self, room: int) -> list[dict]:
+        """At most ``room`` of the runs, in plan order: the running and failed ones, then the next queued, then the
+        latest to end."""
+        order = {"running": 0, "submitted": 0, "failed": 1, "queued": 2}
+
+        def rank(item: tuple[int, dict]) -> tuple:
+            index, run = item
+            state = self.state[run["name"]]
+            return (order[state], index) if state in order else (3, -self._ended.get(run["name"], 0.0), index)
+
+        chosen = sorted(enumerate(self.runs), key=rank)[:max(room, 1)]
+        return [run for _, run in sorted(chosen, key=lambda item: item[0])]
 
     def _row(self, run: dict) -> tuple[str, ...]:
         name, state = run["name"], self.state[run["name"]]
@@ -90,33 +112,45 @@ class SweepProgress:
         return (name, f"{run['N']:,}", f"{run['D']:.3g}", f"{run['C']:.3g}", state,
                 "" if loss is None else f"{loss:.4f}", _duration(eta))
 
-    def table(self):
+    def table(self, height: int | None = None):
+        """The table of every run, or of those `_shown` picks where they take more than ``height`` lines (a
+        terminal's), the others counted in its caption."""
         from rich.table import Table
 
-        table = Table(title=f"sweep {self.sweep_dir.name} — {self._counts()} — {_duration(time.time() - self.started)}")
+        shown = self.runs
+        if height is not None and len(self.runs) > height - RULES:
+            shown = self._shown(height - RULES - 1)  # a line for the caption
+        names = {run["name"] for run in shown}
+        hidden = [self.state[run["name"]] for run in self.runs if run["name"] not in names]
+        title = f"sweep {self.sweep_dir.name} — {self._counts()} — {_duration(time.time() - self.started)}"
+        table = Table(title=title, caption=f"{len(hidden)} more: {self._counts(hidden)}" if hidden else None)
         for column in ("run", "N", "D", "C", "state", "loss", "ETA"):
             table.add_column(column, justify="left" if column in ("run", "state") else "right")
-        for run in self.runs:
+        for run in shown:
             table.add_row(*self._row(run))
         return table
+
+    def _fitted(self):
+        return self.table(self._display.console.height)
 
     def __enter__(self) -> "SweepProgress":
         if self.live:
             from rich.live import Live
 
-            self._display = Live(self.table(), refresh_per_second=1)
+            self._display = Live(refresh_per_second=1)
+            self._display.update(self._fitted())
             self._display.__enter__()
             threading.Thread(target=self._refresh, daemon=True).start()
         return self
 
     def _refresh(self) -> None:
         while not self._stop.wait(1.0):
-            self._display.update(self.table())
+            self._display.update(self._fitted())
 
     def __exit__(self, *exc) -> None:
         self._stop.set()
         if self._display is not None:
-            self._display.update(self.table())
+            self._display.update(self.table())  # left on screen: every run
             self._display.__exit__(*exc)
 
     def summary(self) -> str:
