@@ -167,6 +167,25 @@ def test_a_step_whose_metadata_does_not_read_is_corrupt_and_falls_back(tmp_path,
     assert latest_saved_step(run_dir) == 4  # saved again as the run ended
 
 
+def test_a_step_whose_arrays_do_not_match_their_digest_is_set_aside_and_the_run_retrains_to_the_same_state(
+        tmp_path, finished, config_path, capsys):
+    """A step that reads but whose arrays are not those saved (here its saved digest of them changed, as if the
+    arrays had): set aside, the previous step resumed, and retrained from it the run ends on the same arrays."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(finished, run_dir)
+    (run_dir / "final.json").unlink()
+    meta_path = run_dir / "checkpoints" / "4" / "meta" / "metadata"
+    meta = json.loads(meta_path.read_text())
+    meta_path.write_text(json.dumps({**meta, "digest": "0" * 64}))
+    capsys.readouterr()
+    assert main(["train", config_path, *TINY, "--run-dir", str(run_dir)]) == 0
+    assert ("warning: checkpoint step 4 is unreadable (ValueError: array contents do not match the digest saved "
+            "with them)") in capsys.readouterr().err
+    assert json.loads((run_dir / "final.json").read_text())["resumed_from"]["step"] == 2
+    assert json.loads(meta_path.read_text())["digest"] == meta["digest"]  # step 4 trained again, bit for bit
+    assert (run_dir / "corrupt_checkpoints" / "4" / "meta" / "metadata").is_file()
+
+
 def test_train_called_as_a_library_gives_its_caller_back_their_hooks(tmp_path, finished, monkeypatch):
     """`train` called from Python, not through the `jaxformer` command, left sys.unraisablehook replaced and a filter
     on asyncio's logger for the rest of the process (`Checkpointer.restore_latest` installed them for good, to drop
