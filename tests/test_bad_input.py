@@ -68,6 +68,9 @@ def workspace(tmp_path_factory):
     (root / "number-and-name-keys.yaml").write_text("model: {preset: tiny, 1: 2, zz: 3}\n")
     (root / "escape.yaml").write_text(yaml.safe_dump({**spec, "name": "../../escaped"}))
     (root / "extra.csv").write_text("N,D,loss\n1e4,1e6,3.0,9\n2e4,1e6,2.9\n")
+    # learning curves, one row per evaluation: run a's rows give two model sizes
+    (root / "curves.csv").write_text("run,N,D,loss\na,1e4,1e6,3.0\na,2e4,2e6,2.9\nb,1e4,1e6,3.1\n")
+    (root / "curves-grouped.csv").write_text("run,N,D,loss,seed\na,1e4,1e6,3.0,0\na,1e4,2e6,2.9,0\n")
     (root / "a-file").write_text("mine\n")
     (root / "bad-plan").mkdir()
     (root / "bad-plan" / "plan.json").write_text('{"runs": [{"name": "a"}]}\n')
@@ -197,6 +200,9 @@ CASES = [  # (id naming the input under test, argv, what stderr must name, direc
     ("tune-out-another-sweep",
      ["tune", str(ROOT / "sweeps" / "cpu-chinchilla-ladder-2seeds.yaml"), "--out", "{w}/study"],
      "holds a different sweep", "study"),
+    ("fit-table-curve-with-two-sizes", ["fit", "{w}/curves.csv"], "curves.csv: run 'a' has more than one N", None),
+    ("fit-table-curves-in-bootstrap-groups", ["fit", "{w}/curves-grouped.csv", "--bootstrap-groups", "seed"],
+     "curves-grouped.csv: bootstrap groups need one row per run, and column 'run' repeats runs", None),
     ("fit-table-extra-cell",
      ["fit", "{w}/extra.csv"], "extra.csv, line 2: 4 cells, but the header names 3 columns", None),
     ("results-study-without-runs",

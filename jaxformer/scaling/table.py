@@ -282,7 +282,7 @@ def _long_form(run_ids: list[str], num: dict[str, np.ndarray], source: str) -> R
     for r in range(len(names)):
         rows = np.flatnonzero(index == r)
         if np.ptp(n[rows]) > 0:
-            raise ValueError(f"{source}: run {names[r]!r} has more than one N")
+            raise ValueError(f"{source}: run {str(names[r])!r} has more than one N")
         finals.append(rows[np.argmax(tokens[rows])])
     finals = np.array(finals)
     pick = lambda k: num[k][finals] if k in num else None  # noqa: E731
