@@ -112,6 +112,45 @@ def test_ctrl_c_stops_a_sweep_and_its_workers_at_once_none_replaced(tmp_path, ex
     assert not list(out.glob("runs/*/final.json")) and not list(out.glob("runs/*/checkpoints/*tmp*"))
 
 
+def test_a_worker_that_does_not_end_on_ctrl_c_is_killed_and_not_replaced(tmp_path, monkeypatch, capsys):
+    """A worker once hung in ``malloc`` after its SIGINT (its heap corrupt) and the launcher waited on it for ever.
+    Two stand-in worker processes, a run requested from each: one ends on SIGINT, one ignores it; after Ctrl-C the
+    second is killed once the grace has passed, and neither is replaced (each supervisor's request stops)."""
+    import threading
+
+    from jaxformer.sweep import executors
+
+    monkeypatch.setattr(executors, "STOP_GRACE_S", 1.0)
+    pool = executors.LocalPool(2, 1, tmp_path)
+    stand_ins = [subprocess.Popen(  # reads the request, then trains for ever
+        [sys.executable, "-c", f"import signal, sys, time; signal.signal(signal.SIGINT, {handler}); "
+                               "sys.stdin.readline(); time.sleep(600)"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        text=True) for handler in ("signal.default_int_handler", "signal.SIG_IGN")]
+    for worker, process in zip(pool.workers, stand_ins):
+        worker.process = process
+    raised = []
+
+    def request(worker):
+        try:
+            worker.train(tmp_path, "run")
+        except KeyboardInterrupt:
+            raised.append(worker)
+
+    supervisors = [threading.Thread(target=request, args=(worker,)) for worker in pool.workers]
+    for supervisor in supervisors:
+        supervisor.start()
+    time.sleep(1.0)  # both requests read
+    started = time.monotonic()
+    pool.interrupt()  # SIGINT after a second to both; the one that ignores it killed a second later
+    for supervisor in supervisors:
+        supervisor.join(timeout=10)
+    assert 1.5 < time.monotonic() - started < 5
+    assert [process.wait(timeout=1) for process in stand_ins] == [-signal.SIGINT, -signal.SIGKILL]
+    assert sorted(map(id, raised)) == sorted(map(id, pool.workers)) and [w.started for w in pool.workers] == [0, 0]
+    assert capsys.readouterr().err == (f"worker process {stand_ins[1].pid} did not end on its SIGINT: killed (its run "
+                                       "resumes from its last checkpoint at a relaunch)\n")
+
+
 def test_ctrl_c_in_a_command_that_exits_at_once_skips_the_teardown_too(monkeypatch, capsys):
     """A sweep interrupted in its closing fit crashed in JAX's teardown (SIGSEGV after the one line)."""
     import jaxformer.cli as cli

@@ -34,7 +34,8 @@ def on_terminal(*args: str, columns: int = 160, lines: int = 50) -> tuple[int, s
     fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", lines, columns, 0, 0))
     env = {key: value for key, value in os.environ.items() if key not in ("COLUMNS", "LINES", "TERM")}
     process = subprocess.Popen([sys.executable, "-m", "jaxformer.cli", *args], stdin=subprocess.DEVNULL,
-                               stdout=follower, stderr=follower, env={**env, "TERM": "xterm-256color"})
+                               stdout=follower, stderr=follower,
+                               env={**env, "TERM": "xterm-256color", "PYTHONIOENCODING": "utf-8"})  # rich's box lines
     os.close(follower)
     received = bytearray()
     while True:

@@ -25,7 +25,7 @@ from jaxformer.runtime import HOST_DEVICES, without_ynn_fusion_on_one_device
 from jaxformer.sweep.accelerators import local_accelerators, worker_environment
 from jaxformer.sweep.queue import WorkQueue
 from jaxformer.sweep.runs import Outcome, RunPaths, run_lock
-from jaxformer.sweep.worker import ATTEMPTS, WarmWorker
+from jaxformer.sweep.worker import ATTEMPTS, STOP_GRACE_S, WarmWorker
 
 
 def thread_environment(threads: int) -> dict[str, str]:
@@ -99,10 +99,13 @@ class LocalPool:
 
     def interrupt(self) -> None:
         """Ctrl-C: each worker's run stops (it resumes at a relaunch); a worker the terminal's Ctrl-C did not reach
-        (a signal to the launching process alone) is sent one after a second."""
+        (a signal to the launching process alone) is sent one after a second, and one still running `STOP_GRACE_S`
+        seconds after that is killed."""
         deadline = time.monotonic() + 1.0
         for worker in self.workers:
             worker.interrupt(deadline)
+        for worker in self.workers:  # one that has not ended by then is killed
+            worker.end_by(deadline + STOP_GRACE_S)
 
     def close(self) -> None:
         for worker in self.workers:  # all told first, so that they end side by side

@@ -37,6 +37,7 @@ from typing import IO, Iterator, Sequence
 from jaxformer.sweep.runs import Outcome, RunPaths, failure_reason, run_lock
 
 ATTEMPTS = 2  # a run whose worker dies is resumed once by a fresh worker
+STOP_GRACE_S = 10.0  # how long a worker sent SIGINT may take to end before it is killed
 
 
 @contextlib.contextmanager
@@ -135,6 +136,7 @@ class WarmWorker:
         self.env, self.log = env, log
         self.process: subprocess.Popen | None = None
         self.started = 0  # processes started, for the record
+        self.interrupted = False  # Ctrl-C: a process that ends is not replaced
 
     def _start(self) -> subprocess.Popen:
         self.log.parent.mkdir(parents=True, exist_ok=True)
@@ -161,7 +163,7 @@ class WarmWorker:
                 return Outcome(**json.loads(answer))
             self.process = None  # it died mid-run: the next attempt starts a fresh one
             code = process.wait()
-            _stop_when_interrupted(code)
+            self._stop_when_interrupted(code)
         paths = RunPaths(sweep_dir, name)
         reason = f"its worker died {ATTEMPTS} times (exit status {code}); last output: {failure_reason(paths, code)}"
         paths.record("failed", reason=reason, returncode=code)
@@ -184,19 +186,40 @@ class WarmWorker:
             pass
         if len(answers) < len(names):  # it died mid-group
             self.process = None
-            _stop_when_interrupted(process.wait())
+            self._stop_when_interrupted(process.wait())
             answered = {outcome.name for outcome in answers}
             answers += [self.train(sweep_dir, name) for name in names if name not in answered]
         return answers
 
     def interrupt(self, deadline: float) -> None:
         """Ends the process's run as Ctrl-C does: when it has not ended by ``deadline`` (`time.monotonic`; the
-        terminal's Ctrl-C reaches the whole process group), one SIGINT is sent to it."""
+        terminal's Ctrl-C reaches the whole process group), one SIGINT is sent to it. It is not replaced."""
+        self.interrupted = True
         if self.process is not None:
             try:
                 self.process.wait(timeout=max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 self.process.send_signal(signal.SIGINT)
+
+    def end_by(self, deadline: float) -> None:
+        """Kills the process if it runs at ``deadline`` (`time.monotonic`), after `interrupt`: one that does not end
+        on SIGINT would hold the launch for ever (a worker was once seen spinning in ``malloc`` for 49 minutes after
+        it, its heap corrupt). Its run resumes from its last checkpoint at a relaunch, as an interrupted one does."""
+        if self.process is None:
+            return
+        try:
+            self.process.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            print(f"worker process {self.process.pid} did not end on its SIGINT: killed (its run resumes from its "
+                  "last checkpoint at a relaunch)", file=sys.stderr, flush=True)
+            self.process.kill()
+            self.process.wait()
+
+    def _stop_when_interrupted(self, code: int) -> None:
+        """A worker ended by Ctrl-C (SIGINT), or killed after it, is not replaced: the launch stops, its run resumes
+        at a relaunch."""
+        if code == -signal.SIGINT or self.interrupted:
+            raise KeyboardInterrupt
 
     def stop(self) -> None:
         """Tells the process to end (end of input) without waiting; `close` waits."""
@@ -209,10 +232,6 @@ class WarmWorker:
             self.process.wait()
 
 
-def _stop_when_interrupted(code: int) -> None:
-    """A worker ended by Ctrl-C (SIGINT) is not replaced: the launch stops, its run resumes at a relaunch."""
-    if code == -signal.SIGINT:
-        raise KeyboardInterrupt
 
 
 def main() -> None:
