@@ -7,7 +7,7 @@
   parameters ``params{k}/{path}`` after it; for the meshes also ``forced_…{k}``, the same for
   step ``k`` taken from the one-device run's state before it. ``mesh`` is ``ref`` (one
   device) or the ``data-fsdp-tensor-expert`` sizes, like ``2-2-2-1``;
-- ``OUT_DIR/shards.json``: ``{run: {path: per-device shard shape}}`` of every parameter and
+- ``OUT_DIR/shards.json``: ``{run: {path: per-device shard shape}}`` of the batch (``batch``), every parameter and
   Adam moment, read from the arrays' first addressable shard;
 - ``OUT_DIR/resumed.npz``: steps 4–5 of the GQA model trained 3 steps on ``2-2-2-1``,
   checkpointed, and restored onto ``8-1-1-1``; next to the one-device run's steps 4–5
@@ -116,6 +116,7 @@ class Trainer:
                 out.update(record("forced_", k, grads, after))
             grads, self.state = self.grad_and_step(self.state, batch, self.lrs[k - 1])
             out.update(record("", k, grads, self.state))
+        self.batch_shard = list(batch.addressable_shards[0].data.shape)
         return out
 
     def shard_shapes(self) -> dict[str, list[int]]:
@@ -124,7 +125,7 @@ class Trainer:
         for prefix, tree in (("params", self.state["params"]), ("mu", moments.mu), ("nu", moments.nu)):
             for key_path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
                 shapes[f"{prefix}/{path_of(key_path)}"] = list(leaf.addressable_shards[0].data.shape)
-        return shapes
+        return {**shapes, "batch": self.batch_shard}
 
 
 def layout(sizes: tuple[int, ...], devices=None) -> Layout:

@@ -123,6 +123,11 @@ def test_parameters_and_adam_moments_are_split_as_the_rules_say(worker):
     assert shards["moe-1-2-2-2"][f"nu/{experts}"] == [2, 16, 32]
     assert shards["moe-1-2-2-2"][f"params/{ffn}/router"] == [16, 2]
     assert shards["moe-1-2-4-1"][f"params/{experts}"] == [4, 16, 16]
+    # the batch [1, 8, 17] over (data, fsdp, expert): each device steps on its share of the sequences (a
+    # replicated batch trains the same numbers, every device computing all of them)
+    batch_ways = {"8-1-1-1": 8, "1-8-1-1": 8, "2-2-2-1": 4, "1-2-4-1": 2, "1-2-2-2": 4}
+    for run in shards:
+        assert shards[run]["batch"] == [1, 8 // batch_ways[run.split("-", 1)[1]], 17], run
 
 
 @pytest.mark.slow
