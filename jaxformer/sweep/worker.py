@@ -203,8 +203,8 @@ class WarmWorker:
 
     def end_by(self, deadline: float) -> None:
         """Kills the process if it runs at ``deadline`` (`time.monotonic`), after `interrupt`: one that does not end
-        on SIGINT would hold the launch for ever (a worker was once seen spinning in ``malloc`` for 49 minutes after
-        it, its heap corrupt). Its run resumes from its last checkpoint at a relaunch, as an interrupted one does."""
+        on SIGINT would hold the launch for ever (one was seen spinning in ``malloc`` after it, its heap corrupt).
+        Its run resumes from its last checkpoint at a relaunch, as an interrupted one does."""
         if self.process is None:
             return
         try:
@@ -230,8 +230,6 @@ class WarmWorker:
         self.stop()
         if self.process is not None:
             self.process.wait()
-
-
 
 
 def main() -> None:
