@@ -72,6 +72,11 @@ def workspace(tmp_path_factory):
     (root / "curves.csv").write_text("run,N,D,loss\na,1e4,1e6,3.0\na,2e4,2e6,2.9\nb,1e4,1e6,3.1\n")
     (root / "curves-grouped.csv").write_text("run,N,D,loss,seed\na,1e4,1e6,3.0,0\na,1e4,2e6,2.9,0\n")
     (root / "a-file").write_text("mine\n")
+    bpe = ["data.tokenizer=bpe", "data.bpe_vocab_size=512", "model.vocab_size=512"]
+    for name, changes in (("begun", []), ("bpe-no-tokenizer", bpe)):  # a run's config.yaml, nothing more
+        (root / name).mkdir()
+        saved = yaml.safe_load((root / "run" / "config.yaml").read_text())
+        (root / name / "config.yaml").write_text(yaml.safe_dump(apply_overrides(saved, changes)))
     (root / "bad-plan").mkdir()
     (root / "bad-plan" / "plan.json").write_text('{"runs": [{"name": "a"}]}\n')
     assert main(["export-hf", str(root / "run"), "--out", str(root / "hf")]) == 0
@@ -185,6 +190,12 @@ CASES = [  # (id naming the input under test, argv, what stderr must name, direc
     ("export-hf-checkpoints-corrupt",
      ["export-hf", "{w}/corrupt", "--out", "{w}/exported"], "they were left in place", "corrupt"),
     ("export-hf-out-not-empty", ["export-hf", "{w}/run", "--out", "{w}/run"], "exists and is not empty", "run"),
+    ("export-hf-source-missing", ["export-hf", "{w}/nowhere", "--out", "{w}/exported"],
+     "no run directory or checkpoint at {w}/nowhere", None),
+    ("export-hf-run-without-checkpoints", ["export-hf", "{w}/begun", "--out", "{w}/exported"],
+     "{w}/begun has no checkpoint to export yet", "begun"),
+    ("export-hf-bpe-run-without-tokenizer", ["export-hf", "{w}/bpe-no-tokenizer", "--out", "{w}/exported"],
+     "{w}/bpe-no-tokenizer trained with data.tokenizer=bpe but has no tokenizer.json", "bpe-no-tokenizer"),
     ("generate-hf-a-run",
      ["generate", "--hf", "{w}/run", "--prompt", "a"], "is not a Hugging Face model directory", "run"),
     ("generate-hf-and-preset", ["generate", "--hf", "{w}/run", "--preset", "tiny", "--prompt", "a"], "only one", "run"),

@@ -206,6 +206,21 @@ def test_an_interrupted_group_resumes_together_or_alone_and_ends_as_uninterrupte
         assert_same_run(run_dir, run_alone, trained_with=False)  # a lone run resumes a checkpoint written together
 
 
+def test_a_group_killed_after_its_last_checkpoint_is_evaluated_again_and_ends_as_uninterrupted(tmp_path, together,
+                                                                                                alone):
+    """Killed between the checkpoint of the last step and final.json: nothing is left to train, so each run's
+    validation loss is computed again from that checkpoint, and every run ends as the uninterrupted one did."""
+    run_dirs = [tmp_path / d.name for d in together]
+    for source, target in zip(together, run_dirs):
+        shutil.copytree(source, target)
+        _interrupt(target, 32)
+    records = train_together(configs(), run_dirs)
+    for run_dir, source, run_alone, record in zip(run_dirs, together, alone, records):
+        assert record == final(run_dir) and record["resumed_from"]["step"] == 32
+        assert record["val_loss"] == pytest.approx(final(source)["val_loss"], rel=1e-6)
+        assert_same_run(run_dir, run_alone)
+
+
 @pytest.mark.parametrize(("change", "message"), [
     (["model.d_model=16"], "lr0 and lr1 cannot train together: model.d_model is 32 in one and 16 in the other"),
     (["train.tokens=4096"], "lr0 and lr1 cannot train together: train.tokens is 8192 in one and 4096 in the other"),
