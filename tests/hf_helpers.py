@@ -133,11 +133,12 @@ def assert_refused_in_one_line(source, out, message: str, capsys) -> None:
 CHAT_TEMPLATE = "{% for m in messages %}<|begin_of_text|>{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
 
 
-def tiny_gguf(path, *, add_bos: bool | None = None, add_eos: bool | None = None, chat_template: str | None = None) -> None:
+def tiny_gguf(path, *, add_bos: bool | None = None, add_eos: bool | None = None, chat_template: str | None = None,
+              rope_scaling: tuple[str, float] | None = None) -> None:
     """A one-block random-weight Llama GGUF with a byte-level BPE vocabulary (the 256 byte symbols, one merge, BOS 0
     and EOS 1 as control tokens), written with the ``gguf`` package; ``add_bos`` / ``add_eos``: its
     ``tokenizer.ggml.add_bos_token`` / ``add_eos_token`` (None: absent); ``chat_template``: its
-    ``tokenizer.chat_template``."""
+    ``tokenizer.chat_template``; ``rope_scaling``: its ``llama.rope.scaling.type`` and ``.factor``."""
     import gguf
     from tokenizers import pre_tokenizers
 
@@ -165,6 +166,9 @@ def tiny_gguf(path, *, add_bos: bool | None = None, add_eos: bool | None = None,
         writer.add_add_eos_token(add_eos)
     if chat_template is not None:
         writer.add_chat_template(chat_template)
+    if rope_scaling is not None:
+        writer.add_rope_scaling_type(gguf.RopeScalingType(rope_scaling[0]))
+        writer.add_rope_scaling_factor(rope_scaling[1])
     rng = np.random.default_rng(0)
     shapes = {"attn_norm.weight": (E,), "ffn_norm.weight": (E,), "attn_q.weight": (E, E), "attn_k.weight": (E, E),
               "attn_v.weight": (E, E), "attn_output.weight": (E, E), "ffn_gate.weight": (F, E),

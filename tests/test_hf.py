@@ -200,6 +200,19 @@ def test_a_gguf_tokenizer_adds_bos_and_eos_as_transformers_does(add_bos, add_eos
     assert ours.encode("hello").ids[0] == (0 if add_bos else ord("h") - ord("!") + 2)
 
 
+def test_a_gguf_with_linear_rope_scaling_imports_as_position_interpolation_and_another_kind_is_refused(tmp_path):
+    """``llama.rope.scaling.type: linear`` with ``factor`` f: positions divided by f (llama.cpp's ``freq_scale`` 1/f,
+    transformers' linear ``rope_scaling``), the ``rope_scale`` a config with that ``rope_scaling`` imports to; yarn is
+    refused naming the key."""
+    for name, scaling in (("plain", None), ("linear", ("linear", 4.0)), ("yarn", ("yarn", 4.0))):
+        tiny_gguf(tmp_path / f"{name}.gguf", rope_scaling=scaling)
+    assert hf.read_checkpoint(tmp_path / "plain.gguf").cfg.rope_scale == 1.0
+    assert hf.read_checkpoint(tmp_path / "linear.gguf").cfg.rope_scale == 0.25
+    with pytest.raises(ValueError, match=r"yarn.gguf: GGUF metadata llama.rope.scaling.type='yarn' is not supported "
+                                         r"\(none, linear\)"):
+        hf.read_checkpoint(tmp_path / "yarn.gguf")
+
+
 def test_special_tokens_and_the_chat_template_survive_import_and_export(tmp_path, capsys):
     """import-hf then export-hf kept tokenizer.json alone: the exported tokenizer had no BOS, EOS or chat template
     (apply_chat_template failed). From a GGUF and from a Hugging Face directory, the exported tokenizer now equals
