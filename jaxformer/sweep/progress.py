@@ -83,21 +83,21 @@ class SweepProgress:
         values = list(self.state.values()) if values is None else values
         return " ".join(f"{label} {values.count(label)}" for label in STATES if values.count(label))
 
-    def _shown(self, room: int) -> list[dict]:
+    def _shown(self, room: int, states: dict[str, str]) -> list[dict]:
         """At most ``room`` of the runs, in plan order: the running and failed ones, then the next queued, then the
-        latest to end."""
+        latest to end (``states``: each run's)."""
         order = {"running": 0, "submitted": 0, "failed": 1, "queued": 2}
 
         def rank(item: tuple[int, dict]) -> tuple:
             index, run = item
-            state = self.state[run["name"]]
+            state = states[run["name"]]
             return (order[state], index) if state in order else (3, -self._ended.get(run["name"], 0.0), index)
 
         chosen = sorted(enumerate(self.runs), key=rank)[:max(room, 1)]
         return [run for _, run in sorted(chosen, key=lambda item: item[0])]
 
-    def _row(self, run: dict) -> tuple[str, ...]:
-        name, state = run["name"], self.state[run["name"]]
+    def _row(self, run: dict, state: str) -> tuple[str, ...]:
+        name = run["name"]
         paths = RunPaths(self.sweep_dir, name)
         metrics = _last_metrics(paths.run_dir / "metrics.jsonl") if state == "running" else {}
         loss = metrics.get("val_loss") or metrics.get("train_loss")
@@ -117,17 +117,20 @@ class SweepProgress:
         terminal's), the others counted in its caption."""
         from rich.table import Table
 
+        with self.lock:  # one moment's states for the whole drawing: its title counts the rows it shows
+            states = dict(self.state)
         shown = self.runs
         if height is not None and len(self.runs) > height - RULES:
-            shown = self._shown(height - RULES - 1)  # a line for the caption
+            shown = self._shown(height - RULES - 1, states)  # a line for the caption
         names = {run["name"] for run in shown}
-        hidden = [self.state[run["name"]] for run in self.runs if run["name"] not in names]
-        title = f"sweep {self.sweep_dir.name} — {self._counts()} — {_duration(time.time() - self.started)}"
+        hidden = [states[run["name"]] for run in self.runs if run["name"] not in names]
+        title = (f"sweep {self.sweep_dir.name} — {self._counts(list(states.values()))} — "
+                 f"{_duration(time.time() - self.started)}")
         table = Table(title=title, caption=f"{len(hidden)} more: {self._counts(hidden)}" if hidden else None)
         for column in ("run", "N", "D", "C", "state", "loss", "ETA"):
             table.add_column(column, justify="left" if column in ("run", "state") else "right")
         for run in shown:
-            table.add_row(*self._row(run))
+            table.add_row(*self._row(run, states[run["name"]]))
         return table
 
     def _fitted(self):
