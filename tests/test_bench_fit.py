@@ -7,14 +7,15 @@ import re
 import numpy as np
 
 from jaxformer.cli import main
+from jaxformer.scaling.allocation import PRESETS
 from jaxformer.train.peak import cpu_model
 
-LAW = {"E": 1.69, "A": 406.4, "B": 410.7, "alpha": 0.34, "beta": 0.28}  # Hoffmann et al.'s Approach-3 law
+LAW = PRESETS["chinchilla"]  # Hoffmann et al.'s Approach-3 law
 
 
 def test_bench_fit_recovers_a_known_law_with_both_solvers_and_reports_consistent_ratios(tmp_path, capsys):
     n, d = np.meshgrid(np.geomspace(1e7, 1e10, 6), np.geomspace(1e9, 1e12, 6))
-    loss = LAW["E"] + LAW["A"] / n ** LAW["alpha"] + LAW["B"] / d ** LAW["beta"]
+    loss = LAW.loss(n, d)
     table = tmp_path / "runs.csv"
     rows = zip(n.ravel(), d.ravel(), loss.ravel())
     table.write_text("N,D,loss\n" + "".join(f"{a:.17g},{b:.17g},{c:.17g}\n" for a, b, c in rows))
@@ -27,7 +28,7 @@ def test_bench_fit_recovers_a_known_law_with_both_solvers_and_reports_consistent
     assert (result["runs"], result["starts"], result["cpu_model"]) == (36, 4500, cpu_model())
     assert f"36 runs from {table}; 4500 starts; CPU: {cpu_model()}" in printed
     for solver in ("params_jax", "params_scipy"):
-        for name, value in LAW.items():
+        for name, value in LAW.to_dict().items():
             assert abs(result[solver][name] / value - 1) < 1e-3, (solver, name, result[solver])
     assert result["objective_jax"] < 1e-9 and result["objective_scipy"] < 1e-9
     # 30 of the 4500 starts (every 150th), each counted 150 times

@@ -31,6 +31,7 @@ import numpy as np
 from jaxformer.arguments import integer
 from jaxformer.benchmarks.environment import environment, package_version
 from jaxformer.benchmarks.outputs import output_directory, output_file
+from jaxformer.benchmarks.sweep import ChildFailed
 from jaxformer.files import write_json_atomic
 from jaxformer.runtime import LAYOUT_FILE
 
@@ -165,7 +166,6 @@ def timed_torch_step(config) -> Callable[..., float]:
 
 def _layout(sizes, batch: int, steps: int) -> dict:
     """Aggregate fp32 tokens/s: one process with every core vs one 1-thread process per core, side by side."""
-    from jaxformer.benchmarks.sweep import ChildFailed
     from jaxformer.sweep.executors import thread_environment
 
     cores = os.cpu_count() or 1
@@ -294,8 +294,6 @@ def run(args: argparse.Namespace) -> int:
               "matmul_peak_flops": peaks["float32" if "float32" in peaks else dtypes[0]]["jax"],
               "matmul_peaks": peaks, "sizes": rows, "notes": notes}  # the environment as `bench sweep` records it
     if args.layout:
-        from jaxformer.benchmarks.sweep import ChildFailed
-
         try:
             report["layout"] = _layout(layout_sizes, args.batch, args.steps)
         except ChildFailed as error:  # one line naming the measuring command; nothing saved
