@@ -189,6 +189,16 @@ def test_training_flops_per_token_is_the_one_rule_and_counts_active_moe_paramete
         training_flops_per_token(moe, 2048, "6N")
 
 
+@pytest.mark.parametrize("shared", [0, 1])
+def test_moe_forward_matmuls_are_two_flops_per_active_weight(shared):
+    """No biases, untied head: every active parameter but the embedding table and the norms' gains is a matrix
+    weight a token multiplies once (its k routed experts, the shared ones, the router, the head)."""
+    moe = dataclasses.replace(get_preset("moe-8x-top2"), num_shared_experts=shared)
+    params = count_params(moe)
+    multiplied = params.active - params.breakdown["token_embedding"] - params.breakdown["norms"]
+    assert forward_flops_per_token(moe, 2048).matmul == 2 * multiplied
+
+
 def test_every_preset_counts_and_family_extras():
     for name, cfg in PRESETS.items():
         params = count_params(cfg)

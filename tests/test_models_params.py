@@ -78,6 +78,8 @@ def test_modules_hold_the_accounted_parameters_component_by_component(name):
     dict(family="encoder", norm_position="post", num_token_types=2, embedding_norm=True, pooler=True),
     dict(family="encoder", norm_position="post", num_token_types=3, embedding_norm=True, mlm_head=False,
          tie_embeddings=False),
+    # a bias-free encoder (ModernBERT-like): the masked-LM head's dense layer and vocabulary without biases
+    dict(family="encoder", use_bias=False, norm="rmsnorm", tie_embeddings=False),
     dict(family="encoder_decoder", num_encoder_layers=2, position="sinusoidal", sinusoidal_layout="split",
          logit_bias=True, norm_position="post"),
     # T5 v1.1: relative position bias tables, gated GELU, no biases, an untied rescaled head

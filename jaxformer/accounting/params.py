@@ -60,7 +60,8 @@ def ffn_params(cfg: ModelConfig, d_ff: int) -> int:
 
 
 def router_params(cfg: ModelConfig) -> int:
-    return cfg.d_model * cfg.num_experts if cfg.is_moe else 0
+    """An MoE layer's router: one ``[E, X]`` matrix (X experts), no bias."""
+    return cfg.d_model * cfg.num_experts
 
 
 def feed_forward_params(cfg: ModelConfig, *, active: bool = False) -> int:
