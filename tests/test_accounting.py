@@ -159,6 +159,8 @@ def test_a_sliding_window_bounds_the_causal_layers_attention_only():
     outputs = [apply(*init_params(cfg, 0), tokens) for cfg in (encoder, dataclasses.replace(encoder, sliding_window=None))]
     for ours, unwindowed in zip(*(jax.tree.leaves(output) for output in outputs), strict=True):
         np.testing.assert_array_equal(ours, unwindowed)
+    no_window = dataclasses.replace(encoder, sliding_window=None)
+    assert attention_flop_share(encoder, 32) == attention_flop_share(no_window, 32)
     both = ModelConfig(family="encoder_decoder", num_encoder_layers=1, sliding_window=4, **base)
     assert forward_flops_per_token(both, 32).attention == per_layer + per_layer // 8 + per_layer  # 4 of 32 keys
 
@@ -187,6 +189,16 @@ def test_training_flops_per_token_is_the_one_rule_and_counts_active_moe_paramete
     assert train == {rule: training_flops_per_token(moe, 2048, rule) * 1e12 for rule in rules}
     with pytest.raises(ValueError, match="rule must be one of"):
         training_flops_per_token(moe, 2048, "6N")
+
+
+def test_t5_forward_matmuls_are_two_flops_per_matrix_weight():
+    """T5 (no biases, tied head): one token multiplies every weight outside the embedding table, the norms' gains and
+    the relative-bias tables once per layer it passes — encoder, decoder self- and cross-attention — and the tied
+    table once more as its head."""
+    t5 = get_preset("t5-small")
+    params = count_params(t5)
+    matrices = params.total - sum(params.breakdown[name] for name in ("token_embedding", "norms", "relative_bias"))
+    assert forward_flops_per_token(t5, 512).matmul == 2 * (matrices + t5.d_model * t5.vocab_size)
 
 
 @pytest.mark.parametrize("shared", [0, 1])
