@@ -105,6 +105,10 @@ def test_fit_records_the_tables_flops_per_token_and_load_law_reads_it_back(tmp_p
     D = np.tile(np.geomspace(1e9, 1e11, 3), 6)
     table = RunTable.from_arrays(N, law.loss(N, D), D=D, C=9.7 * N**0.96 * D)
     report = fit_table(table, "3", resamples=0)
+    assert fit_table(table, 3, resamples=0).approach3.law == report.approach3.law  # a notebook's number
+    for wrong in (4, True, "3,2"):
+        with pytest.raises(ValueError, match=f"approach must be one of 1, 2, 3 or 'all', got {wrong!r}"):
+            fit_table(table, wrong, resamples=0)
     assert report.approach3.law.flops == FlopsPerToken(pytest.approx(9.7), pytest.approx(0.96))
     fitted = report.approach3.law
     assert fitted.a == pytest.approx(fitted.beta / (fitted.alpha + 0.96 * fitted.beta), rel=1e-9)

@@ -203,17 +203,18 @@ def _line(name: str, value: float, interval: Interval | None, level: float) -> s
     return text
 
 
-def fit_table(table: RunTable, approaches: str = "all", *, resamples: int = 4000, seed: int = 0,
+def fit_table(table: RunTable, approaches: str | int = "all", *, resamples: int = 4000, seed: int = 0,
               level: float = 0.95, budgets=(REFERENCE_BUDGET,), budget_tol: float = 0.1,
               bootstrap_starts: int = 4, keep_edges: bool = False, resample2: str = "runs") -> FitReport:
-    """Runs the requested approaches (``"1"``, ``"2"``, ``"3"`` or ``"all"``) with bootstrap intervals;
-    Approach 2 fits its power laws to the bracketed minima only, unless ``keep_edges``, and its bootstrap
+    """Runs the requested approaches (``"1"``, ``"2"`` or ``"3"``, also as a number, or ``"all"``) with bootstrap
+    intervals; Approach 2 fits its power laws to the bracketed minima only, unless ``keep_edges``, and its bootstrap
     draws ``resample2`` (`fit_isoflop`'s ``runs`` or ``residuals``).
 
     With ``"all"``, an approach the runs cannot support (``ValueError``: too few runs, sizes or budgets) is
     skipped with a note naming why, and the others stand; ``ValueError`` when none can be fitted."""
-    if approaches not in APPROACHES:
-        raise ValueError(f"approach must be one of {', '.join(APPROACHES)}, got {approaches!r}")
+    if str(approaches) not in APPROACHES or isinstance(approaches, bool) or not isinstance(approaches, (str, int)):
+        raise ValueError(f"approach must be one of 1, 2, 3 or 'all', got {approaches!r}")
+    approaches = str(approaches)
     if resamples < 0:
         raise ValueError(f"bootstrap resamples must be non-negative, got {resamples}")
     table = table.canonical()  # the same runs in any order give the same fit
