@@ -86,3 +86,25 @@ def test_a_worker_reads_a_file_again_once_it_is_edited(text_files):
     assert after.info["sha256"] != before.info["sha256"] and len(after.train) + len(after.val) != len(
         before.train) + len(before.val)
     assert not (text_files / "cache").exists()  # byte-level tokens are the bytes themselves: nothing cached
+
+
+def test_a_saved_tokenizer_keys_the_entry_by_its_bytes(text_files):
+    """A resumed run encodes with its saved ``tokenizer.json``: another vocabulary is another entry, encoded with it;
+    the same bytes under another name are the same entry."""
+    trained = prepare_dataset(_config(text_files))
+    other = BPETokenizer.train([b"zebra quartz jumps " * 50, b"over the lazy dog " * 50], 280)
+    other.save(text_files / "other.json")
+    _as_a_new_process()
+    resumed = prepare_dataset(_config(text_files), saved_tokenizer=text_files / "other.json")
+    assert len(list((text_files / "cache").iterdir())) == 2
+    assert resumed.tokenizer.encode("the lazy fox").tolist() == other.encode("the lazy fox").tolist()
+    every_file = other.encode_documents([path.read_bytes() for path in sorted(text_files.glob("f*.txt"))])
+    held = np.concatenate([resumed.train, resumed.val])
+    assert sorted(held.tolist()) == sorted(every_file.tolist())  # every file encoded with it (split by files)
+    assert not np.array_equal(held, np.concatenate([trained.train, trained.val]))
+
+    (text_files / "copy.json").write_bytes((text_files / "other.json").read_bytes())
+    _as_a_new_process()
+    again = prepare_dataset(_config(text_files), saved_tokenizer=text_files / "copy.json")
+    assert isinstance(again.train, np.memmap) and np.array_equal(again.train, resumed.train)
+    assert len(list((text_files / "cache").iterdir())) == 2
