@@ -62,6 +62,9 @@ def test_fit_all_approaches_on_a_sweep_directory_with_plots(tmp_path, capsys):
     a = PRESETS["chinchilla"].a
     assert fit["approach3"]["a"] == pytest.approx(a, abs=0.01)
     assert fit["approach2"]["power_laws"]["a"] == pytest.approx(a, abs=0.01)
+    for budget in fit["approach2"]["budgets"]:  # each minimum spends its budget: C = 6·N_opt·D_opt
+        assert 6 * budget["N_opt"] * budget["D_opt"] == pytest.approx(budget["C"], rel=1e-12)
+        assert budget["N_opt"] == pytest.approx(float(PRESETS["chinchilla"].n_opt(budget["C"])), rel=0.1)
     assert fit["approach1"]["power_laws"]["a"] == pytest.approx(a, abs=0.03)
     for name in ("isoflop", "contour", "n_opt", "residuals"):
         png, svg = tmp_path / "fig" / f"{name}.png", tmp_path / "fig" / f"{name}.svg"
