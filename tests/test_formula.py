@@ -27,9 +27,13 @@ VARIABLES = {"N": 3e4, "D": 1e6, "C": 1.8e11, "d_model": 32, "num_layers": 2, "s
     ("-(2 ** 3) + abs(-1) + ceil(0.5) + floor(1.5)", -5),
     ("not N > 1", False),
     ("3e-3 * pi / pi", 3e-3),
+    ("d_model ** 0.5", math.sqrt(32)),  # powers: an int only where both operands are and the exponent is not negative
+    ("2 ** -1", 0.5),
+    ("num_layers ** 10 + d_model ** 0", 1025),
 ])
 def test_formulas_evaluate_like_python_arithmetic(formula, expected):
-    assert evaluate(formula, VARIABLES) == pytest.approx(expected)
+    value = evaluate(formula, VARIABLES)
+    assert value == pytest.approx(expected) and type(value) is type(expected)
 
 
 ESCAPES = [
@@ -66,6 +70,19 @@ def test_escape_attempts_are_refused_naming_the_token(formula, token, tmp_path):
 def test_arithmetic_that_cannot_be_a_hyperparameter_is_one_error(formula):
     with pytest.raises(FormulaError):
         evaluate(formula, VARIABLES)
+
+
+def test_the_limits_hold_exactly_where_they_say():
+    """1000 characters, 100 levels of nesting (the expression node, 98 minus signs, the number), round's ±400 digits."""
+    assert evaluate("N" + " " * 997 + "+1", VARIABLES) == 30001
+    with pytest.raises(FormulaError, match="formula is longer than 1000 characters"):
+        evaluate("N" + " " * 998 + "+1", VARIABLES)
+    assert evaluate("-" * 98 + "1", VARIABLES) == 1
+    with pytest.raises(FormulaError, match="formula nests deeper than 100 levels"):
+        evaluate("-" * 99 + "1", VARIABLES)
+    assert evaluate("round(N, 400) + round(N, -400)", VARIABLES) == 30000.0
+    with pytest.raises(FormulaError, match=r"round's ndigits must be within -400..400"):
+        evaluate("round(N, -401)", VARIABLES)
 
 
 def test_an_integer_too_long_to_print_is_refused_with_its_size():
