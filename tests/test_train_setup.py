@@ -141,6 +141,8 @@ def test_no_bias_is_decayed_whatever_its_rank_and_every_matrix_is():
             (decayed if flag else kept).add(str(path[-2].key))
     assert {"bq", "bk", "bv", "b_in_XF", "b_out_XE", "relative_bias", "bo", "b_in", "scale"} <= kept
     assert decayed == {"tokens", "positions", "wq", "wk", "wv", "wo", "w_in", "w_out", "w_in_XEF", "w_out_XFE", "router"}
+    pure = {"attention": {"bq": jnp.ones((2, 2)), "wq": jnp.ones((2, 2))}}  # nnx's to_pure_dict: no ".value" keys
+    assert decay_mask(pure) == {"attention": {"bq": False, "wq": True}}
     params = {"bq": jnp.ones((2, 2)), "w": jnp.ones((2, 2))}  # one step of zero gradient: only decay moves them
     updates, _ = make_optimizer(OptimizerConfig(lr=1.0, weight_decay=0.5)).update(
         jax.tree.map(jnp.zeros_like, params), make_optimizer(OptimizerConfig(lr=1.0, weight_decay=0.5)).init(params),
