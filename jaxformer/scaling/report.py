@@ -212,7 +212,7 @@ def fit_table(table: RunTable, approaches: str | int = "all", *, resamples: int 
 
     With ``"all"``, an approach the runs cannot support (``ValueError``: too few runs, sizes or budgets) is
     skipped with a note naming why, and the others stand; ``ValueError`` when none can be fitted."""
-    if str(approaches) not in APPROACHES or isinstance(approaches, bool) or not isinstance(approaches, (str, int)):
+    if not isinstance(approaches, (str, int)) or isinstance(approaches, bool) or str(approaches) not in APPROACHES:
         raise ValueError(f"approach must be one of 1, 2, 3 or 'all', got {approaches!r}")
     approaches = str(approaches)
     if resamples < 0:
