@@ -103,8 +103,10 @@ def test_bootstrap_standard_errors_match_besiroglu(table, fit):
     assert set(boot.stats) >= {"E", "A", "B", "alpha", "beta", "a", "b", "G", "tokens_per_param@5.76e+23"}
     n_opt = fit.law.n_opt(5.76e23)  # the optimum spends C = 6·N·D: D/N = C / (6·N²)
     assert boot.stats["tokens_per_param@5.76e+23"].value == pytest.approx(5.76e23 / (6 * n_opt**2), rel=1e-9)
-    ends = np.percentile(boot.samples["a"][np.isfinite(boot.samples["a"])], [2.5, 97.5])  # the 95% interval's
+    drawn = boot.samples["a"][np.isfinite(boot.samples["a"])]
+    ends = np.percentile(drawn, [2.5, 97.5])  # the 95% interval's; the SE is the draws' sample standard deviation
     assert (boot.stats["a"].low, boot.stats["a"].high) == pytest.approx(tuple(ends), rel=1e-12)
+    assert boot.stats["a"].se == pytest.approx(np.std(drawn, ddof=1), rel=1e-12)
 
 
 def test_too_few_runs_is_one_line_error():
