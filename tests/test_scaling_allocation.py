@@ -53,6 +53,11 @@ def test_bad_budget_and_law():
         ParametricLaw.from_dict({"E": 1, "A": 2, "alpha": 0.3})
     with pytest.raises(ValueError, match="alpha must be positive and finite, got -0.3"):
         ParametricLaw.from_dict({"E": 1, "A": 2, "B": 3, "alpha": -0.3, "beta": 0.3})
+    with pytest.raises(ValueError, match="beta must be positive and finite, got 0.0"):  # no optimum without it
+        ParametricLaw.from_dict({"E": 1, "A": 2, "B": 3, "alpha": 0.3, "beta": 0.0})
+    with pytest.raises(ValueError, match="E must be positive and finite, got -0.1"):
+        ParametricLaw.from_dict({"E": -0.1, "A": 2, "B": 3, "alpha": 0.3, "beta": 0.3})
+    assert ParametricLaw.from_dict({"E": 0, "A": 2, "B": 3, "alpha": 0.3, "beta": 0.3}).E == 0  # E may be 0
 
 
 def test_flops_per_token_is_fitted_from_the_runs_and_is_6n_for_6nd_tables():
