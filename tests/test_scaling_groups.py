@@ -155,3 +155,5 @@ def test_groups_that_hold_every_run_are_refused_not_drawn_as_zero_width_interval
         load_spec(spec_path)
     spec_path.write_text(yaml.safe_dump({**grid, "fit": {"bootstrap": 10, "bootstrap_groups": ["N", "budget"]}}))
     assert load_spec(spec_path).fit.bootstrap_groups == ["N", "budget"]  # two sizes: two groups
+    counts = resample_counts(4, 200, seed=0, groups=np.array([0, 1, 1, 0]))  # two groups are enough to draw
+    assert set(map(tuple, counts)) == {(2, 0, 0, 2), (1, 1, 1, 1), (0, 2, 2, 0)}
