@@ -121,6 +121,9 @@ def test_fit_text_summary_with_intervals(tmp_path, capsys):
         ("N,C,loss\n1e8,1e19,3\n2e8,1e19,2.9\n3e8,1e19,2.95\n", ["--approach", "2"],
          r"2 or more budgets, got 1 \(C=1e\+19\)"),
         ("N,D,loss\n1e8,1e9,3\n", ["--n-col", "params"], "column 'params' not found"),
+        # one resample: Approach 3 was skipped with a note and Approach 2 printed intervals of nan, exit 0
+        ("N,D,loss\n1e8,1e9,3\n", ["--bootstrap", "1"],
+         r"bootstrap resamples must be 0 \(no intervals\) or at least 2, got 1"),
     ],
 )
 def test_bad_input_exits_2_with_one_line(tmp_path, capsys, table, extra, message):

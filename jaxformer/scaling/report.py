@@ -215,8 +215,8 @@ def fit_table(table: RunTable, approaches: str | int = "all", *, resamples: int 
     if not isinstance(approaches, (str, int)) or isinstance(approaches, bool) or str(approaches) not in APPROACHES:
         raise ValueError(f"approach must be one of 1, 2, 3 or 'all', got {approaches!r}")
     approaches = str(approaches)
-    if resamples < 0:
-        raise ValueError(f"bootstrap resamples must be non-negative, got {resamples}")
+    if resamples < 0 or resamples == 1:  # one resample is no interval (Approach 3's bootstrap refuses it too)
+        raise ValueError(f"bootstrap resamples must be 0 (no intervals) or at least 2, got {resamples}")
     table = table.canonical()  # the same runs in any order give the same fit
     report = FitReport(table, budgets=tuple(float(b) for b in budgets), level=level)
     run_all = approaches == "all"
