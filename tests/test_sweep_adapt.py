@@ -114,6 +114,7 @@ def test_minimum_edge_is_the_fits_bracketing():
     assert minimum_edge(N, np.array([3.0, 2.0, 2.1, 3.0]), 9.0) == "upper"  # the vertex beyond, the lowest inside
     assert minimum_edge(N, np.array([3.0, 2.0, 2.1, 3.0]), 0.5) == "lower"  # the vertex below, the lowest inside
     assert minimum_edge(N, np.array([3.0, 2.5, 2.0, 1.0]), 0.5) == "upper"  # the lowest loss's edge over the vertex's
+    assert minimum_edge(N, np.array([2.5, 2.0, 2.1, 3.0]), 9.0) == "upper"  # the vertex's side over the ends' losses
     assert minimum_edge(N, np.array([2.5, 2.0, 2.1, 3.0]), np.nan) == "lower"  # opens downward: the lower end
 
 
