@@ -195,25 +195,28 @@ class WarmWorker:
         """Ends the process's run as Ctrl-C does: when it has not ended by ``deadline`` (`time.monotonic`; the
         terminal's Ctrl-C reaches the whole process group), one SIGINT is sent to it. It is not replaced."""
         self.interrupted = True
-        if self.process is not None:
-            try:
-                self.process.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                self.process.send_signal(signal.SIGINT)
+        if self._running_at(deadline):
+            self.process.send_signal(signal.SIGINT)
 
     def end_by(self, deadline: float) -> None:
         """Kills the process if it runs at ``deadline`` (`time.monotonic`), after `interrupt`: one that does not end
         on SIGINT would hold the launch for ever (one was seen spinning in ``malloc`` after it, its heap corrupt).
         Its run resumes from its last checkpoint at a relaunch, as an interrupted one does."""
-        if self.process is None:
-            return
-        try:
-            self.process.wait(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
+        if self._running_at(deadline):
             print(f"worker process {self.process.pid} did not end on its SIGINT: killed (its run resumes from its "
                   "last checkpoint at a relaunch)", file=sys.stderr, flush=True)
             self.process.kill()
             self.process.wait()
+
+    def _running_at(self, deadline: float) -> bool:
+        """Whether the process still runs at ``deadline`` (`time.monotonic`), waiting for it until then."""
+        if self.process is None:
+            return False
+        try:
+            self.process.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            return True
+        return False
 
     def _stop_when_interrupted(self, code: int) -> None:
         """A worker ended by Ctrl-C (SIGINT), or killed after it, is not replaced: the launch stops, its run resumes
