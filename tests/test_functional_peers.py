@@ -125,11 +125,21 @@ def test_wrong_shapes_raise_value_errors(q_shape, k_shape, message):
         (lambda: F.sampling_distribution(jnp.zeros(4), top_k=2.0), "top_k must be an integer in .1, 4., got 2.0"),
         (lambda: F.sampling_distribution(jnp.zeros(4), temperature=float("nan")), "temperature must be >= 0, got nan"),
         (lambda: F.feed_forward(jnp.zeros((2, 4)), jnp.zeros((4, 8)), jnp.zeros((8, 4)), activation="tanh"), "tanh"),
+        # T5's log bins divide by log(max_distance / exact): at max_distance = exact (8 causal buckets: 4 exact) by 0
+        (lambda: F.relative_position_buckets(jnp.arange(3), num_buckets=8, max_distance=4, bidirectional=False),
+         r"8 per direction need max_distance above 4 and at least 2 buckets, got max_distance=4"),
+        (lambda: F.relative_position_buckets(jnp.arange(3), num_buckets=2, max_distance=4, bidirectional=True),
+         r"1 per direction need max_distance above 0 and at least 2 buckets, got max_distance=4"),
     ],
 )
 def test_bad_arguments_name_the_argument_and_value(call, message):
     with pytest.raises(ValueError, match=message):
         call()
+
+
+def test_relative_position_buckets_take_max_distance_one_past_the_exact_buckets():
+    buckets = F.relative_position_buckets(jnp.arange(7), num_buckets=8, max_distance=5, bidirectional=False)
+    np.testing.assert_array_equal(buckets, [0, 1, 2, 3, 4, 7, 7])  # 0-3 exact, 4 a bin, 5 and beyond the last
 
 
 def test_norms_match_their_definitions_and_swiglu_gates():
@@ -218,3 +228,37 @@ def test_alibi_slopes_are_bloom_s_for_every_head_count(num_heads):
 
     bloom = build_alibi_tensor(torch.ones(1, 2), num_heads, torch.float32)[:, 0, 1].numpy()
     np.testing.assert_allclose(F.alibi_slopes(num_heads), bloom, rtol=1e-6)
+
+
+@pytest.mark.parametrize("head_dim, base, llama3", [
+    (128, 500_000.0, (8.0, 1.0, 4.0, 8192)),   # Llama 3.1's own: every wavelength band is met
+    (64, 10_000.0, (32.0, 2.0, 16.0, 2048)),   # Llama 3.2's factor, another band split
+    (48, 10_000.0, None),                      # plain RoPE
+])
+def test_rope_frequencies_are_what_transformers_initialises(head_dim, base, llama3):
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    rope = {"rope_type": "default", "rope_theta": base}
+    if llama3 is not None:
+        factor, low, high, original = llama3
+        rope = dict(rope_type="llama3", rope_theta=base, factor=factor, low_freq_factor=low, high_freq_factor=high,
+                    original_max_position_embeddings=original)
+    config = LlamaConfig(hidden_size=head_dim * 2, num_attention_heads=2, head_dim=head_dim, rope_parameters=rope,
+                         max_position_embeddings=8 * (llama3[3] if llama3 else 2048))
+    if llama3 is None:
+        theirs = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))  # Llama's default
+    else:
+        theirs, _ = ROPE_INIT_FUNCTIONS["llama3"](config, "cpu")
+        wavelengths = 2 * np.pi / F.rope_frequencies(head_dim, base)
+        kept, slowed = wavelengths < llama3[3] / llama3[2], wavelengths > llama3[3] / llama3[1]
+        assert kept.any() and slowed.any() and (~kept & ~slowed).any()  # the case meets all three bands
+    ours = F.rope_frequencies(head_dim, base, llama3=llama3)
+    assert ours.dtype == np.float32 and ours.shape == (head_dim // 2,)
+    np.testing.assert_allclose(ours, theirs.numpy(), rtol=3e-7)  # float32, ~2 ulp
+
+
+def test_llama3_rope_scaling_needs_its_high_factor_above_its_low_one():
+    for high in (1.0, 0.5):
+        with pytest.raises(ValueError, match=f"high_freq_factor > low_freq_factor, got {high} <= 1.0"):
+            F.rope_frequencies(64, llama3=(8.0, 1.0, high, 8192))

@@ -152,12 +152,41 @@ def test_rope_scores_depend_only_on_the_offset_while_added_sinusoids_do_not():
             assert max(additive) - min(additive) > 0.1
 
 
+def test_rope_rotates_each_consecutive_pair_by_the_chapters_angle():
+    """Section 7.4's rotation: pair (2i, 2i+1) at position m turned by m·θ_i, θ_i = 10000^(-2i/d_k); ``scale``
+    multiplies m (position interpolation), ``base`` replaces 10000."""
+    with jax.enable_x64(True):
+        x = np.asarray(jax.random.normal(jax.random.key(3), (5, 2, 8), dtype=jnp.float64))
+        positions = np.array([0, 1, 7, 100, 4096])
+
+        def chapter(scale=1.0, base=10000.0):
+            theta = base ** (-np.arange(0, 8, 2) / 8)
+            angle = scale * positions[:, None, None] * theta  # [T, 1, J]
+            even, odd = x[..., 0::2], x[..., 1::2]
+            out = np.empty_like(x)
+            out[..., 0::2] = np.cos(angle) * even - np.sin(angle) * odd
+            out[..., 1::2] = np.sin(angle) * even + np.cos(angle) * odd
+            return out
+
+        np.testing.assert_allclose(F.apply_rope(jnp.asarray(x), jnp.asarray(positions)), chapter(), atol=1e-12)
+        np.testing.assert_allclose(F.apply_rope(jnp.asarray(x), jnp.asarray(positions), scale=0.25), chapter(0.25),
+                                   atol=1e-12)
+        np.testing.assert_allclose(F.apply_rope(jnp.asarray(x), jnp.asarray(positions), base=500.0),
+                                   chapter(base=500.0), atol=1e-12)
+        np.testing.assert_allclose(F.apply_rope(jnp.asarray(x), jnp.asarray(positions),
+                                                frequencies=F.rope_frequencies(8)), chapter(), atol=1e-5)
+
+
 def test_alibi_slopes_and_the_seed_bias_table():
     np.testing.assert_allclose(F.alibi_slopes(8), [1 / 2 ** i for i in range(1, 9)], rtol=1e-6)
     bias = np.asarray(F.alibi_bias(8, 6, 6))[0]
     table = np.where(np.asarray(F.causal_mask(6)), bias, -np.inf)
     np.testing.assert_allclose(table[5], [-2.5, -2.0, -1.5, -1.0, -0.5, 0.0])
     assert np.isneginf(table[2, 3:]).all() and table[2, 0] == -1.0
+    # a tile of keys starting at j0 = 2 for queries at 4 and 5: offset 4 - j0; without one, queries start at 0
+    np.testing.assert_array_equal(F.alibi_bias_from_slopes(F.alibi_slopes(8), 2, 3, offset=2),
+                                  np.asarray(F.alibi_bias(8, 6, 6))[:, 4:, 2:5])
+    np.testing.assert_array_equal(F.alibi_bias_from_slopes(F.alibi_slopes(8), 6, 6), F.alibi_bias(8, 6, 6))
 
 
 def test_temperature_sharpens_but_never_reorders():

@@ -45,6 +45,12 @@ def test_relative_position_bias_is_the_table_at_each_distance_bucket():
                                              max_distance=6, bidirectional=False)
     assert bias_HTS.shape == (2, 3, 5)
     assert np.array_equal(bias_HTS, np.moveaxis(np.asarray(table_PH)[np.asarray(buckets_TS)], -1, 0))
+    # by default an encoder's (bidirectional) with T5's max_distance: transformers' own defaults, queries from 0
+    relative = torch.arange(300)[None, :] - torch.arange(200)[:, None]  # key − query over 200 × 300
+    theirs = T5Attention._relative_position_bucket(relative, num_buckets=32).numpy()
+    table_PH = jnp.arange(64.0).reshape(32, 2)
+    expected_HTS = np.moveaxis(np.asarray(table_PH)[theirs], -1, 0)
+    assert np.array_equal(F.relative_position_bias(table_PH, 200, 300), expected_HTS)
 
 
 def test_cli_import_count_export_and_transformers_loads_it(tmp_path, capsys):
