@@ -171,6 +171,25 @@ def test_a_cooldown_that_starts_inside_the_warmup_is_refused_naming_the_run(tmp_
         plan_runs(load_spec(spec))
 
 
+def test_a_cooldown_may_start_right_after_the_warmup_and_not_one_update_sooner(tmp_path):
+    one_size = {"budgets": [1e9], "params": [8e3], "flops": "6ND"}  # 79 updates of 256 tokens, forked after 62
+    ends_at_fork = _spec(tmp_path, "edge", {"schedule": "wsd", "warmup_tokens": 62 * 256, "cooldown_fraction": 0.2},
+                         isoflop=one_size)
+    assert [(run.fork_step, run.steps) for run in plan_runs(load_spec(ends_at_fork))] == [(62, 79)]
+    one_later = _spec(tmp_path, "past", {"schedule": "wsd", "warmup_tokens": 63 * 256, "cooldown_fraction": 0.2},
+                      isoflop=one_size)
+    with pytest.raises(ValueError, match="^" + re.escape("branches: run C1e09-N8240-s0's cooldown starts at update "
+                                                         "63 of 79, before its warmup of 63 ends")):
+        plan_runs(load_spec(one_later))
+
+
+def test_a_warmup_in_tokens_unset_by_a_hyperparameter_is_refused_naming_the_run(tmp_path):
+    spec = _spec(tmp_path, "unset", hyperparameters={"optimizer.lr": 3e-3, "optimizer.warmup_tokens": None})
+    with pytest.raises(ValueError, match="^" + re.escape("branches: run C1e09-N8240-s0 trains with "
+                                                         "optimizer.schedule=wsd, warmup_tokens=None; branches need")):
+        plan_runs(load_spec(spec))
+
+
 def _quick_filled(tmp_path: Path, **optimizer) -> Path:
     """sweeps/quick-8x.yaml (centred sizes, branches) with ``isoflop.fill: true`` and ``optimizer`` changes."""
     spec = yaml.safe_load((ROOT / "sweeps" / "quick-8x.yaml").read_text())

@@ -39,6 +39,14 @@ def test_a_budget_under_one_token_names_the_budget_not_train_tokens(tmp_path, ca
     assert main(["sweep", str(spec), "--dry-run", "--no-probe"]) == 2
     assert capsys.readouterr().err == ("jaxformer sweep: error: budget C=1e+03 is too small for params=8e+03 "
                                        "(N=8,240): 0 tokens is less than one step of 256 tokens\n")
+    # the edge: a budget of one step's tokens plans one step; under half a step rounds to none and is refused
+    one_step = 6 * 8_240 * 256
+    runs = plan_runs(load_spec(variant(tmp_path, "one-step", isoflop={"budgets": [one_step], "params": [8e3],
+                                                                      "flops": "6ND"})))
+    assert [(run.steps, run.D) for run in runs] == [(1, 256)]
+    half = variant(tmp_path, "half-step", isoflop={"budgets": [one_step * 0.49], "params": [8e3], "flops": "6ND"})
+    assert main(["sweep", str(half), "--dry-run", "--no-probe"]) == 2
+    assert "125 tokens is less than one step of 256 tokens" in capsys.readouterr().err
 
 
 def test_a_size_beyond_the_largest_shape_is_refused_as_one_below_the_smallest_is():
@@ -53,6 +61,34 @@ def test_a_size_beyond_the_largest_shape_is_refused_as_one_below_the_smallest_is
         shape_for_params(6_457_856 / (1 - rule.tolerance) * 1.001, base, rule)
 
 
+def test_a_size_below_the_smallest_shape_is_refused_from_just_past_the_tolerance():
+    base, rule = get_preset("tiny"), ShapeRule(head_dim=8, max_layers=2)
+    smallest = 3_096  # one layer of one head of width 8
+    within = shape_for_params(smallest / (1 + rule.tolerance) * 1.001, base, rule)  # over by just under 15%
+    assert (within.num_layers, within.num_heads) == (1, 1)
+    with pytest.raises(ValueError) as error:
+        shape_for_params(smallest / (1 + rule.tolerance) * 0.999, base, rule)
+    assert str(error.value) == ("shape rule gives too few layers for params=2689: one layer of width 8 already "
+                                "holds 3,096 parameters")
+    with pytest.raises(ValueError) as error:
+        shape_for_params(100, base, ShapeRule(head_dim=8, min_layers=2, max_layers=2))
+    assert str(error.value) == ("shape rule gives too few layers for params=100: 2 layers (shape.min_layers) of width "
+                                "8 already holds 4,136 parameters")
+
+
+def test_shape_rule_fields_at_their_edges():
+    base = get_preset("tiny")
+    fixed = shape_for_params(20e3, base, ShapeRule(head_dim=8, min_layers=3, max_layers=3))  # one depth allowed
+    assert fixed.num_layers == 3
+    for field, value in (("head_dim", 0), ("max_layers", 0), ("max_heads", 0), ("aspect_ratio", 0.0)):
+        with pytest.raises(ValueError, match=re.escape(f"shape.{field} must be positive, got {value}")):
+            ShapeRule(**{field: value})
+    assert ShapeRule(aspect_ratio=0.5).aspect_ratio == 0.5
+    for target in (0.0, -8e3, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match=re.escape(f"target params must be a positive number, got {target}")):
+            shape_for_params(target, base, ShapeRule())
+
+
 def test_the_dry_run_table_keeps_wide_values_apart(tmp_path):
     spec = load_spec(variant(tmp_path, "wide", isoflop={"budgets": [1e15], "params": [8e3], "flops": "6ND"}))
     runs = plan_runs(spec)
@@ -62,6 +98,34 @@ def test_the_dry_run_table_keeps_wide_values_apart(tmp_path):
                            f"{run.steps:,}"]
     ends = [[match.end() for match in re.finditer(r"\S+", line)] for line in (header, row)]
     assert ends[1][1:] == ends[0][1:6]  # each value right-aligned under its heading
+    assert float(row.split()[4]) == pytest.approx(1e15 / (6 * 8_240 ** 2), rel=1e-4)  # tokens per parameter, C/(6N²)
+
+
+def test_formulas_see_the_budget_as_c_and_its_tokens_as_d(tmp_path):
+    """Under ``flops: 6ND`` a budget's C is 6·N·D of the run's wanted tokens D (before whole steps round them)."""
+    spec = variant(tmp_path, "c-and-d", hyperparameters={"optimizer.lr": "1e-3 * C / (6 * N * D)",
+                                                         "optimizer.weight_decay": "C / 1e10"})
+    runs = plan_runs(load_spec(spec))
+    assert [run.config["optimizer"]["lr"] for run in runs] == pytest.approx([1e-3] * 4, rel=1e-12)
+    assert [run.config["optimizer"]["weight_decay"] for run in runs] == pytest.approx([0.1, 0.1, 0.2, 0.2])
+
+
+def test_a_text_corpus_that_would_repeat_is_noted_with_its_training_split_in_bytes(tmp_path, capsys):
+    (tmp_path / "a.txt").write_text("x" * 40_000)  # byte-level: one token a byte, a twentieth held out
+    base = {**yaml.safe_load(TINY.read_text())["base"], "data": {"corpus": f"files:{tmp_path}/*.txt"}}
+    spec = variant(tmp_path, "small-text", base=base, isoflop={"budgets": [4e9], "params": [8e3], "flops": "6ND"})
+    assert main(["sweep", str(spec), "--dry-run", "--no-probe"]) == 0
+    assert "note: 1 of 1 runs see the training split (about 3.8e+04 tokens) more than once" in capsys.readouterr().out
+
+
+def test_a_hyperparameter_that_changes_only_the_flops_of_the_shaped_model_is_refused_naming_it(tmp_path, capsys):
+    """A sliding window keeps N and shrinks the attention FLOPs: the budget's tokens would follow from FLOPs per token
+    of a model that does not train."""
+    spec = variant(tmp_path, "window", hyperparameters={"optimizer.lr": 3e-3, "model.sliding_window": 8})
+    assert main(["sweep", str(spec), "--dry-run", "--no-probe"]) == 2
+    assert capsys.readouterr().err.startswith(
+        "jaxformer sweep: error: hyperparameters.model.sliding_window: changes the model the size rule shaped for "
+        "params=8e+03 (N 8,240, trained 8,240)")
 
 
 def test_results_output_errors_name_the_users_path_and_leave_no_temporary_file(tmp_path, capsys):
