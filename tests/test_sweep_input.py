@@ -110,6 +110,14 @@ def test_formulas_see_the_budget_as_c_and_its_tokens_as_d(tmp_path):
     assert [run.config["optimizer"]["weight_decay"] for run in runs] == pytest.approx([0.1, 0.1, 0.2, 0.2])
 
 
+def test_two_runs_of_one_name_are_refused_naming_the_repeated_one(tmp_path, capsys):
+    spec = variant(tmp_path, "twice", isoflop={"budgets": [1e9], "params": [8e3, 16e3, 16.3e3], "flops": "6ND"})
+    assert main(["sweep", str(spec), "--dry-run", "--no-probe"]) == 2
+    assert capsys.readouterr().err == ("jaxformer sweep: error: two runs of the sweep have the same shape and budget "
+                                       "(C1e09-N16496-s0): the size rule mapped two targets to one model (list sizes "
+                                       "further apart, or change shape)\n")
+
+
 def test_a_text_corpus_that_would_repeat_is_noted_with_its_training_split_in_bytes(tmp_path, capsys):
     (tmp_path / "a.txt").write_text("x" * 40_000)  # byte-level: one token a byte, a twentieth held out
     base = {**yaml.safe_load(TINY.read_text())["base"], "data": {"corpus": f"files:{tmp_path}/*.txt"}}
@@ -121,7 +129,7 @@ def test_a_text_corpus_that_would_repeat_is_noted_with_its_training_split_in_byt
 def test_a_hyperparameter_that_changes_only_the_flops_of_the_shaped_model_is_refused_naming_it(tmp_path, capsys):
     """A sliding window keeps N and shrinks the attention FLOPs: the budget's tokens would follow from FLOPs per token
     of a model that does not train."""
-    spec = variant(tmp_path, "window", hyperparameters={"optimizer.lr": 3e-3, "model.sliding_window": 8})
+    spec = variant(tmp_path, "window", hyperparameters={"checkpoint.interval": 20, "model.sliding_window": 8})
     assert main(["sweep", str(spec), "--dry-run", "--no-probe"]) == 2
     assert capsys.readouterr().err.startswith(
         "jaxformer sweep: error: hyperparameters.model.sliding_window: changes the model the size rule shaped for "
