@@ -262,3 +262,49 @@ def test_llama3_rope_scaling_needs_its_high_factor_above_its_low_one():
     for high in (1.0, 0.5):
         with pytest.raises(ValueError, match=f"high_freq_factor > low_freq_factor, got {high} <= 1.0"):
             F.rope_frequencies(64, llama3=(8.0, 1.0, high, 8192))
+
+
+def test_mean_pool_and_l2_normalize_are_sentence_transformers_and_torch_s():
+    """sentence-transformers' mean pooling: the attention-mask-weighted mean, its count clamped at 1e-9 (a length
+    of 0 gives zeros); ``torch.nn.functional.normalize``: each row over max(norm, eps)."""
+    x_BTE = jax.random.normal(jax.random.key(4), (4, 5, 6))
+    lengths_B = np.array([5, 3, 1, 0])
+    mask_BT1 = torch.from_numpy((np.arange(5)[None, :] < lengths_B[:, None]).astype(np.float32))[..., None]
+    x_torch = torch.from_numpy(np.array(x_BTE))
+    theirs = (x_torch * mask_BT1).sum(1) / torch.clamp(mask_BT1.sum(1), min=1e-9)
+    np.testing.assert_allclose(F.mean_pool(x_BTE, jnp.asarray(lengths_B)), theirs.numpy(), atol=1e-6)
+    np.testing.assert_allclose(F.mean_pool(x_BTE), x_torch.mean(1).numpy(), atol=1e-6)
+    rows_BE = jnp.asarray(np.concatenate([np.asarray(x_BTE[:, 0]), np.zeros((1, 6)), np.full((1, 6), 1e-14)]),
+                          jnp.float32)
+    for eps, ours in ((1e-12, F.l2_normalize(rows_BE)), (1e-3, F.l2_normalize(rows_BE, eps=1e-3))):  # torch's default
+        expected = torch.nn.functional.normalize(torch.from_numpy(np.array(rows_BE)), dim=-1, eps=eps).numpy()
+        np.testing.assert_allclose(ours, expected, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(F.l2_normalize(x_BTE), torch.nn.functional.normalize(x_torch, dim=-1).numpy(),
+                               rtol=1e-6, atol=1e-7)  # rows along the last axis, whatever leads
+
+
+def test_masks_are_transformers_mask_functions():
+    """Causal and sliding-window masks against `transformers.masking_utils` (its window keeps ``kv > q − W``: the
+    query and the W − 1 keys before it), queries offset as a cache's; padding as a literal table."""
+    from transformers import masking_utils as hf
+
+    q_T1, kv_1S = torch.arange(4)[:, None], torch.arange(7)[None, :]
+
+    def theirs(mask_function, offset):
+        return hf.add_offsets_to_mask_function(mask_function, offset, 0)(0, 0, q_T1, kv_1S).numpy()
+
+    for offset in (0, 3):
+        at = {} if offset == 0 else {"offset": offset}  # offset 0 by default
+        np.testing.assert_array_equal(F.causal_mask(4, 7, **at), theirs(hf.causal_mask_function, offset))
+        np.testing.assert_array_equal(F.attention_mask(4, 7, causal=True, **at)[0, 0],
+                                      theirs(hf.causal_mask_function, offset))
+        for window in (1, 2, 5):
+            expected = theirs(hf.sliding_window_causal_mask_function(window), offset)
+            np.testing.assert_array_equal(F.sliding_window_mask(4, 7, window, **at), expected)
+            np.testing.assert_array_equal(F.attention_mask(4, 7, window=window, **at)[0, 0], expected)
+    assert F.attention_mask(4, 7) is None
+    padding = F.padding_mask(jnp.array([3, 0, 1]), 3)
+    np.testing.assert_array_equal(padding[:, 0, 0], [[True, True, True], [False, False, False], [True, False, False]])
+    np.testing.assert_array_equal(F.attention_mask(3, 3, key_lengths=jnp.array([3, 0, 1])), padding)
+    np.testing.assert_array_equal(F.attention_mask(3, 3, causal=True, key_lengths=jnp.array([3, 0, 1])),
+                                  padding & F.causal_mask(3)[None, None])
