@@ -1,4 +1,5 @@
-"""dot_product_attention against jax.nn.dot_product_attention and PyTorch SDPA; bad input; transforms."""
+"""The functional layers against their peers (jax.nn, PyTorch, transformers, sentence-transformers): attention,
+masks, positions, norms, sampling, pooling; bad input; transforms."""
 
 import jax
 import jax.numpy as jnp
