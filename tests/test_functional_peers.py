@@ -239,21 +239,20 @@ def test_alibi_slopes_are_bloom_s_for_every_head_count(num_heads):
 def test_rope_frequencies_are_what_transformers_initialises(head_dim, base, llama3):
     from transformers import LlamaConfig
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
-    rope = {"rope_type": "default", "rope_theta": base}
+    rope, init = {"rope_type": "default", "rope_theta": base}, LlamaRotaryEmbedding.compute_default_rope_parameters
     if llama3 is not None:
         factor, low, high, original = llama3
         rope = dict(rope_type="llama3", rope_theta=base, factor=factor, low_freq_factor=low, high_freq_factor=high,
                     original_max_position_embeddings=original)
-    config = LlamaConfig(hidden_size=head_dim * 2, num_attention_heads=2, head_dim=head_dim, rope_parameters=rope,
-                         max_position_embeddings=8 * (llama3[3] if llama3 else 2048))
-    if llama3 is None:
-        theirs = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))  # Llama's default
-    else:
-        theirs, _ = ROPE_INIT_FUNCTIONS["llama3"](config, "cpu")
+        init = ROPE_INIT_FUNCTIONS["llama3"]
         wavelengths = 2 * np.pi / F.rope_frequencies(head_dim, base)
-        kept, slowed = wavelengths < llama3[3] / llama3[2], wavelengths > llama3[3] / llama3[1]
+        kept, slowed = wavelengths < original / high, wavelengths > original / low
         assert kept.any() and slowed.any() and (~kept & ~slowed).any()  # the case meets all three bands
+    config = LlamaConfig(hidden_size=head_dim * 2, num_attention_heads=2, head_dim=head_dim, rope_parameters=rope,
+                         max_position_embeddings=65_536)
+    theirs, _ = init(config)
     ours = F.rope_frequencies(head_dim, base, llama3=llama3)
     assert ours.dtype == np.float32 and ours.shape == (head_dim // 2,)
     np.testing.assert_allclose(ours, theirs.numpy(), rtol=3e-7)  # float32, ~2 ulp
