@@ -194,6 +194,21 @@ def test_nucleus_keeps_what_transformers_keeps_and_top_p_one_keeps_every_token()
     # tied tokens: the smallest set reaching the mass (the lower ids first), not every token tied with its last
     np.testing.assert_allclose(F.sampling_distribution(jnp.array([2.0, 1, 1, 1, -5]), top_p=0.5),
                                [np.e / (np.e + 1), 1 / (np.e + 1), 0, 0, 0], rtol=1e-6)
+    # the mass exactly reaches top_p (quarters are exact in float32): the set ends there, as transformers' does
+    uniform = jnp.zeros(4)
+    np.testing.assert_array_equal(F.sampling_distribution(uniform, top_p=0.5), [0.5, 0.5, 0, 0])
+    assert np.isfinite(TopPLogitsWarper(0.5)(None, torch.zeros(1, 4)).numpy()).sum() == 2
+
+
+def test_sampling_draws_along_the_vocabulary_axis_of_batch_by_time_logits():
+    """[B, T, V] logits (a whole sequence's, as a model returns them): one token per position, from that row."""
+    logits = jax.random.normal(jax.random.key(6), (2, 3, 5))
+    for top_k in (1, 2):
+        draws = F.sample_logits(jax.random.key(7), logits, top_k=top_k)
+        assert draws.shape == (2, 3)
+        kept = np.asarray(jax.lax.top_k(logits, top_k)[1])  # each row's top_k ids
+        assert all(int(draws[b, t]) in kept[b, t] for b in range(2) for t in range(3))
+    np.testing.assert_array_equal(F.sample_logits(jax.random.key(7), logits, top_k=1), jnp.argmax(logits, axis=-1))
 
 
 def test_a_temperature_below_float32s_normal_range_is_greedy_not_nan():
