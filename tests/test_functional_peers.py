@@ -96,17 +96,19 @@ def test_dense_with_an_empty_axis_is_what_jnp_matmul_gives(impl):
         assert [g.shape for g in grads] == [x_shape, w_shape] and all(bool((g == 0).all()) for g in grads)
 
 
-def test_head_counts_that_do_not_divide_name_both_counts():
+@pytest.mark.parametrize("kv_heads", [4, 0])  # 0 heads: the same error, not a modulo by zero
+def test_head_counts_that_do_not_divide_name_both_counts(kv_heads):
     q = jnp.zeros((1, 4, 6, 8))
-    kv = jnp.zeros((1, 4, 4, 8))
-    with pytest.raises(ValueError, match=r"query heads \(6\).*key/value heads \(4\)"):
+    kv = jnp.zeros((1, 4, kv_heads, 8))
+    with pytest.raises(ValueError, match=rf"query heads \(6\).*key/value heads \({kv_heads}\)"):
         F.dot_product_attention(q, kv, kv)
 
 
 @pytest.mark.parametrize(
     ("q_shape", "k_shape", "message"),
-    [((4, 8), (4, 8), "q must have shape"), ((1, 4, 2, 8), (1, 4, 2), "rank"), ((1, 4, 2, 8), (1, 4, 2, 4), "head_dim"),
-     ((2, 4, 2, 8), (1, 4, 2, 8), "batch")],
+    [((4, 8), (4, 8), "q must have shape"), ((1, 4, 2, 8), (1, 4, 2), "rank"),
+     ((1, 4, 2, 8), (1, 5, 2, 4), "q and k head_dim differ: 8 vs 4"),
+     ((2, 4, 2, 8), (1, 4, 2, 8), "q and k batch sizes differ: 2 vs 1")],
 )
 def test_wrong_shapes_raise_value_errors(q_shape, k_shape, message):
     with pytest.raises(ValueError, match=message):
