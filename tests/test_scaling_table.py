@@ -70,6 +70,35 @@ def test_sweep_directory_with_budgets_and_curves(tmp_path):
     np.testing.assert_allclose(t.loss[order], source.loss[np.argsort(source.N)])
 
 
+def test_a_runs_curve_is_its_evaluations_as_training_logs_them(tmp_path):
+    """metrics.jsonl as `jaxformer train` writes it: logged steps with a train_loss and no val_loss between the
+    evaluations, and an evaluation whose loss is NaN; only the finite evaluations are curve points."""
+    source = isoflop_sweep(PRESETS["chinchilla"], [1e18], sizes=2, curve_points=3)
+    directory = write_sweep(source, tmp_path / "sweep")
+    for run_dir in sorted((directory / "runs").iterdir()):
+        evaluations = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        rows = []
+        for row in evaluations:
+            rows.append({"step": row["step"], "tokens": row["tokens"] / 2, "train_loss": 9.0})
+            rows.append({**row, "train_loss": 8.0})
+        rows.append({"step": 99, "tokens": 1e12, "train_loss": 7.0, "val_loss": float("nan")})
+        (run_dir / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    table = sweep_table(directory)
+    order = np.argsort(table.curve_run, kind="stable")
+    np.testing.assert_array_equal(table.curve_run[order], np.repeat([0, 1], 3))
+    for r in range(2):
+        original = int(np.flatnonzero(source.N == table.N[r])[0])
+        mine, theirs = table.curve_run == r, source.curve_run == original
+        np.testing.assert_allclose(table.curve_tokens[mine], source.curve_tokens[theirs])
+        np.testing.assert_allclose(table.curve_loss[mine], source.curve_loss[theirs])
+
+
+def test_a_parameter_count_it_does_not_know_is_refused_by_name(tmp_path):
+    directory = write_sweep(isoflop_sweep(PRESETS["chinchilla"], [1e18], sizes=2), tmp_path / "sweep")
+    with pytest.raises(ValueError, match=r"params must be one of total, non_embedding .* got 'embedding' and None"):
+        sweep_table(directory, params="embedding")
+
+
 def test_a_sweeps_budgets_are_counted_by_the_rule_it_planned_them_with(tmp_path):
     """A sweep planned in 6ND FLOPs is read with C = 6ND by default; exact FLOPs are refused, since under them the
     runs of one budget no longer share a compute (the two counts' ratio depends on N)."""
