@@ -72,6 +72,26 @@ def test_a_branch_continued_from_its_trunk_equals_a_straight_wsd_run_bit_for_bit
         assert fork_record["digest"] == _digest(tmp_path / "trunk", fork)
 
 
+def test_a_fork_keeps_the_trunks_rows_to_its_step_and_a_copy_cut_short_is_made_again(tmp_path):
+    """The branch gets the trunk's metrics rows up to the fork step, that step's row included (where it is a log
+    step); a copy cut short (its staging folder and an empty checkpoints/ left behind) is made again."""
+    trunk, branch = tmp_path / "trunk", tmp_path / "branch"
+    (trunk / "checkpoints" / "10" / "meta").mkdir(parents=True)
+    (trunk / "checkpoints" / "10" / "meta" / "metadata").write_text(json.dumps({"digest": "d10"}))
+    (trunk / "checkpoints" / "10" / "state").write_bytes(b"trunk state at 10")
+    (trunk / "data.json").write_text('{"corpus": "trunk"}')
+    rows = [{"step": step, "train_loss": 4.0} for step in (5, 10, 15)]
+    (trunk / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    (branch / ".fork-10" / "meta").mkdir(parents=True)
+    (branch / "checkpoints").mkdir()
+    copy_fork(trunk, 10, branch)
+    assert [json.loads(row)["step"] for row in (branch / "metrics.jsonl").read_text().splitlines()] == [5, 10]
+    assert (branch / "checkpoints" / "10" / "state").read_bytes() == b"trunk state at 10"
+    assert not (branch / ".fork-10").exists() and (branch / "data.json").read_text() == '{"corpus": "trunk"}'
+    assert json.loads((branch / "fork.json").read_text()) == {
+        "trunk": "trunk", "step": 10, "checkpoint": str(trunk / "checkpoints" / "10"), "digest": "d10"}
+
+
 def _spec(tmp_path: Path, name: str, optimizer: dict | None = None, **changes) -> Path:
     """sweeps/tiny.yaml with branches, its base on ``optimizer`` (default: WSD with a warmup of 4 steps),
     top-level sections replaced by ``changes``."""
@@ -121,6 +141,9 @@ def test_a_branched_sweep_trains_trunks_then_branches_and_isolates_a_failed_trun
     assert "1 runs still training in another launch" in result.stdout and not (out / "runs" / held).exists()
     resumed = jaxformer("sweep", spec, "--out", out, "--workers", 2)  # the held branch, forked and trained now
     assert resumed.returncode == 1 and "1 to train" in resumed.stdout, resumed.stdout + resumed.stderr
+    # the runs that finished or failed before count as such from the first line, the held one as queued
+    assert f"[running 1 done 2 failed 3] {held}: running" in resumed.stdout, resumed.stdout
+    assert f"[done 3 failed 3] {held}: done" in resumed.stdout
     assert "trunks: 2, 2 to train; each branch trains from its trunk's checkpoint once" in result.stdout
     assert compute.line() in result.stdout
     plan = json.loads((out / "plan.json").read_text())
