@@ -38,6 +38,9 @@ def test_routing_picks_the_top_k_and_gates_sum_to_one():
     np.testing.assert_allclose(routing.gates.sum(-1), 1.0, rtol=1e-6)
     chosen = np.take_along_axis(probs, expected, axis=-1)
     np.testing.assert_allclose(routing.gates, chosen / chosen.sum(-1, keepdims=True), rtol=1e-6)
+    for k in (0, X + 1):  # the bound is the router's expert count (X = 4), not the model width (E = 8)
+        with pytest.raises(ValueError, match=rf"experts per token must be in \[1, 4\], got {k}"):
+            M.route(x_NE, router_EX, k)
 
 
 def test_one_expert_per_token_is_gated_by_its_router_probability_so_the_router_learns_from_the_output():
@@ -100,6 +103,16 @@ def test_without_drops_the_mixture_equals_the_per_token_sum(capacity_factor):
     assert M.expert_capacity(N, X, R, capacity_factor) == N
     x_NE, router_EX, experts = inputs()
     y_NE, _ = M.moe_feed_forward(x_NE, router_EX, experts, k=R, capacity_factor=capacity_factor, activation="gelu")
+    np.testing.assert_allclose(y_NE, reference(x_NE, router_EX, experts), atol=1e-5)
+
+
+def test_without_a_capacity_factor_one_expert_serves_every_token_that_chose_it():
+    """Inference (capacity_factor None) serves every assignment even when all N tokens pick one expert first, more
+    of them than the model width E: a capacity counted along any other axis would drop some."""
+    x_NE, router_EX, experts = inputs()
+    x_NE, router_EX = jnp.abs(x_NE), router_EX.at[:, 0].set(10.0)  # every token's first choice: expert 0
+    assert bool((M.route(x_NE, router_EX, R).experts[:, 0] == 0).all()) and N > E
+    y_NE, _ = M.moe_feed_forward(x_NE, router_EX, experts, k=R, activation="gelu")
     np.testing.assert_allclose(y_NE, reference(x_NE, router_EX, experts), atol=1e-5)
 
 
