@@ -178,3 +178,17 @@ def test_a_trunks_damaged_config_fails_its_branch_naming_the_file(tmp_path):
     (trunk.run_dir / "config.yaml").write_text("model: {d_model: [32\n")
     with pytest.raises(ValueError, match=r"^\S+/runs/trunk-N8240-s0/config.yaml: invalid YAML \(while parsing"):
         start_branch(out, dataclasses.replace(branch))
+
+
+def test_a_runs_status_file_makes_it_failed_only_when_it_records_a_failure(tmp_path):
+    """A run recorded done whose final.json was removed (to train it again) is queued, not failed; a recorded
+    failure is failed (trained again only with --retry-failed); a finished final.json is done whatever the status."""
+    paths = RunPaths(tmp_path, "run")
+    assert paths.state() == "queued"
+    paths.record("done", wall_s=1.0)
+    assert paths.state() == "queued"
+    paths.record("failed", reason="NonFiniteLoss: loss is nan at step 3")
+    assert paths.state() == "failed"
+    paths.run_dir.mkdir(parents=True)
+    paths.final.write_text(json.dumps(FINISHED))
+    assert paths.state() == "done"
