@@ -54,6 +54,8 @@ def test_an_estimated_seed_noise_widens_the_prediction_interval_to_students_t():
         low, high = found["prediction_interval"]
         assert found["seed_noise_degrees"] == degrees
         assert (high - low) / 2 == pytest.approx(quantile * sigma * found["loss"], rel=0.05), degrees
+        if degrees in (None, 30):  # the loss times 1 + noise: centred on it (a division would put it 1% above)
+            assert (high + low) / 2 == pytest.approx(found["loss"], rel=0.003), degrees
 
 
 def test_one_runs_prediction_interval_adds_the_seed_noise_to_the_laws():
@@ -204,6 +206,8 @@ def test_held_out_run_and_seed_repeats_after_the_fit(tmp_path):
     assert verify["inside_prediction_interval"] == (one_low <= final["val_loss"] <= one_high)
     assert "prediction interval for one run" in result.stdout
     assert f"held-out run {verify['run']}" in result.stdout
+    where = "inside" if verify["inside_interval"] else "outside"
+    assert f"{where} its 95% interval [{low:.4f}, {high:.4f}]" in result.stdout, result.stdout
     assert verify["run"] not in (out / "results.csv").read_text()  # held out: no table or fit of the sweep has it
     held_out = sorted([verify, *verify["neighbours"]], key=lambda c: c["N"])  # half and twice N_opt around it
     assert len(held_out) == 3 and held_out[1]["run"] == verify["run"]
