@@ -192,3 +192,19 @@ def test_a_runs_status_file_makes_it_failed_only_when_it_records_a_failure(tmp_p
     paths.run_dir.mkdir(parents=True)
     paths.final.write_text(json.dumps(FINISHED))
     assert paths.state() == "done"
+
+
+def test_runs_not_begun_may_change_and_a_begun_one_is_named(tmp_path):
+    """A relaunch may change the runs no launch began (configs written, nothing trained: they train under the new
+    plan); once one has begun (here: recorded failed), its change is named."""
+    from jaxformer.sweep.directory import prepare_directory
+    from jaxformer.sweep.runs import changed_setting
+
+    out = tmp_path / "out"
+    spec = load_spec(variant(tmp_path, "before", hyperparameters={"optimizer.lr": "3e-3"}))
+    runs = prepare_directory(spec, plan_runs(spec), out)  # what a launch writes before it trains
+    changed = plan_runs(load_spec(variant(tmp_path, "after", hyperparameters={"optimizer.lr": "4e-3"})))
+    assert all(RunPaths(out, run.name).config.is_file() for run in runs)
+    assert changed_setting(out, changed) is None
+    RunPaths(out, runs[1].name).record("failed", reason="NonFiniteLoss")
+    assert changed_setting(out, changed) == f"{runs[1].name}: optimizer.lr was 0.003, now 0.004"
