@@ -208,3 +208,16 @@ def test_runs_not_begun_may_change_and_a_begun_one_is_named(tmp_path):
     assert changed_setting(out, changed) is None
     RunPaths(out, runs[1].name).record("failed", reason="NonFiniteLoss")
     assert changed_setting(out, changed) == f"{runs[1].name}: optimizer.lr was 0.003, now 0.004"
+
+
+def test_a_failed_runs_reason_is_its_error_record_else_its_logs_last_line(tmp_path):
+    from jaxformer.sweep.runs import failure_reason
+
+    paths = RunPaths(tmp_path, "run")
+    assert failure_reason(paths, 3) == "exit status 3"  # no log, no record: a worker that never started
+    paths.log.parent.mkdir(parents=True)
+    paths.log.write_text("step 10 loss 3.2\nstep 20 loss 3.1\nKilled by the OOM killer\n\n")
+    assert failure_reason(paths, -9) == "Killed by the OOM killer"
+    paths.run_dir.mkdir(parents=True)
+    (paths.run_dir / "error.json").write_text(json.dumps({"error": "NonFiniteLoss", "message": "loss is nan"}))
+    assert failure_reason(paths, 1) == "NonFiniteLoss: loss is nan"

@@ -208,6 +208,9 @@ def test_held_out_run_and_seed_repeats_after_the_fit(tmp_path):
     assert f"held-out run {verify['run']}" in result.stdout
     where = "inside" if verify["inside_interval"] else "outside"
     assert f"{where} its 95% interval [{low:.4f}, {high:.4f}]" in result.stdout, result.stdout
+    judged = "within" if verify["within_tolerance"] else "beyond"
+    assert (f"loss {final['val_loss']:.4f} against {verify['predicted']['loss']:.4f} predicted by Approach 3, "
+            f"{100 * verify['relative_error']:+.2f}% ({judged} 1%)") in result.stdout
     assert verify["run"] not in (out / "results.csv").read_text()  # held out: no table or fit of the sweep has it
     held_out = sorted([verify, *verify["neighbours"]], key=lambda c: c["N"])  # half and twice N_opt around it
     assert len(held_out) == 3 and held_out[1]["run"] == verify["run"]
