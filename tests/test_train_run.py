@@ -132,6 +132,11 @@ def test_sigkill_then_resume_ends_bit_identical_even_past_a_corrupt_checkpoint(t
         assert all(0 <= times[part] <= times["total_s"] for part in times if part != "startup_s"), times
         assert times["compile_s"] > 0 and times["train_s"] > 0
     assert final["time"]["restore_s"] > reference_final["time"]["restore_s"]  # a checkpoint read, against a look
+    # the fresh run's rates are over its own training seconds, its wall time that of the whole run
+    ref, ref_times = reference_final, reference_final["time"]
+    assert ref["tokens_per_s"] == pytest.approx(ref["tokens"] / ref_times["train_s"])
+    assert ref["mfu"] == pytest.approx(ref["tokens_per_s"] * ref["flops_exact"] / ref["tokens"] / ref["peak_flops"])
+    assert ref["wall_s"] == pytest.approx(ref_times["total_s"], rel=1e-3)
 
 
 def test_a_diverging_run_stops_with_one_line_and_keeps_the_last_good_checkpoint(tmp_path, cache_dir, capsys,
