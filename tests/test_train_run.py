@@ -137,6 +137,9 @@ def test_sigkill_then_resume_ends_bit_identical_even_past_a_corrupt_checkpoint(t
     assert ref["tokens_per_s"] == pytest.approx(ref["tokens"] / ref_times["train_s"])
     assert ref["mfu"] == pytest.approx(ref["tokens_per_s"] * ref["flops_exact"] / ref["tokens"] / ref["peak_flops"])
     assert ref["wall_s"] == pytest.approx(ref_times["total_s"], rel=1e-3)
+    assert ref["train_loss"] == pytest.approx(ref["val_loss"], rel=0.2)  # a mean over the window's steps, per token
+    resumed_tokens = (final["steps"] - final["resumed_from"]["step"]) * final["tokens"] / final["steps"]
+    assert final["tokens_per_s"] == pytest.approx(resumed_tokens / final["time"]["train_s"])  # this segment's
 
 
 def test_a_diverging_run_stops_with_one_line_and_keeps_the_last_good_checkpoint(tmp_path, cache_dir, capsys,
