@@ -138,6 +138,7 @@ def test_sigkill_then_resume_ends_bit_identical_even_past_a_corrupt_checkpoint(t
     assert ref["mfu"] == pytest.approx(ref["tokens_per_s"] * ref["flops_exact"] / ref["tokens"] / ref["peak_flops"])
     assert ref["wall_s"] == pytest.approx(ref_times["total_s"], rel=1e-3)
     assert ref["train_loss"] == pytest.approx(ref["val_loss"], rel=0.2)  # a mean over the window's steps, per token
+    assert ref["epochs"] == pytest.approx(ref["tokens"] / ref["data"]["train_tokens"])  # passes over the train split
     resumed_tokens = (final["steps"] - final["resumed_from"]["step"]) * final["tokens"] / final["steps"]
     assert final["tokens_per_s"] == pytest.approx(resumed_tokens / final["time"]["train_s"])  # this segment's
 
