@@ -10,11 +10,11 @@ import yaml
 
 from jaxformer.cli import main
 from jaxformer.sweep.branches import start_branch
-from jaxformer.sweep.directory import write_plan
+from jaxformer.sweep.directory import prepare_directory, write_plan
 from jaxformer.sweep.launch import LaunchOptions, launch
 from jaxformer.sweep.plan import plan_runs
 from jaxformer.sweep.results import collect
-from jaxformer.sweep.runs import RunPaths
+from jaxformer.sweep.runs import RunPaths, changed_setting, failure_reason
 from jaxformer.sweep.spec import load_spec
 from jaxformer.sweep.table import sweep_table
 from jaxformer.sweep.worker import train_group_here
@@ -197,9 +197,6 @@ def test_a_runs_status_file_makes_it_failed_only_when_it_records_a_failure(tmp_p
 def test_runs_not_begun_may_change_and_a_begun_one_is_named(tmp_path):
     """A relaunch may change the runs no launch began (configs written, nothing trained: they train under the new
     plan); once one has begun (here: recorded failed), its change is named."""
-    from jaxformer.sweep.directory import prepare_directory
-    from jaxformer.sweep.runs import changed_setting
-
     out = tmp_path / "out"
     spec = load_spec(variant(tmp_path, "before", hyperparameters={"optimizer.lr": "3e-3"}))
     runs = prepare_directory(spec, plan_runs(spec), out)  # what a launch writes before it trains
@@ -211,8 +208,6 @@ def test_runs_not_begun_may_change_and_a_begun_one_is_named(tmp_path):
 
 
 def test_a_failed_runs_reason_is_its_error_record_else_its_logs_last_line(tmp_path):
-    from jaxformer.sweep.runs import failure_reason
-
     paths = RunPaths(tmp_path, "run")
     assert failure_reason(paths, 3) == "exit status 3"  # no log, no record: a worker that never started
     paths.log.parent.mkdir(parents=True)
