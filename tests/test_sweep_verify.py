@@ -148,7 +148,10 @@ def test_held_out_sizes_train_at_every_seed_and_their_mean_is_judged(tmp_path):
     assert verify["predicted"]["seed_noise_degrees"] == 12  # 3 budgets × 4 sizes, one pair each
     assert verify["predicted"] == predict(fitted, verify["N"], verify["D"], noise, runs=2, noise_degrees=12)
     assert verify["predicted"]["prediction_runs"] == 2
-    assert "prediction interval for the mean of 2 runs" in result.stdout
+    low, high = verify["predicted"]["prediction_interval"]
+    side, level = "inside" if verify["inside_prediction_interval"] else "outside", verify["predicted"]["level"]
+    assert level == 0.95 and (f"{side} the 95% prediction interval for the mean of 2 runs [{low:.4f}, {high:.4f}] "
+                              f"(seed noise {100 * noise:.2f}%, 12 degrees of freedom)") in result.stdout
     assert f"held-out runs {held_out[0].name}, {held_out[1].name} (each " in result.stdout
 
 
@@ -205,7 +208,8 @@ def test_held_out_run_and_seed_repeats_after_the_fit(tmp_path):
     assert one_low < low and high < one_high  # one run's interval holds the law's and the seed's noise
     assert verify["inside_prediction_interval"] == (one_low <= final["val_loss"] <= one_high)
     assert "prediction interval for one run" in result.stdout
-    assert f"held-out run {verify['run']}" in result.stdout
+    assert (f"held-out run {verify['run']} (N = {verify['N']:,}, D = {verify['D']:.3g}): loss "  # not "mean loss"
+            f"{final['val_loss']:.4f} against") in result.stdout
     where = "inside" if verify["inside_interval"] else "outside"
     assert f"{where} its 95% interval [{low:.4f}, {high:.4f}]" in result.stdout, result.stdout
     judged = "within" if verify["within_tolerance"] else "beyond"
@@ -253,6 +257,28 @@ def test_a_law_without_a_compute_optimal_size_trains_no_held_out_run(tmp_path):
     base = plan_runs(spec)[0]
     with pytest.raises(ValueError, match="target params must be a positive number, got nan"):
         shape_for_params(float("nan"), config_from_dict(base.config).model, spec.shape)
+
+
+@pytest.mark.parametrize("rule", ["exact", "6ND"])
+def test_a_grids_held_out_budget_is_the_factor_times_its_largest_run_in_the_fits_flops_rule(tmp_path, rule):
+    """A grid has no budgets: the held-out run's is ``verify.factor`` times the largest run's C, counted as the
+    fit counts it (``fit.flops``; exact FLOPs are 1.2–1.4x 6ND at these sizes, so the two budgets differ)."""
+    from jaxformer.scaling.report import fit_table
+    from jaxformer.scaling.table import load_table
+    from jaxformer.sweep.verify import plan_verify
+
+    table = tmp_path / "falling.csv"  # a law with a compute-optimal size: loss falls with N and with D
+    table.write_text("N,D,loss\n" + "".join(f"{n:g},{d:g},{2 + 300 / n ** 0.35 + 300 / d ** 0.35:.6f}\n"
+                                            for n in (4e3, 8e3, 16e3, 32e3) for d in (1e5, 3e5, 1e6)))
+    report = fit_table(load_table(table), "3", resamples=0)
+    spec = load_spec(variant(tmp_path, "grid", isoflop=None, grid={"params": [8e3, 16e3], "tokens": [1e5, 2e5]},
+                             fit={"approaches": [3], "flops": rule}, verify={"factor": 3}))
+    runs = plan_runs(spec)
+    largest = max(run.C_exact if rule == "exact" else run.C_6nd for run in runs)
+    assert max(run.C_exact for run in runs) > 1.1 * max(run.C_6nd for run in runs)
+    held_out = plan_verify(spec, runs, report)
+    assert held_out[0].budget == pytest.approx(3 * largest, rel=1e-12)
+    assert held_out[0].flops_rule == rule
 
 
 def test_a_new_fit_removes_the_verify_json_that_judged_the_old_one(tmp_path):

@@ -68,7 +68,12 @@ def test_markov_source_val_loss_falls_far_below_unigram_entropy_to_near_the_entr
     assert [row["step"] for row in rows] == [50, 100, steps]
     assert rows[0]["val_bits_per_byte"] > rows[-1]["val_bits_per_byte"]
     assert rows[-1]["lr"] == pytest.approx(1e-3)  # the schedule ends at D: final_lr_fraction · lr
-    assert all(row["tokens_per_s"] > 0 and 0 < row["mfu"] for row in rows)
+    # each row's rate is over its own window of steps: the windows' seconds add up to the run's training seconds
+    windows = [(row["step"] - before) * 16 * 64 for before, row in zip([0] + [r["step"] for r in rows], rows)]
+    assert sum(t / row["tokens_per_s"] for t, row in zip(windows, rows)) == pytest.approx(record["time"]["train_s"])
+    flops_per_token = record["flops_exact"] / record["tokens"]
+    assert all(row["mfu"] == pytest.approx(row["tokens_per_s"] * flops_per_token / record["peak_flops"])
+               for row in rows)
     written = sorted(p.name for p in (tmp_path / "run").iterdir())
     assert written == ["checkpoints", "config.yaml", "data.json", "final.json", "metrics.jsonl", "tensorboard"]
     assert any((tmp_path / "run" / "tensorboard").glob("events.out.tfevents.*"))
@@ -247,3 +252,55 @@ def test_time_train_step_times_the_runs_own_step_without_reading_its_corpus(cach
     timing = time_train_step(config, steps=2)
     assert timing.compile_s > 0 and 0 < timing.step_s < timing.compile_s
     assert timing.tokens_per_s == pytest.approx(16 * 64 / timing.step_s)
+
+
+def test_each_rows_train_loss_and_grad_norm_are_means_over_its_window_of_steps(tmp_path, cache_dir):
+    """Logging every step or every other step trains alike; each row of the second is the mean of two of the first."""
+    base = TINY + ["train.tokens=4096", "train.eval_interval=100", f"train.compilation_cache={cache_dir}"]
+    for k in (1, 2):
+        train(load_config(None, base + [f"logging.interval={k}"]), tmp_path / f"every-{k}")
+    every, other = _rows(tmp_path / "every-1"), _rows(tmp_path / "every-2")
+    assert [row["step"] for row in every] == [1, 2, 3, 4] and [row["step"] for row in other] == [2, 4]
+    for row in other:
+        pair = every[row["step"] - 2:row["step"]]
+        for key in ("train_loss", "grad_norm"):
+            assert row[key] == pytest.approx((pair[0][key] + pair[1][key]) / 2, rel=1e-6), key
+
+
+def test_a_bpe_runs_bits_per_byte_are_over_the_bytes_of_the_tokens_its_validation_scored(tmp_path, monkeypatch,
+                                                                                          cache_dir):
+    from jaxformer.train.dataset import prepare_dataset
+    from jaxformer.train.loader import eval_batches
+
+    monkeypatch.chdir(tmp_path)
+    for i in range(10):
+        (tmp_path / f"f{i:02d}.txt").write_text("".join(f"line {j * (i + 3)}: the fox and {i * j % 97} dogs\n"
+                                                        for j in range(60)))
+    config = load_config(None, ["data.corpus=files:*.txt", "data.tokenizer=bpe", "data.bpe_vocab_size=300",
+                                "model.vocab_size=300", "model.d_model=32", "model.num_layers=1", "model.num_heads=2",
+                                "data.val_fraction=0.2", "train.batch_size=4", "train.seq_len=16", "train.tokens=256",
+                                "train.eval_tokens=64", f"train.compilation_cache={cache_dir}"])
+    record = train(config, tmp_path / "run")
+    dataset = prepare_dataset(config)
+    targets = eval_batches(dataset.val, 16, 4, 64)[..., 1:]
+    assert targets.size == 64
+    scored_per_byte = targets.size / dataset.tokenizer.token_bytes()[targets].sum()
+    assert record["val_bits_per_byte"] == pytest.approx(record["val_loss"] / math.log(2) * scored_per_byte, rel=1e-9)
+    assert abs(scored_per_byte / dataset.tokens_per_byte - 1) > 0.01  # the windows scored are not the split's ratio
+
+
+def test_update_k_trains_with_the_schedules_rate_k(tmp_path, cache_dir):
+    """Two runs whose schedules share their first rate and end apart: their states after step 1 are the same bits
+    (update 0 took the schedule's rate 0, not another update's), and after the last step they differ."""
+    from jaxformer.train.optimizer import learning_rates
+
+    settings = TINY + ["train.tokens=4096", "optimizer.warmup_fraction=0.25", "checkpoint.interval=1",
+                       "checkpoint.keep=4", "checkpoint.max_overhead=1e9", f"train.compilation_cache={cache_dir}"]
+    configs = [load_config(None, settings + [f"optimizer.final_lr_fraction={fraction}"]) for fraction in (0.1, 0.5)]
+    rates = [learning_rates(config.optimizer, config.total_steps) for config in configs]
+    assert rates[0][0] == rates[1][0] and rates[0][-1] != rates[1][-1] and len(rates[0]) == 4
+    for config, name in zip(configs, "ab"):
+        train(config, tmp_path / name)
+    digests = [[json.loads((tmp_path / name / "checkpoints" / str(step) / "meta" / "metadata").read_text())["digest"]
+                for step in (1, 4)] for name in "ab"]
+    assert digests[0][0] == digests[1][0] and digests[0][1] != digests[1][1]
