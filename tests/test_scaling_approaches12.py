@@ -33,10 +33,13 @@ def test_isoflop_groups_by_c_without_labels_and_warns_at_the_edge():
     shifted = t.N * np.repeat([1.0, 10 ** 0.45], 5)  # second budget's sizes all above its optimum
     unlabeled = RunTable.from_arrays(shifted, LAW.loss(shifted, t.C / (6 * shifted)), C=t.C)
     assert [len(g) for g in group_budgets(unlabeled)] == [5, 5]
-    # C within 10% of a group's smallest joins it; a budget of one run is a group of its own
-    C = np.array([1e20, 1.05e19, 1e19, 1.2e19, 3e18])
+    # C within 10% of a group's smallest joins it (12% above does not); a budget of one run is a group of its own
+    C = np.array([1e20, 1.05e19, 1e19, 1.12e19, 3e18])
     groups = group_budgets(RunTable.from_arrays(np.full(5, 1e8), np.full(5, 3.0), C=C))
     assert [g.tolist() for g in groups] == [[4], [1, 2], [3], [0]]
+    near = isoflop_sweep(LAW, [1e19, 1.12e19], sizes=5, span=0.5, noise=0.0)  # two budgets, fitted apart
+    near = RunTable.from_arrays(near.N, near.loss, C=near.C)
+    assert [p.budget for p in fit_isoflop(near).profiles] == pytest.approx([1e19, 1.12e19])
     fit = fit_isoflop(unlabeled, keep_edges=True)
     assert len(fit.warnings) == 1 and "C=1e+20: minimum at the edge" in fit.warnings[0]
     assert [p.bracketed for p in fit.profiles] == [True, False]

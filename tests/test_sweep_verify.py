@@ -152,7 +152,9 @@ def test_held_out_sizes_train_at_every_seed_and_their_mean_is_judged(tmp_path):
     side, level = "inside" if verify["inside_prediction_interval"] else "outside", verify["predicted"]["level"]
     assert level == 0.95 and (f"{side} the 95% prediction interval for the mean of 2 runs [{low:.4f}, {high:.4f}] "
                               f"(seed noise {100 * noise:.2f}%, 12 degrees of freedom)") in result.stdout
-    assert f"held-out runs {held_out[0].name}, {held_out[1].name} (each " in result.stdout
+    each = ", ".join(f"{error:+.2%}" for error in verify["relative_errors"])
+    assert (f"held-out runs {held_out[0].name}, {held_out[1].name} (each {each}) (N = {verify['N']:,}, "
+            f"D = {verify['D']:.3g}): mean loss {verify['measured_loss']:.4f} against") in result.stdout
 
 
 def test_held_out_run_and_seed_repeats_after_the_fit(tmp_path):
