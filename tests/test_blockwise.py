@@ -236,3 +236,15 @@ def test_bad_input_is_one_line_value_error():
         F.attention(q, k, v, impl="blockwise", relative_bias=jnp.ones((8, 3)))
     with pytest.raises(ValueError, match="block_size must be positive, got 0"):
         F.blockwise_attention(q, k, v, block_size=0)
+
+
+def test_called_with_its_defaults_blockwise_attention_is_the_plain_path_with_its_defaults():
+    """A user's own call with no keyword: non-causal, T5's bidirectional buckets up to distance 128, as `attention`.
+    Over 20 positions of 8 buckets, distance 16 lies on a log-bucket boundary that moves with the maximum distance."""
+    q, k, v, _ = _inputs(2, 20, 20, 4, 2)
+    distances = np.arange(20)[:, None] - np.arange(20)[None, :]
+    assert not np.array_equal(*(F.relative_position_buckets(distances, num_buckets=8, max_distance=far,
+                                                            bidirectional=True) for far in (128, 129)))
+    np.testing.assert_allclose(F.blockwise_attention(q, k, v, block_size=8), F.attention(q, k, v), atol=TOL, rtol=0)
+    np.testing.assert_allclose(F.blockwise_attention(q, k, v, relative_bias=RELATIVE, block_size=8),
+                               F.attention(q, k, v, relative_bias=RELATIVE), atol=TOL, rtol=0)

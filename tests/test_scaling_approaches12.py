@@ -21,8 +21,10 @@ def test_isoflop_recovers_a_and_b_with_intervals():
     assert fit.allocation.b == pytest.approx(LAW.b, abs=0.01)
     assert fit.stats["a"].low < LAW.a < fit.stats["a"].high
     assert 0 < fit.stats["a"].se < 0.02
-    for p in fit.profiles:  # each minimum lands on the law's optimum
+    for p in fit.profiles:  # each minimum lands on the law's optimum, its loss the parabola's least
         assert p.n_opt == pytest.approx(float(LAW.n_opt(p.budget)), rel=0.1)
+        assert p.loss_opt == pytest.approx(float(p.curve(p.n_opt)), rel=1e-12)
+        assert p.loss_opt == pytest.approx(float(LAW.loss_opt(p.budget)), rel=2e-3)
         assert p.bracketed
     assert fit.warnings == []
     np.testing.assert_allclose(fit.allocation.d_opt(BUDGETS) * fit.allocation.n_opt(BUDGETS) * 6, BUDGETS)

@@ -121,6 +121,9 @@ def test_approaches_1_and_2_draw_whole_groups_as_approach_3_does():
     assert approach1[0] == approach1[1] and approach1[0].low < approach1[0].high
     residuals = fit_isoflop(twice_grouped, resamples=50, seed=0, resample="residuals")
     assert any("residuals are drawn run by run" in warning for warning in residuals.warnings)
+    for table, resample in ((twice, "residuals"), (twice_grouped, "wild"), (twice_grouped, "runs")):  # they do not
+        fit = approach2["twice"] if resample == "runs" else fit_isoflop(table, resamples=50, seed=0, resample=resample)
+        assert not any("residuals are drawn run by run" in warning for warning in fit.warnings), resample
 
 
 def test_groups_that_hold_every_run_are_refused_not_drawn_as_zero_width_intervals(tmp_path):
