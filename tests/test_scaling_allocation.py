@@ -2,6 +2,7 @@
 
 import dataclasses
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,6 +12,8 @@ from jaxformer.accounting import count_params, training_flops_per_token
 from jaxformer.models import get_preset
 from jaxformer.scaling.allocation import PRESETS, SIX_ND, FlopsPerToken, ParametricLaw, PowerLawAllocation, allocate
 from jaxformer.scaling.powerlaw import allocation_from_optima
+
+REFERENCES = Path(__file__).resolve().parents[2] / "shared" / "data" / "README.md"  # the published fits
 
 
 def test_published_chinchilla_law_closed_form():
@@ -32,6 +35,16 @@ def test_closed_form_is_the_minimum_along_the_iso_flop_line(name, C):
     res = minimize_scalar(lambda x: law.loss(np.exp(x), C / (6 * np.exp(x))), bounds=(5, 40), method="bounded",
                           options={"xatol": 1e-10})
     assert float(law.n_opt(C)) == pytest.approx(np.exp(res.x), rel=1e-4)
+
+
+@pytest.mark.parametrize(("name", "paper"), [("chinchilla", "Hoffmann et al. Approach 3"),
+                                           ("epoch", "Besiroglu et al.")])
+def test_the_presets_are_the_published_fits(name, paper):
+    """Each preset's five numbers as the paper prints them (../shared/data/README.md)."""
+    entry = REFERENCES.read_text().split(f"- {paper}")[1].split("\n- ")[0]
+    published = {key: float(re.search(rf"{symbol} = ([0-9.]+)", entry)[1])
+                 for key, symbol in (("E", "E"), ("A", "A"), ("B", "B"), ("alpha", "α"), ("beta", "β"))}
+    assert {key: getattr(PRESETS[name], key) for key in published} == published and PRESETS[name].flops == SIX_ND
 
 
 def test_epoch_refit_gives_about_20_tokens_per_parameter():
@@ -66,6 +79,8 @@ def test_flops_per_token_is_fitted_from_the_runs_and_is_6n_for_6nd_tables():
     fitted = FlopsPerToken.fit(N, D, 9.7 * N**0.96 * D)
     assert (fitted.k, fitted.p) == (pytest.approx(9.7, rel=1e-9), pytest.approx(0.96, rel=1e-12))
     assert FlopsPerToken.fit(N, D, 6 * N * D) is SIX_ND and SIX_ND.describe() == "C = 6ND"
+    one_size = FlopsPerToken.fit(np.full(3, 1e6), D[:3], 7e6 * D[:3])  # no slope to fit: its own cost per token
+    assert (one_size.k, one_size.p) == (pytest.approx(7.0, rel=1e-12), 1.0)
     # jaxformer's own accounting: small models cost more than 6N per token, and less so as N grows
     models = [dataclasses.replace(get_preset("tiny"), d_model=d, num_heads=d // 16, num_kv_heads=d // 16,
                                   num_layers=layers)
@@ -169,6 +184,7 @@ def test_budgets_are_labelled_apart_however_close():
     from jaxformer.scaling.bootstrap import law_quantities
 
     assert budget_labels([5.76e23, 1e21]) == ["5.76e+23", "1e+21"]
+    assert budget_labels([1.2345e21, 3e21]) == ["1.23e+21", "3e+21"]  # three figures, not four
     assert budget_labels([1e21, 1.004e21]) == ["1e+21", "1.004e+21"]
     assert budget_labels([1e21, np.nextafter(1e21, 2e21)]) == ["1e+21", "1.0000000000000001e+21"]
     law = PRESETS["epoch"]

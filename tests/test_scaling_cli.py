@@ -313,6 +313,8 @@ def test_a_point_outside_its_interval_is_one_warning_line(tmp_path, capsys, monk
         ({"approach3": {"params": PRESETS["epoch"].to_dict()}, "flops_per_token": {"k": "6", "p": 1}},
          "law.json: flops_per_token.k must be a number, got '6'"),
         (None, "is a directory, not a JSON file"),
+        ({"approach3": {"law": PRESETS["epoch"].to_dict()}},
+         r"law.json: approach3.params is missing or not an object \(`jaxformer fit --json` writes it\)"),
     ],
 )
 def test_allocate_refuses_a_law_without_a_finite_allocation_in_one_line(tmp_path, capsys, law, message):

@@ -36,10 +36,13 @@ class FlopsPerToken:
 
     @classmethod
     def fit(cls, N, D, C) -> "FlopsPerToken":
-        """Least squares of ln(C/D) on ln N over the runs ``[Y]``; exactly 6N when every C is 6ND."""
+        """Least squares of ln(C/D) on ln N over the runs ``[Y]``; exactly 6N when every C is 6ND, and k·N with the
+        runs' own (geometric mean) k when they share one size, which leaves no slope to fit."""
         N, per_token = np.asarray(N, np.float64), np.asarray(C, np.float64) / np.asarray(D, np.float64)
-        if np.allclose(per_token, SIX_ND(N), rtol=1e-9) or np.ptp(np.log(N)) == 0:
+        if np.allclose(per_token, SIX_ND(N), rtol=1e-9):
             return SIX_ND
+        if np.ptp(np.log(N)) == 0:
+            return cls(k=float(np.exp(np.mean(np.log(per_token / N)))), p=1.0)
         p, log_k = np.polyfit(np.log(N), np.log(per_token), 1)
         return cls(k=float(np.exp(log_k)), p=float(p))
 
