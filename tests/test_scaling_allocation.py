@@ -1,6 +1,7 @@
 """Closed-form compute-optimal allocation against direct minimisation along iso-FLOP lines."""
 
 import dataclasses
+import json
 import re
 from pathlib import Path
 
@@ -191,3 +192,16 @@ def test_budgets_are_labelled_apart_however_close():
     got = law_quantities(law, [1e21, 1.004e21])
     for C, key in ((1e21, "tokens_per_param@1e+21"), (1.004e21, "tokens_per_param@1.004e+21")):
         assert got[key] == pytest.approx(float(law.d_opt(C) / law.n_opt(C)), rel=1e-12)
+
+
+def test_an_approach_2_fit_file_loads_with_its_loss_law_and_without_one(tmp_path):
+    """A fit's power laws (`jaxformer fit --json`) load as written: L_opt = k_L C^γ when it has one, none when its
+    k_L and γ are null (a fit whose loss law could not be fitted)."""
+    from jaxformer.scaling.allocation import load_law
+
+    law = PowerLawAllocation(k_N=0.1, a=0.5, k_D=1 / 0.6, b=0.5, k_L=30.0, gamma=-0.05)
+    for written in (law, dataclasses.replace(law, k_L=None, gamma=None)):
+        path = tmp_path / "fit.json"
+        path.write_text(json.dumps({"approach2": {"power_laws": written.to_dict()}}))
+        assert load_law(path) == ("approach 2", written)
+    assert np.isnan(load_law(path)[1].loss_opt(1e20)) and law.loss_opt(1e20) == pytest.approx(30 * 1e20 ** -0.05)
