@@ -210,12 +210,11 @@ def test_held_out_run_and_seed_repeats_after_the_fit(tmp_path):
     assert one_low < low and high < one_high  # one run's interval holds the law's and the seed's noise
     assert verify["inside_prediction_interval"] == (one_low <= final["val_loss"] <= one_high)
     assert "prediction interval for one run" in result.stdout
-    assert (f"held-out run {verify['run']} (N = {verify['N']:,}, D = {verify['D']:.3g}): loss "  # not "mean loss"
-            f"{final['val_loss']:.4f} against") in result.stdout
     where = "inside" if verify["inside_interval"] else "outside"
     assert f"{where} its 95% interval [{low:.4f}, {high:.4f}]" in result.stdout, result.stdout
     judged = "within" if verify["within_tolerance"] else "beyond"
-    assert (f"loss {final['val_loss']:.4f} against {verify['predicted']['loss']:.4f} predicted by Approach 3, "
+    assert (f"held-out run {verify['run']} (N = {verify['N']:,}, D = {verify['D']:.3g}): loss "  # not "mean loss"
+            f"{final['val_loss']:.4f} against {verify['predicted']['loss']:.4f} predicted by Approach 3, "
             f"{100 * verify['relative_error']:+.2f}% ({judged} 1%)") in result.stdout
     assert verify["run"] not in (out / "results.csv").read_text()  # held out: no table or fit of the sweep has it
     held_out = sorted([verify, *verify["neighbours"]], key=lambda c: c["N"])  # half and twice N_opt around it

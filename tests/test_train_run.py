@@ -94,9 +94,10 @@ def _saved_steps(run_dir: Path) -> list[int]:
     return sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit()) if directory.is_dir() else []
 
 
-def _final_digest(run_dir: Path) -> str:
-    final = _saved_steps(run_dir)[-1]
-    return json.loads((run_dir / "checkpoints" / str(final) / "meta" / "metadata").read_text())["digest"]
+def _digest(run_dir: Path, step: int | None = None) -> str:
+    """The state digest of checkpoint ``step`` (default the newest finished one)."""
+    step = _saved_steps(run_dir)[-1] if step is None else step
+    return json.loads((run_dir / "checkpoints" / str(step) / "meta" / "metadata").read_text())["digest"]
 
 
 @pytest.mark.slow
@@ -124,7 +125,7 @@ def test_sigkill_then_resume_ends_bit_identical_even_past_a_corrupt_checkpoint(t
     assert resumed.returncode == 0, err
     assert f"checkpoint step {saved[-1]} is unreadable" in err  # the fallback warns
     assert f"resumed from step {saved[-2]} (checkpoint {killed_dir.absolute() / 'checkpoints' / str(saved[-2])})" in err
-    assert _final_digest(killed_dir) == _final_digest(tmp_path / "reference")  # params and optimizer state, bitwise
+    assert _digest(killed_dir) == _digest(tmp_path / "reference")  # params and optimizer state, bitwise
     assert _curve(killed_dir) == _curve(tmp_path / "reference")  # the whole loss curve, exactly
     final = json.loads((killed_dir / "final.json").read_text())
     reference_final = json.loads((tmp_path / "reference" / "final.json").read_text())
@@ -303,6 +304,5 @@ def test_update_k_trains_with_the_schedules_rate_k(tmp_path, cache_dir):
     assert rates[0][0] == rates[1][0] and rates[0][-1] != rates[1][-1] and len(rates[0]) == 4
     for config, name in zip(configs, "ab"):
         train(config, tmp_path / name)
-    digests = [[json.loads((tmp_path / name / "checkpoints" / str(step) / "meta" / "metadata").read_text())["digest"]
-                for step in (1, 4)] for name in "ab"]
+    digests = [[_digest(tmp_path / name, step) for step in (1, 4)] for name in "ab"]
     assert digests[0][0] == digests[1][0] and digests[0][1] != digests[1][1]
