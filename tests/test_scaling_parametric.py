@@ -3,6 +3,7 @@
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import jax
@@ -13,7 +14,7 @@ import pytest
 from jaxformer.scaling import lbfgs
 from jaxformer.scaling.allocation import PRESETS, ParametricLaw
 from jaxformer.benchmarks.fit import numpy_value_and_grad
-from jaxformer.scaling.bootstrap import Interval, bootstrap_parametric
+from jaxformer.scaling.bootstrap import Interval, bootstrap_parametric, summarize
 from jaxformer.scaling.parametric import fit_parametric, hoffmann_grid, log_data, objective, residuals, value_and_grad
 from jaxformer.scaling.synthetic import isoflop_sweep
 from jaxformer.scaling.table import RunTable, load_table
@@ -151,6 +152,30 @@ def test_an_interval_flags_a_point_outside_it_beyond_the_solvers_precision():
     assert Interval(-0.0428, 1e-7, -0.2, -0.2).outside
     assert not Interval(1.4999999973626121, 2.6e-9, 1.4999999973737037, 1.500000007471625).outside  # 1e-11 below
     assert not Interval(1.0, 0.1, np.nan, np.nan).outside
+    # the slack is 1e-6 of the largest magnitude (here 1.001e-3): 0.8e-3 past an end is inside, 1.2e-3 outside
+    assert not Interval(1000.0, 1.0, 1000.0008, 1001.0).outside and Interval(1000.0, 1.0, 1000.0012, 1001.0).outside
+    assert not Interval(1000.0, 1.0, 999.0, 999.9992).outside and Interval(1000.0, 1.0, 999.0, 999.9988).outside
+
+
+def test_a_statistic_of_one_finite_resample_has_no_standard_error_and_no_warning_two_have_one():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # numpy's "degrees of freedom <= 0" for a one-value standard deviation
+        stats = summarize({"a": 0.5}, {"a": np.array([0.4, np.nan, np.inf])}, 0.95)
+    assert np.isnan(stats["a"].se) and (stats["a"].value, stats["a"].low, stats["a"].high) == (0.5, 0.4, 0.4)
+    two = summarize({"a": 0.5}, {"a": np.array([0.4, np.nan, 0.6])}, 0.5)["a"]  # the 25th and 75th percentiles
+    assert (two.se, two.low, two.high) == pytest.approx((np.sqrt(0.02), 0.45, 0.55), rel=1e-12)
+
+
+def test_the_bootstrap_takes_two_or_more_resamples_at_a_level_strictly_between_0_and_1(table, fit):
+    for resamples in (0, 1):
+        with pytest.raises(ValueError, match=f"bootstrap resamples must be at least 2, got {resamples}"):
+            bootstrap_parametric(table, fit, resamples=resamples)
+    for level in (0.0, 1.0, -0.5, 1.5):
+        with pytest.raises(ValueError, match=rf"confidence level must be in \(0, 1\), got {level}"):
+            bootstrap_parametric(table, fit, resamples=2, level=level)
+    boot = bootstrap_parametric(table, fit, resamples=2, level=0.5)
+    assert boot.to_dict()["resamples"] == 2 and boot.level == 0.5
+    assert all(v.shape == (2,) for v in boot.samples.values())
 
 
 def test_a_jobs_result_does_not_depend_on_how_many_jobs_share_the_pool():

@@ -25,15 +25,17 @@ def wsd_formula(k: int, total: int, warmup: int, cooldown: int, lr: float, end: 
 
 
 @pytest.mark.parametrize("shape", ["linear", "1-sqrt"])
-@pytest.mark.parametrize("total", [7, 100, 1001])
+@pytest.mark.parametrize("total", [7, 100, 1001, 9000])  # 9000: three of the blocks it is evaluated in
 def test_wsd_learning_rate_is_the_formula_at_every_update(shape, total):
     config = OptimizerConfig(lr=2e-3, schedule="wsd", warmup_fraction=0.05, final_lr_fraction=0.1,
                              cooldown_fraction=0.2, cooldown_shape=shape)
     warmup, cooldown = warmup_steps(config, total), cooldown_steps(config, total)
     # 5% and 20% of the run in whole steps, the cooldown at least one: the formula's phases, not the code's alone
-    assert (warmup, cooldown) == {7: (0, 1), 100: (5, 20), 1001: (50, 200)}[total]
+    assert (warmup, cooldown) == {7: (0, 1), 100: (5, 20), 1001: (50, 200), 9000: (450, 1800)}[total]
     expected = [wsd_formula(k, total, warmup, cooldown, 2e-3, 2e-4, shape) for k in range(total)]
-    np.testing.assert_allclose(learning_rates(config, total), expected, rtol=2e-6, atol=0)
+    # atol: Optax's warmup is peak − peak·(1 − t/warmup) in float32, whose first rates are an ulp or two of the
+    # peak off (1.3e-5 relative at t = 1 of a 450-step warmup)
+    np.testing.assert_allclose(learning_rates(config, total), expected, rtol=2e-6, atol=5e-10)
     assert learning_rates(config, total)[-1] == np.float32(2e-4)
 
 

@@ -2,6 +2,7 @@
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -15,7 +16,7 @@ from jaxformer.sweep.directory import prepare_directory
 from jaxformer.sweep.formula import evaluate
 from jaxformer.sweep.plan import plan_runs
 from jaxformer.sweep.spec import load_spec
-from jaxformer.sweep.tune import _tuning_spec, matching_record, plan_tuning, with_rule, write_record
+from jaxformer.sweep.tune import _tuning_spec, extrapolation_note, matching_record, plan_tuning, with_rule, write_record
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "sweeps" / "tiny.yaml"
@@ -157,8 +158,10 @@ def test_a_tuning_stage_end_to_end_then_the_sweep_trains_with_its_rule(tmp_path,
     code, dry, _ = jaxformer(capsys, "sweep", spec, "--dry-run", "--no-probe", "--out", out)
     assert f"optimizer.lr = {formula} (the tuning stage's rule" in dry and "tune-lr" not in dry
 
-    # a tune.json edited out of shape (it was a traceback, or a formula of 5 became every run's lr): refitted
-    for damage in ({"rule": None}, {"rule": {**record["rule"], "formula": 5}}, {"runs": ["x"]}, {"failed": None}):
+    # a tune.json edited out of shape (it was a traceback, or a formula of 5 became every run's lr), or whose
+    # formula is text outside the spec grammar: refitted
+    for damage in ({"rule": None}, {"rule": {**record["rule"], "formula": 5}}, {"runs": ["x"]}, {"failed": None},
+                   {"rule": {**record["rule"], "formula": "3e-3 * (N /"}}):
         (out / "tune" / "tune.json").write_text(json.dumps({**record, **damage}))
         code, dry, _ = jaxformer(capsys, "sweep", spec, "--dry-run", "--no-probe", "--out", out)
         assert code == 0 and "tuning stage, trained first" in dry, dry
@@ -181,6 +184,15 @@ def test_a_sweep_beyond_the_tuned_sizes_is_told_its_rule_is_extrapolated(tmp_pat
     assert code == 0 and "C4e09-N67824-s0" in planned
     assert ("note: the tuned lr rule is extrapolated up to 4.11x beyond the sizes it is fitted on: the sweep's runs "
             "have N = 8,240 to 67,824, the tuning runs 8,240 to 16,496 (tune.params)") in planned
+
+
+def test_any_size_beyond_the_tuned_ones_above_or_below_is_noted():
+    tuning = [SimpleNamespace(N=n) for n in (1000, 4000)]  # `extrapolation_note` reads the runs' N alone
+    assert extrapolation_note(tuning, [SimpleNamespace(N=n) for n in (1000, 2000, 4000)]) is None
+    above = extrapolation_note(tuning, [SimpleNamespace(N=n) for n in (1000, 6000)])
+    below = extrapolation_note(tuning, [SimpleNamespace(N=n) for n in (800, 4000)])
+    assert "up to 1.5x beyond the sizes it is fitted on: the sweep's runs have N = 1,000 to 6,000" in above
+    assert "up to 1.25x beyond the sizes it is fitted on: the sweep's runs have N = 800 to 4,000" in below
 
 
 def test_another_sweeps_directory_is_refused_before_a_tuning_run_trains_in_it(tmp_path, capsys):
@@ -295,6 +307,10 @@ def test_a_beta2_and_batch_grid_chooses_one_pair_applies_it_and_fits_the_rule_on
     assert evaluate(record["rule"]["formula"], {"N": 8240}) == pytest.approx(2e-2, rel=1e-5)
     assert any(line.startswith("tuning: the sweep's runs train with optimizer.beta2 = 0.99, train.batch_size = 8 (")
                for line in lines)
+    # each size's own best: 3 + 0.1·ln(0.03 / 0.02)² and 2.99 + 0.1·ln(0.03 / 0.0212)²
+    assert [line for line in lines if "its own best" in line] == [
+        "tuning: N = 8,240: its own best is beta2 0.99, batch size 8 (lr 0.03, loss 3.0164)",
+        "tuning: N = 16,496: its own best is beta2 0.9, batch size 8 (lr 0.03, loss 3.0020)"]
     for run in plan_runs(with_rule(spec, record)):  # the sweep's runs at the chosen pair and the rule's rate
         assert (run.config["optimizer"]["beta2"], run.config["train"]["batch_size"]) == (0.99, 8)
         assert run.config["optimizer"]["lr"] == pytest.approx(evaluate(record["rule"]["formula"], {"N": run.N}))

@@ -110,18 +110,41 @@ def test_schedule_shape_warmup_peak_and_cosine_midpoint():
         assert schedule(steps - 1) == np.float32(lr * fraction)
 
 
-def test_optimizer_is_adamw_at_unit_rate_with_clipping_and_no_decay_on_vectors():
-    config = OptimizerConfig(lr=1.0, weight_decay=0.5, grad_clip=1.0)
-    params = {"w": jnp.ones((2, 2)), "scale": jnp.ones(2)}
-    grads = {"w": jnp.full((2, 2), 100.0), "scale": jnp.zeros(2)}
-    optimizer = make_optimizer(config)
-    updates, _ = optimizer.update(grads, optimizer.init(params), params)
-    reference = optax.chain(optax.clip_by_global_norm(1.0),
-                            optax.adamw(1.0, b1=0.9, b2=0.95, eps=1e-8, weight_decay=0.5,
-                                        mask={"w": True, "scale": False}))
-    expected, _ = reference.update(grads, reference.init(params), params)
-    assert jax.tree.all(jax.tree.map(lambda a, b: bool(jnp.allclose(a, b)), updates, expected))
-    assert float(updates["scale"][0]) == 0.0  # no gradient, no decay on a vector
+@pytest.mark.parametrize("grad_clip", [1.0, 0.0])
+def test_optimizer_steps_equal_pytorchs_adamw_with_clip_grad_norm(grad_clip):
+    """The peer: torch.optim.AdamW (weight decay on the matrix only) after ``clip_grad_norm_`` when grad_clip > 0,
+    over four updates at four learning rates whose gradients' global norms (0.40 to 55) fall on both sides of the
+    clip: Adam's step is scale-free, so only gradients clipped by different factors tell a clip from none, and
+    grad_clip 0 is no clip (not a clip to norm 0, which zeroes every update)."""
+    import torch
+
+    config = OptimizerConfig(weight_decay=0.5, grad_clip=grad_clip)
+    rng = np.random.default_rng(0)
+    start = {"w": rng.normal(size=(3, 4)).astype(np.float32), "scale": rng.normal(size=4).astype(np.float32)}
+    grads = [{k: (g * rng.normal(size=v.shape)).astype(np.float32) for k, v in start.items()} for g in (20, 0.1, 5, 1)]
+    rates = [1e-2, 3e-2, 2e-2, 5e-3]
+    optimizer, params = make_optimizer(config), {k: jnp.asarray(v) for k, v in start.items()}
+    state = optimizer.init(params)
+    for g, lr in zip(grads, rates):  # as the train step: the update at unit rate, times the step's rate
+        updates, state = optimizer.update({k: jnp.asarray(v) for k, v in g.items()}, state, params)
+        params = optax.apply_updates(params, jax.tree.map(lambda u: lr * u, updates))
+    peer = {k: torch.tensor(v, requires_grad=True) for k, v in start.items()}
+    torch_optimizer = torch.optim.AdamW([{"params": [peer["w"]], "weight_decay": 0.5},
+                                         {"params": [peer["scale"]], "weight_decay": 0.0}],
+                                        betas=(config.beta1, config.beta2), eps=config.eps)
+    clipped = []
+    for g, lr in zip(grads, rates):
+        for k, tensor in peer.items():
+            tensor.grad = torch.tensor(g[k])
+        if grad_clip:
+            clipped.append(float(torch.nn.utils.clip_grad_norm_(list(peer.values()), grad_clip)) > grad_clip)
+        for group in torch_optimizer.param_groups:
+            group["lr"] = lr
+        torch_optimizer.step()
+    assert clipped in ([True, False, True, True], [])  # the clip acts on three updates of four, by three factors
+    for k, tensor in peer.items():
+        np.testing.assert_allclose(np.asarray(params[k]), tensor.detach().numpy(), rtol=1e-5, atol=1e-7)
+        assert not np.allclose(np.asarray(params[k]), start[k], atol=1e-3)  # every parameter moved
 
 
 def test_no_bias_is_decayed_whatever_its_rank_and_every_matrix_is():

@@ -18,7 +18,7 @@ import sys
 
 from jaxformer.arguments import integer, number
 from jaxformer.runtime import enable_compilation_cache
-from jaxformer.scaling.bootstrap import REFERENCE_BUDGET
+from jaxformer.scaling.bootstrap import REFERENCE_BUDGET, RESAMPLES
 from jaxformer.scaling.isoflop import RESAMPLE
 from jaxformer.scaling.report import APPROACHES, fit_table, jsonable
 from jaxformer.scaling.table import load_table
@@ -37,7 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--approach", default="all", choices=APPROACHES,
                         help="1 loss envelope, 2 IsoFLOP parabolas, 3 parametric law, all (default: each the runs "
                              "support, the others noted as skipped)")
-    parser.add_argument("--bootstrap", type=integer(0, MAX_RESAMPLES), default=4000, metavar="N",
+    parser.add_argument("--bootstrap", type=integer(0, MAX_RESAMPLES), default=RESAMPLES, metavar="N",
                         help="resamples for intervals (0: none)")
     parser.add_argument("--level", type=number(above=0, below=1), default=0.95,
                         help="confidence level of the percentile intervals")

@@ -25,6 +25,7 @@ from jaxformer.scaling.parametric import POLISH, ParametricFit, log_data, value_
 from jaxformer.scaling.table import RunTable
 
 REFERENCE_BUDGET = 5.76e23  # Chinchilla's training compute, FLOPs
+RESAMPLES = 4000  # the default resample count: Besiroglu et al.'s
 
 
 @dataclass(frozen=True)
@@ -118,7 +119,7 @@ def resample_counts(n_runs: int, resamples: int, seed: int, groups: np.ndarray |
     return drawn[:, groups].astype(np.float64)
 
 
-def bootstrap_parametric(table: RunTable, fit: ParametricFit, *, resamples: int = 4000, starts: int = 4,
+def bootstrap_parametric(table: RunTable, fit: ParametricFit, *, resamples: int = RESAMPLES, starts: int = 4,
                          seed: int = 0, level: float = 0.95, budgets=(REFERENCE_BUDGET,)) -> BootstrapResult:
     """Standard errors and percentile intervals of the Approach-3 fit by resampling runs (or the table's
     groups of runs, `RunTable.group`)."""

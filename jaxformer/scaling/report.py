@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 
 from jaxformer.scaling.allocation import FlopsPerToken, Law, budget_labels
-from jaxformer.scaling.bootstrap import (REFERENCE_BUDGET, BootstrapResult, Interval, bootstrap_parametric,
+from jaxformer.scaling.bootstrap import (REFERENCE_BUDGET, RESAMPLES, BootstrapResult, Interval, bootstrap_parametric,
                                          law_quantities, percentiles, sample_laws)
 from jaxformer.scaling.envelope import EnvelopeFit, fit_envelope
 from jaxformer.scaling.isoflop import IsoFLOPFit, fit_isoflop
@@ -203,7 +203,7 @@ def _line(name: str, value: float, interval: Interval | None, level: float) -> s
     return text
 
 
-def fit_table(table: RunTable, approaches: str | int = "all", *, resamples: int = 4000, seed: int = 0,
+def fit_table(table: RunTable, approaches: str | int = "all", *, resamples: int = RESAMPLES, seed: int = 0,
               level: float = 0.95, budgets=(REFERENCE_BUDGET,), budget_tol: float = 0.1,
               bootstrap_starts: int = 4, keep_edges: bool = False, resample2: str = "runs") -> FitReport:
     """Runs the requested approaches (``"1"``, ``"2"`` or ``"3"``, also as a number, or ``"all"``) with bootstrap
