@@ -56,7 +56,9 @@ def test_convergence_is_reported(fit):
     conv = fit.convergence
     assert conv["starts"] == 4500
     assert conv["converged"] >= 0.95 * 4500
-    assert conv["reached_best"] >= 10  # many starts agree on the optimum
+    # many starts agree on the optimum, to 1e-6 of its objective (measured: 169 of 4500; 98 to 1e-7, 200 to 1e-5;
+    # an absolute 1e-6, 1000x looser here, counted 531)
+    assert 120 <= conv["reached_best"] <= 200
     assert sum(conv["by_status"].values()) == 4500
 
 
@@ -116,6 +118,7 @@ def test_too_few_runs_is_one_line_error():
 
 
 _N8, _D8 = np.geomspace(1e7, 1e9, 8), np.geomspace(1e9, 1e11, 8)[::-1]
+_FIVE = [0, 1, 2, 3, 4, 4, 4, 4]  # five distinct points in eight runs
 
 
 @pytest.mark.parametrize(
@@ -124,6 +127,7 @@ _N8, _D8 = np.geomspace(1e7, 1e9, 8), np.geomspace(1e9, 1e11, 8)[::-1]
         # eight copies of one run: the grid's start values came back, with zero-width intervals
         ([1e8] * 8, [2e9] * 8, [3.1] * 8, r"more distinct \(N, D\) points than its 5 parameters, got 1 in 8 runs"),
         (np.repeat(_N8[:4], 2), np.repeat(_D8[:4], 2), np.linspace(3, 2, 8), r"points .* got 4 in 8 runs"),
+        (_N8[_FIVE], _D8[_FIVE], np.linspace(3, 2, 8), r"points .* got 5 in 8 runs"),
         ([1e8] * 8, _D8, np.linspace(3, 2, 8), r"runs at 2 or more sizes N, got one \(1e\+08\) in every run"),
         (_N8, [2e9] * 8, np.linspace(3, 2, 8), r"runs at 2 or more token counts D, got one \(2e\+09\) in every run"),
         # every loss equal: alpha = beta = 0, and a = beta / (alpha + beta) divided by zero

@@ -294,6 +294,22 @@ def test_min_layers_keeps_the_size_rule_off_one_layer_models():
         assert shape_for_params(target, base, rule) == shape_for_params(target, base, two_or_more), target
 
 
+def test_the_default_size_rule_holds_width_near_16_times_depth():
+    """ShapeRule()'s aspect ratio is 16: of the depths whose nearest width lands within 15% of the target, the one
+    whose d_model / num_layers is nearest 16 (an aspect of 24 picked 3 x 80, 5 x 128 and 8 x 176 here)."""
+    shapes = [shape_for_params(target, get_preset("tiny"), ShapeRule()) for target in (3e5, 1e6, 3e6)]
+    assert [(s.num_layers, s.d_model, count_params(s).total) for s in shapes] == [
+        (5, 64, 283_328), (7, 112, 1_134_224), (10, 160, 3_218_720)]
+    # its other bounds: one layer at least, 12 at most, heads of width 16, up to 64 of them
+    with pytest.raises(ValueError, match="^shape rule gives too few layers for params=1000: one layer of width 16 "
+                                         "already holds 8,240 parameters$"):
+        shape_for_params(1e3, get_preset("tiny"), ShapeRule())
+    with pytest.raises(ValueError, match=r"^shape rule cannot reach params=1e\+09: 12 layers \(shape.max_layers\) "
+                                         r"of up to 64 heads \(shape.max_heads\) of width 16 hold at most "
+                                         "152,069,120 parameters$"):
+        shape_for_params(1e9, get_preset("tiny"), ShapeRule())
+
+
 def test_the_dry_run_probe_times_runs_whose_kernels_are_chosen_per_machine(tmp_path):
     """The main job's spec sets both kernel choices to ``auto``: the probe resolves them as training does."""
     spec = variant(tmp_path, "auto-kernels", base={**yaml.safe_load(TINY.read_text())["base"],

@@ -16,7 +16,8 @@ from jaxformer.sweep.directory import prepare_directory
 from jaxformer.sweep.formula import evaluate
 from jaxformer.sweep.plan import plan_runs
 from jaxformer.sweep.spec import load_spec
-from jaxformer.sweep.tune import _tuning_spec, extrapolation_note, matching_record, plan_tuning, with_rule, write_record
+from jaxformer.sweep.tune import (_tuning_spec, best_settings, extrapolation_note, matching_record, plan_tuning,
+                                  with_rule, write_record)
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "sweeps" / "tiny.yaml"
@@ -278,6 +279,17 @@ def test_a_diverged_tuning_run_is_retried_only_until_the_sweeps_runs_are_planned
         assert code == 0 and "matches the spec, nothing to train" in stdout, stdout
     assert trained == {p: p.stat().st_mtime_ns for p in (out / "tune" / "status").glob("*.json")}
     assert json.loads((out / "tune" / "tune.json").read_text()) == record
+
+
+def test_the_pair_chosen_has_the_lowest_mean_over_sizes_of_each_sizes_best_loss():
+    """Three sizes: (0.9, 8) is best at the smallest size only (0.5, then 1.2 and 1.2: mean 0.97) and (0.99, 16)
+    level at 0.9 (mean 0.9), so (0.99, 16) is chosen; a diverged run (no loss) is worse than any."""
+    losses = {(0.9, 8): (0.5, 1.2, 1.2), (0.99, 16): (0.9, 0.9, 0.9)}
+    records = [{"N": N, "beta2": beta2, "batch_size": batch, "loss": loss + extra}
+               for (beta2, batch), row in losses.items() for N, loss in zip((1e4, 2e4, 4e4), row)
+               for extra in (0.0, 0.3)]
+    records.append({"N": 2e4, "beta2": 0.9, "batch_size": 8, "loss": None})
+    assert best_settings(records) == (0.99, 16)
 
 
 def test_a_beta2_and_batch_grid_chooses_one_pair_applies_it_and_fits_the_rule_on_its_runs(tmp_path):
