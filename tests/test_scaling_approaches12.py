@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 
 from jaxformer.scaling.allocation import PRESETS
-from jaxformer.scaling.envelope import fit_envelope
 from jaxformer.scaling.isoflop import fit_isoflop, group_budgets
 from jaxformer.scaling.synthetic import isoflop_sweep
 from jaxformer.scaling.table import RunTable
@@ -80,20 +79,6 @@ def test_isoflop_single_budget_is_an_error():
     t = isoflop_sweep(LAW, [1e19], sizes=5)
     with pytest.raises(ValueError, match=r"2 or more budgets, got 1 \(C=1e\+19\)"):
         fit_isoflop(t)
-
-
-def test_envelope_recovers_a_from_curves():
-    fit = fit_envelope(isoflop_sweep(LAW, np.logspace(18, 21, 13), sizes=11, span=1.0, noise=0.0, curve_points=60),
-                       resamples=200)
-    assert fit.allocation.a == pytest.approx(LAW.a, abs=0.02)
-    assert fit.stats["a"].se < 0.05
-    assert len(np.unique(fit.n_opt)) >= 5
-
-
-def test_envelope_needs_curves():
-    t = RunTable.from_arrays([1e8, 2e8, 4e8], [3.0, 2.9, 2.8], D=[1e9, 1e9, 1e9])
-    with pytest.raises(ValueError, match="Approach 1 needs training curves"):
-        fit_envelope(t)
 
 
 def test_frontier_bands_hold_each_law_and_widen_beyond_the_data():

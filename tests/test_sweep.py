@@ -300,6 +300,9 @@ def test_the_default_size_rule_holds_width_near_16_times_depth():
     shapes = [shape_for_params(target, get_preset("tiny"), ShapeRule()) for target in (3e5, 1e6, 3e6)]
     assert [(s.num_layers, s.d_model, count_params(s).total) for s in shapes] == [
         (5, 64, 283_328), (7, 112, 1_134_224), (10, 160, 3_218_720)]
+    # no shape within 15% of 10,000 or 10,600 (between 1 x 16's 8,240 and 2 x 16's 12,368): the nearer count
+    nearest = [shape_for_params(target, get_preset("tiny"), ShapeRule()) for target in (10_000, 10_600)]
+    assert [count_params(s).total for s in nearest] == [8_240, 12_368]
     # its other bounds: one layer at least, 12 at most, heads of width 16, up to 64 of them
     with pytest.raises(ValueError, match="^shape rule gives too few layers for params=1000: one layer of width 16 "
                                          "already holds 8,240 parameters$"):

@@ -32,6 +32,7 @@ class EnvelopeFit:
     loss_opt: np.ndarray  # [flops]
     allocation: PowerLawAllocation
     stats: dict[str, Interval] | None
+    samples: dict[str, np.ndarray] | None = None  # a, b, k_N of each resample ``[resamples]`` (NaN: not fitted)
 
     def to_dict(self) -> dict:
         return {
@@ -76,13 +77,16 @@ def fit_envelope(table: RunTable, *, points: int = 250, resamples: int = 0, seed
         raise ValueError(f"Approach 1 needs at least 2 model sizes on the loss envelope, got {len(np.unique(n_opt))}")
     per_token = FlopsPerToken.fit(table.N, table.D, table.C)
     allocation = allocation_from_optima(flops, n_opt, loss_opt, per_token)
-    stats = None
-    if resamples:
-        stats = _bootstrap(table, grid, L_RF, allocation, per_token, resamples, seed, level)
-    return EnvelopeFit(flops, n_opt, loss_opt, allocation, stats)
+    if not resamples:
+        return EnvelopeFit(flops, n_opt, loss_opt, allocation, None)
+    samples = _bootstrap(table, grid, L_RF, per_token, resamples, seed)
+    stats = summarize({"a": allocation.a, "b": allocation.b, "k_N": allocation.k_N}, samples, level)
+    return EnvelopeFit(flops, n_opt, loss_opt, allocation, stats, samples)
 
 
-def _bootstrap(table, grid, L_RF, allocation, per_token, resamples, seed, level, chunk: int = 100) -> dict[str, Interval]:
+def _bootstrap(table, grid, L_RF, per_token, resamples, seed, chunk: int = 100) -> dict[str, np.ndarray]:
+    """Each resample's power laws through its own envelope (the point fit's, on the runs it drew); NaN where it
+    holds fewer than 2 sizes, which the point fit refuses (a line through one size would give it a = 0)."""
     counts = resample_counts(len(table), resamples, seed, table.group)
     n_opt_bF = np.empty((resamples, len(grid)))
     for s in range(0, resamples, chunk):
@@ -95,5 +99,6 @@ def _bootstrap(table, grid, L_RF, allocation, per_token, resamples, seed, level,
         largest = np.where(drawn, table.N, -np.inf).max(axis=1, keepdims=True)
         interior = (N_b > smallest) & (N_b < largest)
         n_opt_bF[s:s + chunk] = np.where(np.isfinite(np.min(L_bRF, axis=1)) & interior, N_b, np.nan)
-    samples = power_law_samples(grid, n_opt_bF, per_token)
-    return summarize({"a": allocation.a, "b": allocation.b, "k_N": allocation.k_N}, samples, level)
+    sizes = np.isfinite(n_opt_bF)
+    two_sizes = np.where(sizes, n_opt_bF, -np.inf).max(axis=1) > np.where(sizes, n_opt_bF, np.inf).min(axis=1)
+    return power_law_samples(grid, np.where(two_sizes[:, None], n_opt_bF, np.nan), per_token)

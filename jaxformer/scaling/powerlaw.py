@@ -15,16 +15,17 @@ from jaxformer.scaling.allocation import SIX_ND, FlopsPerToken, PowerLawAllocati
 def loglog_fit(C: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Slope and intercept of ln y on ln C along the last axis: ``[..., budgets]`` → ``[...]``, ``[...]``.
 
-    NaN entries of y are left out of their row's fit.
+    NaN entries of y are left out of their row's fit; a row of fewer than two budgets has a NaN slope, silently.
     """
     x = np.broadcast_to(np.log(C), np.shape(y))
     ly = np.log(y)
     ok = np.isfinite(ly)
     n = ok.sum(-1)
-    xm = np.where(ok, x, 0).sum(-1) / n
-    ym = np.where(ok, ly, 0).sum(-1) / n
-    dx = np.where(ok, x - xm[..., None], 0)
-    slope = (dx * np.where(ok, ly - ym[..., None], 0)).sum(-1) / (dx * dx).sum(-1)
+    with np.errstate(invalid="ignore", divide="ignore"):  # 0 / 0: a resample with no point, or one
+        xm = np.where(ok, x, 0).sum(-1) / n
+        ym = np.where(ok, ly, 0).sum(-1) / n
+        dx = np.where(ok, x - xm[..., None], 0)
+        slope = (dx * np.where(ok, ly - ym[..., None], 0)).sum(-1) / (dx * dx).sum(-1)
     return slope, ym - slope * xm
 
 
