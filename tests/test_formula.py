@@ -65,6 +65,15 @@ def test_escape_attempts_are_refused_naming_the_token(formula, token, tmp_path):
     assert not Path("/tmp/pwned").exists()
 
 
+def test_a_refused_token_is_quoted_up_to_40_characters_then_named_by_its_kind():
+    for length, quoted in ((40, True), (41, False)):
+        formula = "N." + "a" * (length - 2)
+        with pytest.raises(FormulaError) as error:
+            check(formula)
+        token = f"{formula!r} (attribute access)" if quoted else "attribute access"
+        assert str(error.value) == f"{token} is not allowed in a formula"
+
+
 @pytest.mark.parametrize("formula", ["10**10**10", "N ** 1e6", "exp(1e6)", "1e400", "1 / (N - N)", "log(-1)", "max()",
                                      "round(N, -10**6)"])  # round(N, -10**9) would build 10**(10**9) first
 def test_arithmetic_that_cannot_be_a_hyperparameter_is_one_error(formula):
@@ -86,8 +95,8 @@ def test_the_limits_hold_exactly_where_they_say():
 
 
 def test_an_integer_too_long_to_print_is_refused_with_its_size():
-    formula = " * ".join(["int(1e308)"] * 15)  # 4600 digits: more than str() of an int may give
-    with pytest.raises(FormulaError, match="evaluates to an integer of about 46[0-9][0-9] digits, past any float"):
+    formula = " * ".join(["int(1e308)"] * 15)  # 4621 digits: more than str() of an int may give
+    with pytest.raises(FormulaError, match="evaluates to an integer of about 4621 digits, past any float"):
         evaluate(formula, VARIABLES)
 
 

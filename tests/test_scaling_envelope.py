@@ -45,19 +45,20 @@ def test_the_envelope_leaves_out_flops_where_the_largest_run_is_best_and_two_siz
 
 
 def test_each_resample_is_the_point_fit_of_the_runs_it_drew():
-    """Six sizes, 300 resamples: a resample's a is the envelope fit of its drawn runs alone, and NaN where that fit
-    is refused (under 2 sizes on its envelope: 99 of them). Those gave a = 0 (a line through one size), which put
-    the 95% interval's low end at 0 instead of 0.20."""
+    """Six sizes, 300 resamples: a resample's power law (a, k_N) is the envelope fit of its drawn runs alone, and
+    NaN where that fit is refused (under 2 sizes on its envelope: 99 of them). Those gave a = 0 (a line through
+    one size), which put the 95% interval's low end at 0 instead of 0.20."""
     table = one_budget(np.geomspace(0.05, 1.0, 6))
     fit = fit_envelope(table, resamples=300, seed=3)
     expected = []
     for counts in resample_counts(len(table), 300, 3):
         try:
-            expected.append(fit_envelope(table.subset(np.flatnonzero(counts > 0))).allocation.a)
+            law = fit_envelope(table.subset(np.flatnonzero(counts > 0))).allocation
+            expected.append((law.a, law.k_N))
         except ValueError:  # "needs at least 2 model sizes on the loss envelope"
-            expected.append(np.nan)
-    np.testing.assert_allclose(fit.samples["a"], expected, rtol=1e-12, atol=0)
-    assert np.isnan(expected).sum() == 99
+            expected.append((np.nan, np.nan))
+    np.testing.assert_allclose(np.stack([fit.samples["a"], fit.samples["k_N"]], 1), expected, rtol=1e-9, atol=0)
+    assert np.isnan(expected).sum() == 2 * 99
     assert fit.stats["a"].low == pytest.approx(0.2028, abs=1e-4) and fit.stats["a"].value == pytest.approx(0.4027,
                                                                                                           abs=1e-4)
 

@@ -55,8 +55,9 @@ def test_the_fit_recovers_a_known_optimum_and_its_power_law(tmp_path):
     assert fit.rule.N0 == 5.5e4  # the sizes' geometric mean 5.48e4, to two figures
     assert fit.rule.c == pytest.approx(float(true_lr(5.5e4)), rel=1e-9)
     assert fit.rule.formula == f"{fit.rule.c:.6g} * (N / 55000) ** -0.3"
-    for N in (1e3, 3e4, 1e7):  # the formula the sweep trains with, in the sweep's own grammar
+    for N in (1e3, 3e4, 1e7):  # the formula the sweep trains with, in the sweep's own grammar; the figure's line
         assert evaluate(fit.rule.formula, {"N": N}) == pytest.approx(float(true_lr(N)), rel=1e-4)
+        assert fit.rule.lr(N) == pytest.approx(float(true_lr(N)), rel=1e-9)
     assert edge_notes(fit) == []
     figure = save(plot_tuning(fit), tmp_path, "tune")[0]
     image = imread(figure)
