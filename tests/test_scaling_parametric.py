@@ -1,6 +1,7 @@
 """Approach 3 on the Chinchilla extraction: the reproduction numbers, the bootstrap, the solver."""
 
 import os
+import re
 import subprocess
 import sys
 import warnings
@@ -193,21 +194,68 @@ def test_a_jobs_result_does_not_depend_on_how_many_jobs_share_the_pool():
     assert np.array_equal(alone.x[0], many.x[61]) and alone.f[0] == many.f[61]
 
 
+def test_the_direction_is_optaxs_lbfgs_bit_for_bit():
+    """The solver's two-loop recursion (`lbfgs._direction`) is optax.scale_by_lbfgs(memory_size=10)'s update op for
+    op: the same bits at each of 25 points (its ring of 10 pairs wraps twice), both compiled. A memory of 11 is
+    off by up to 10x its size."""
+    import optax
+
+    with jax.enable_x64(True):
+        rng = np.random.default_rng(0)
+        reference = optax.scale_by_lbfgs(memory_size=10)
+        x = jnp.asarray(rng.normal(size=5))
+        theirs, ours = reference.init(x), lbfgs._direction_init(x)
+        update, direction = jax.jit(reference.update), jax.jit(lbfgs._direction)
+        for _ in range(25):
+            g = jnp.asarray(rng.normal(size=5))
+            expected, theirs = update(g, theirs, x)
+            d, ours = direction(g, ours, x)
+            assert np.array_equal(np.asarray(d), np.asarray(expected))
+            x = x - 0.1 * expected
+
+
+def test_the_stopping_defaults_are_scipys():
+    """scipy's L-BFGS-B stops on a projected gradient of pgtol = 1e-5 or a relative reduction of factr = 1e7 float64
+    epsilons (2.2e-9): so does the pool by default."""
+    import inspect
+
+    from scipy.optimize import fmin_l_bfgs_b
+
+    scipys, ours = (inspect.signature(f).parameters for f in (fmin_l_bfgs_b, lbfgs.minimize))
+    assert ours["gtol"].default == scipys["pgtol"].default == 1e-5
+    assert ours["ftol"].default == pytest.approx(scipys["factr"].default * np.finfo(np.float64).eps, rel=0.01)
+
+
+def rosenbrock(x, w, data):
+    a, b = data
+    f = w[0] * ((a - x[0]) ** 2 + b * (x[1] - x[0] ** 2) ** 2)
+    g = w[0] * jnp.stack([-2 * (a - x[0]) - 4 * b * x[0] * (x[1] - x[0] ** 2), 2 * b * (x[1] - x[0] ** 2)])
+    return f, g
+
+
+ROSENBROCK = (np.asarray(1.0), np.asarray(100.0))  # its minimum at (1, 1)
+
+
 def test_pool_solver_runs_more_jobs_than_slots():
     """Rosenbrock from 300 starts through 128 slots: every job converges to (1, 1)."""
-
-    def rosenbrock(x, w, data):
-        a, b = data
-        f = w[0] * ((a - x[0]) ** 2 + b * (x[1] - x[0] ** 2) ** 2)
-        g = w[0] * jnp.stack([-2 * (a - x[0]) - 4 * b * x[0] * (x[1] - x[0] ** 2), 2 * b * (x[1] - x[0] ** 2)])
-        return f, g
-
     x0 = np.random.default_rng(0).uniform(-2, 2, (300, 2))
-    sol = lbfgs.minimize(rosenbrock, x0, np.ones((300, 1)), (np.asarray(1.0), np.asarray(100.0)),
-                         gtol=1e-9, ftol=0.0)
+    sol = lbfgs.minimize(rosenbrock, x0, np.ones((300, 1)), ROSENBROCK, gtol=1e-9, ftol=0.0)
     assert sol.converged.all()
     np.testing.assert_allclose(sol.x, 1.0, atol=1e-6)
     assert (sol.iterations > 5).all() and (sol.evaluations >= sol.iterations).all()
+
+
+def test_the_pool_takes_jobs_by_params_starts_and_one_slot_or_more():
+    for x0 in (np.zeros(2), np.zeros((0, 2))):
+        with pytest.raises(ValueError, match=rf"^x0 must be a non-empty \[jobs, params\] array, got shape "
+                                             rf"{re.escape(str(x0.shape))}$"):
+            lbfgs.minimize(rosenbrock, x0, np.ones((len(x0), 1)), ROSENBROCK)
+    with pytest.raises(ValueError, match="^slots must be at least 1, got 0$"):
+        lbfgs.minimize(rosenbrock, np.zeros((3, 2)), np.ones((3, 1)), ROSENBROCK, slots=0)
+    x0 = np.random.default_rng(1).uniform(-2, 2, (3, 2))
+    sol = lbfgs.minimize(rosenbrock, x0, np.ones((3, 1)), ROSENBROCK, slots=1, gtol=1e-9, ftol=0.0)
+    assert sol.converged.all()  # one slot: the three jobs one after another
+    np.testing.assert_allclose(sol.x, 1.0, atol=1e-6)
 
 
 _TWO_DEVICES = """
