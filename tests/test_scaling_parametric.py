@@ -245,7 +245,7 @@ def test_pool_solver_runs_more_jobs_than_slots():
     assert (sol.iterations > 5).all() and (sol.evaluations >= sol.iterations).all()
 
 
-def test_the_pool_takes_jobs_by_params_starts_and_one_slot_or_more():
+def test_the_pool_takes_a_non_empty_jobs_by_params_array_and_one_slot_or_more():
     for x0 in (np.zeros(2), np.zeros((0, 2))):
         with pytest.raises(ValueError, match=rf"^x0 must be a non-empty \[jobs, params\] array, got shape "
                                              rf"{re.escape(str(x0.shape))}$"):

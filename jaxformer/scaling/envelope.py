@@ -10,7 +10,8 @@ evaluation) or ``metrics.jsonl`` files in the run directories.
 
 Uncertainty: runs resampled with replacement (a run drawn at least once is in the
 resample), or the table's bootstrap groups (`RunTable.group`: whole groups drawn, as Approach
-3 does), the envelope and power laws recomputed per resample, in chunks.
+3 does), the envelope and power laws recomputed per resample, in chunks; a resample with fewer
+than two sizes on its envelope, which the point fit would refuse, is left out (NaN).
 """
 
 from __future__ import annotations
