@@ -82,21 +82,23 @@ def test_isoflop_single_budget_is_an_error():
 
 
 def test_frontier_bands_hold_each_law_and_widen_beyond_the_data():
-    """The shaded N_opt bands of the plot: percentiles over each approach's bootstrap laws."""
+    """The shaded N_opt bands of the plot: percentiles over each approach's bootstrap laws (the synthetic sweep has
+    training curves, so Approach 1 has resampled laws too)."""
     from jaxformer.scaling.report import fit_table
 
     report = fit_table(isoflop_sweep(LAW, BUDGETS, noise=0.002), "all", resamples=100, seed=0)
     C = np.geomspace(1e18, 1e25, 8)
     bands = report.frontier_bands(C)
-    assert set(bands) == {"Approach 2", "Approach 3"}
+    assert set(bands) == {"Approach 1", "Approach 2", "Approach 3"}
     for label, (low, high) in bands.items():
         n_opt = report.laws()[label].n_opt(C)
         assert np.all(low < n_opt) and np.all(n_opt < high), label
         inside, beyond = high[1] / low[1], high[-1] / low[-1]  # 1e19 (in the data) and 1e25 (extrapolated)
         assert 1 < inside < beyond, label
-    s = report.approach2.samples
-    expected = np.percentile(s["k_N"] * 1e25 ** s["a"], [2.5, 97.5])
-    assert bands["Approach 2"][0][-1] == pytest.approx(expected[0]) and bands["Approach 2"][1][-1] == pytest.approx(expected[1])
+    for label, fit in (("Approach 2", report.approach2), ("Approach 1", report.approach1)):
+        s = fit.samples
+        expected = np.nanpercentile(s["k_N"] * 1e25 ** s["a"], [2.5, 97.5])
+        assert (bands[label][0][-1], bands[label][1][-1]) == pytest.approx(tuple(expected)), label
 
 
 def test_frontier_bands_take_an_overflowing_resample_without_a_warning():
@@ -115,7 +117,7 @@ def test_frontier_bands_take_an_overflowing_resample_without_a_warning():
 
 def test_an_approach_2_bootstrap_that_kept_no_resample_draws_no_band(tmp_path):
     """Three sizes at each of two budgets: a resample of runs rarely holds all three sizes of both, so ten
-    resamples kept none. The N_opt figure then shades Approach 3 alone (np.nanpercentile of no rows gave one
+    resamples kept none. The N_opt figure then shades Approaches 3 and 1 alone (np.nanpercentile of no rows gave one
     array of K, which fill_between took as K arguments: the sweep's closing fit failed with a TypeError)."""
     from jaxformer.scaling.report import fit_table
 
@@ -123,7 +125,12 @@ def test_an_approach_2_bootstrap_that_kept_no_resample_draws_no_band(tmp_path):
     assert report.approach2.samples["a"].shape == (0,)
     assert "bootstrap: 0 of 10 resamples kept" in report.approach2.warnings[-1]
     bands = report.frontier_bands(np.geomspace(1e18, 1e21, 5))
-    assert list(bands) == ["Approach 3"] and bands["Approach 3"][0].shape == (5,)
+    assert list(bands) == ["Approach 3", "Approach 1"] and bands["Approach 3"][0].shape == (5,)
+    for name in ("a", "k_N"):  # as if no resample had two sizes on its envelope: no band, and no numpy warning
+        report.approach1.samples[name][:] = np.nan
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert list(report.frontier_bands(np.geomspace(1e18, 1e21, 5))) == ["Approach 3"]
     paths = report.write_plots(tmp_path)
     assert (tmp_path / "n_opt.png").stat().st_size > 0 and len(paths) == 8
 

@@ -109,7 +109,7 @@ def test_the_figures_draw_the_tables_runs_and_the_fitted_laws():
     ax, = figures["n_opt"].axes
     laws = report.laws()
     bands = report.frontier_bands(ax.lines[0].get_xdata())
-    assert set(bands) == {"Approach 2", "Approach 3"} and len(ax.lines) == len(laws) + 1
+    assert set(bands) == {"Approach 1", "Approach 2", "Approach 3"} and len(ax.lines) == len(laws) + 1
     for line, (label, fitted) in zip(ax.lines, laws.items()):
         assert line.get_label().startswith(label)
         np.testing.assert_allclose(line.get_ydata(), fitted.n_opt(line.get_xdata()), **close)
@@ -118,7 +118,8 @@ def test_the_figures_draw_the_tables_runs_and_the_fitted_laws():
     np.testing.assert_allclose(chinchilla.get_ydata(), PRESETS["chinchilla"].n_opt(chinchilla.get_xdata()), **close)
     shaded = [c for c in ax.collections if type(c).__name__.endswith("PolyCollection")]
     C = ax.lines[0].get_xdata()
-    for collection, label in zip(shaded, ["Approach 2", "Approach 3"]):
+    assert len(shaded) == 3
+    for collection, label in zip(shaded, ["Approach 1", "Approach 2", "Approach 3"]):
         vertices = collection.get_paths()[0].vertices
         low, high = bands[label]
         for c, lo, hi in zip(C[::9], low[::9], high[::9]):

@@ -82,16 +82,19 @@ class FitReport:
 
     def frontier_bands(self, flops) -> dict[str, tuple[np.ndarray, np.ndarray]]:
         """label → (low, high) ``[budgets]`` percentile band of N_opt at each budget C, from each bootstrapped
-        approach's resampled laws (Approach 3: E, A, B, α, β; Approach 2: a, k_N). An approach none of whose
-        resamples gave a law (Approach 2 when no resample bracketed two budgets' minima) has no band."""
+        approach's resampled laws (Approach 3: E, A, B, α, β; Approaches 2 and 1: a, k_N). An approach none of whose
+        resamples gave a law (Approach 2 when no resample bracketed two budgets' minima, Approach 1 when none had two
+        sizes on its envelope) has no band."""
         C = np.asarray(flops, np.float64)[None]
         found = {}
         if self.approach3 and self.bootstrap3:
             found["Approach 3"] = sample_laws(self.bootstrap3.samples, self.approach3.law.flops).n_opt(C)
         if self.approach2 and self.approach2.samples:
             found["Approach 2"] = sample_allocations(self.approach2.samples, self.approach2.flops).n_opt(C)
+        if self.approach1 and self.approach1.samples:
+            found["Approach 1"] = sample_allocations(self.approach1.samples, self.flops).n_opt(C)
         return {label: tuple(np.nanpercentile(n, percentiles(self.level), axis=0)) for label, n in found.items()
-                if len(n)}
+                if np.isfinite(n).any()}
 
     def outside_intervals(self) -> list[str]:
         """``"Approach k: name value [low, high]"`` for each point estimate outside its own bootstrap interval."""
