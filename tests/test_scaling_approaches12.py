@@ -81,6 +81,16 @@ def test_isoflop_single_budget_is_an_error():
         fit_isoflop(t)
 
 
+def test_all_approaches_on_runs_without_budgets_or_curves_fit_approach_3_and_say_why_not_the_others():
+    from jaxformer.scaling.report import fit_table
+
+    N, D = np.repeat(np.geomspace(1e7, 1e9, 6), 3), np.tile(np.geomspace(1e9, 1e11, 3), 6)
+    report = fit_table(RunTable.from_arrays(N, LAW.loss(N, D), D=D), "all", resamples=0)
+    assert report.approach3 is not None and report.approach2 is None and report.approach1 is None
+    assert report.notes == ["Approach 2 skipped: the runs carry no IsoFLOP budget labels (use --approach 2 to group "
+                            "them by C)", "Approach 1 skipped: the runs carry no training curves"]
+
+
 def test_frontier_bands_hold_each_law_and_widen_beyond_the_data():
     """The shaded N_opt bands of the plot: percentiles over each approach's bootstrap laws (the synthetic sweep has
     training curves, so Approach 1 has resampled laws too)."""
