@@ -118,6 +118,7 @@ def test_the_figures_draw_the_tables_runs_and_the_fitted_laws():
     np.testing.assert_allclose(chinchilla.get_ydata(), PRESETS["chinchilla"].n_opt(chinchilla.get_xdata()), **close)
     shaded = [c for c in ax.collections if type(c).__name__.endswith("PolyCollection")]
     C = ax.lines[0].get_xdata()
+    assert C.min() == pytest.approx(table.C.min() / 3) and C.max() >= 10 * 5.76e23  # the runs' and Chinchilla's
     assert len(shaded) == 3
     for collection, label in zip(shaded, ["Approach 1", "Approach 2", "Approach 3"]):
         vertices = collection.get_paths()[0].vertices
