@@ -196,8 +196,9 @@ def test_a_jobs_result_does_not_depend_on_how_many_jobs_share_the_pool():
 
 def test_the_direction_is_optaxs_lbfgs_bit_for_bit():
     """The solver's two-loop recursion (`lbfgs._direction`) is optax.scale_by_lbfgs(memory_size=10)'s update op for
-    op: the same bits at each of 25 points (its ring of 10 pairs wraps twice), both compiled. A memory of 11 is
-    off by up to 10x its size."""
+    op: the same bits at each of 25 points (its ring of 10 pairs wraps twice) whose gradients' norms span 0.02 to
+    22, the first 0.27 (the first step is scaled by min(1, 1/|g|)), both compiled. A memory of 11 is off by up to
+    10x its size."""
     import optax
 
     with jax.enable_x64(True):
@@ -206,8 +207,8 @@ def test_the_direction_is_optaxs_lbfgs_bit_for_bit():
         x = jnp.asarray(rng.normal(size=5))
         theirs, ours = reference.init(x), lbfgs._direction_init(x)
         update, direction = jax.jit(reference.update), jax.jit(lbfgs._direction)
-        for _ in range(25):
-            g = jnp.asarray(rng.normal(size=5))
+        for k in range(25):
+            g = jnp.asarray(rng.normal(size=5) * (0.3 / 2.4 if k == 0 else 10 ** rng.uniform(-2, 1)))
             expected, theirs = update(g, theirs, x)
             d, ours = direction(g, ours, x)
             assert np.array_equal(np.asarray(d), np.asarray(expected))
@@ -243,6 +244,15 @@ def test_pool_solver_runs_more_jobs_than_slots():
     assert sol.converged.all()
     np.testing.assert_allclose(sol.x, 1.0, atol=1e-6)
     assert (sol.iterations > 5).all() and (sol.evaluations >= sol.iterations).all()
+
+
+def test_each_stopping_test_ends_a_job_on_its_own_tolerance():
+    x0 = np.random.default_rng(2).uniform(-2, 2, (6, 2))
+    by_gradient = lbfgs.minimize(rosenbrock, x0, np.ones((6, 1)), ROSENBROCK, gtol=1e-3, ftol=0.0)
+    by_reduction = lbfgs.minimize(rosenbrock, x0, np.ones((6, 1)), ROSENBROCK, gtol=0.0, ftol=1e-4)
+    assert (by_gradient.status == lbfgs.STATUS.index("gradient")).all()
+    assert (0 < by_gradient.grad_max).all() and (by_gradient.grad_max <= 1e-3).all()  # stopped early, not at (1, 1)
+    assert (by_reduction.status == lbfgs.STATUS.index("reduction")).all()
 
 
 def test_the_pool_takes_a_non_empty_jobs_by_params_array_and_one_slot_or_more():
