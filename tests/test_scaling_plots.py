@@ -110,6 +110,10 @@ def test_the_figures_draw_the_tables_runs_and_the_fitted_laws():
     laws = report.laws()
     bands = report.frontier_bands(ax.lines[0].get_xdata())
     assert set(bands) == {"Approach 1", "Approach 2", "Approach 3"} and len(ax.lines) == len(laws) + 1
+    envelope = _points(next(c for c in ax.collections if c.get_label() == "loss envelope"))
+    fit1 = report.approach1  # its envelope thinned to 25-50 markers, from its first point
+    assert 25 <= len(envelope) < 50 and tuple(envelope[0]) == (fit1.flops[0], fit1.n_opt[0])
+    assert set(map(tuple, envelope)) <= set(zip(fit1.flops, fit1.n_opt))
     for line, (label, fitted) in zip(ax.lines, laws.items()):
         assert line.get_label().startswith(label)
         np.testing.assert_allclose(line.get_ydata(), fitted.n_opt(line.get_xdata()), **close)
