@@ -340,3 +340,5 @@ def test_approaches_2_and_3_agree_where_their_intervals_for_a_overlap(both_fitte
     assert below.agreement()["agree"] is False
     touching = _with_intervals(both_fitted, approach2={"a": Interval(0.6, 0.01, high3, high3 + 0.1)})
     assert touching.agreement()["agree"] is True
+    straddling = _with_intervals(both_fitted, approach3={"a": Interval(0.5, 0.01, (low2 + high2) / 2, high2 + 0.1)})
+    assert straddling.agreement()["agree"] is True  # Approach 3's reaches past Approach 2's upper end
