@@ -46,6 +46,8 @@ from jaxformer.benchmarks.environment import environment
 from jaxformer.benchmarks.outputs import output_file
 from jaxformer.files import write_json_atomic
 from jaxformer.runtime import CACHE_DIR_ENV
+from jaxformer.scaling.bootstrap import RESAMPLES, bootstrap_parametric
+from jaxformer.scaling.parametric import HUBER_DELTA, fit_parametric, hoffmann_grid
 from jaxformer.scaling.table import load_table
 
 DEFAULT_DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "chinchilla_svg_extracted.csv"
@@ -57,7 +59,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--scipy-stride", type=integer(1), default=1, metavar="K",
                         help="scipy runs every K-th start and its time is scaled by K (default 1: all starts)")
     parser.add_argument("--repeats", type=integer(1), default=3, help="warm JAX fits to time (median)")
-    parser.add_argument("--bootstrap", type=integer(0), default=4000, help="resamples in the timed bootstrap (0: skip)")
+    parser.add_argument("--bootstrap", type=integer(0), default=RESAMPLES,
+                        help="resamples in the timed bootstrap (0: skip)")
     parser.add_argument("--scipy-blas-threads", type=int, default=1, metavar="N",
                         help="BLAS threads of the process scipy runs in (default 1; 0: in this process, as the "
                              "libraries default)")
@@ -152,9 +155,6 @@ class _Clock:
 
 
 def run(args: argparse.Namespace) -> int:
-    from jaxformer.scaling.bootstrap import bootstrap_parametric
-    from jaxformer.scaling.parametric import HUBER_DELTA, fit_parametric, hoffmann_grid
-
     table = load_table(args.data).exclude_highest_loss(args.exclude_highest_loss)
     out = output_file(args.out, "--out")
     grid = hoffmann_grid()
