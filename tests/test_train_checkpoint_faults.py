@@ -242,6 +242,7 @@ def test_restoring_another_models_checkpoints_raises_and_moves_nothing(tmp_path)
     checkpointer = Checkpointer(tmp_path / "checkpoints", keep=2)
     for step in (1, 2):
         checkpointer.save(step, {"params": {"w": jnp.full((3, 2), step, jnp.float32)}}, {})
+        assert checkpointer.saving is None and checkpointer.steps()[-1] == step  # synchronous by default: written
     checkpointer.close()
     before = tree_md5s(tmp_path)
     for read_only in (False, True):
@@ -333,3 +334,22 @@ def test_a_path_refused_once_the_run_is_written_fails_the_run_with_an_error_reco
     assert main(["train", config_path, *TINY, "--run-dir", str(tmp_path / "cli")]) == 1
     assert capsys.readouterr().err.strip() == (f"jaxformer train: error: [Errno 13] Permission denied: "
                                                f"'{tmp_path / 'cli' / 'checkpoints' / '4'}'")
+
+
+def test_a_killed_saves_temporary_directory_is_removed_by_training_and_left_by_a_reader(tmp_path):
+    """Orbax writes a step under a temporary name and renames it when whole: a process killed mid-save leaves that
+    directory. A read-only checkpointer (generation, export) leaves it as it is; the next training run removes it."""
+    import jax.numpy as jnp
+
+    from jaxformer.train.checkpoint import Checkpointer
+
+    checkpointer = Checkpointer(tmp_path / "checkpoints", keep=2)
+    checkpointer.save(1, {"params": {"w": jnp.ones((3, 2), jnp.float32)}}, {})
+    checkpointer.close()
+    partial = tmp_path / "checkpoints" / "2.orbax-checkpoint-tmp-1765000000000000"  # Orbax's name for step 2's write
+    partial.mkdir()
+    (partial / "state").write_bytes(b"half")
+    Checkpointer(tmp_path / "checkpoints", keep=2, read_only=True).close()
+    assert (partial / "state").read_bytes() == b"half"
+    Checkpointer(tmp_path / "checkpoints", keep=2).close()
+    assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["1"]

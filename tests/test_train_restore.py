@@ -104,7 +104,8 @@ def test_an_unreadable_newest_step_falls_back_and_stays_in_place(trained, tmp_pa
 
     _corrupt(run_dir / "checkpoints" / "5")
     before = _files(run_dir)
-    with pytest.raises(CheckpointError, match=r"none of the checkpoints \[5, 10\] .*; they were left in place"):
+    with pytest.raises(CheckpointError, match=r"none of the checkpoints \[5, 10\] in .* could be restored \(step 10: "
+                                              r".*\); they were left in place"):  # the newest step's reason
         restore_params(run_dir)
     assert _files(run_dir) == before
 

@@ -207,8 +207,14 @@ def test_checkpoints_keep_last_k_and_fall_back_past_a_corrupt_latest(tmp_path, c
     assert (tmp_path / "corrupt_checkpoints" / "3").is_dir()
 
     (tmp_path / "checkpoints" / "2" / "meta" / "metadata").write_text("{not json")
-    with pytest.raises(CheckpointError, match="none of the checkpoints"):  # never a silent restart from 0
+    with pytest.raises(CheckpointError) as error:  # never a silent restart from 0
         _restore(tmp_path / "checkpoints", abstract)
+    reason = "JSONDecodeError: Expecting property name enclosed in double quotes: line 1 column 2 (char 1)"
+    assert f"checkpoint step 2 is unreadable ({reason}); moving it to" in capsys.readouterr().err
+    assert str(error.value) == (f"none of the checkpoints [2] in {tmp_path / 'checkpoints'} could be restored (step 2: "
+                                f"{reason}); they were moved to {tmp_path / 'corrupt_checkpoints'} (start a new run "
+                                "directory to begin again)")
+    assert sorted(p.name for p in (tmp_path / "corrupt_checkpoints").iterdir()) == ["2", "3"]
     assert _restore(tmp_path / "fresh", abstract) is None
 
 
@@ -244,6 +250,7 @@ def test_an_asynchronous_save_keeps_the_state_it_was_given_while_training_donate
     state = {"params": params, "opt_state": optax.adam(1e-3).init(params), "step": jnp.int32(1)}
     for step in (1, 2, 3):
         checkpointer.save(step, state, {"loader": {"position": step}})
+        assert checkpointer.saving == step  # returned before the write ends (a synchronous save waits: None)
         for _ in range(4):  # training donates the state it just handed to save while the write may be in flight
             state = step_fn(state)
     checkpointer.wait()
@@ -274,3 +281,18 @@ def test_the_state_digest_sees_one_bit_and_compiles_once_per_leaf_shape():
     flipped.view(np.uint32)[36, 4] ^= 1  # the lowest bit of the last element
     assert state_digest({**state, "nu": flipped}) != digest
     assert state_digest({**state, "mu": state["nu"], "nu": state["mu"]}) != digest  # where a value sits counts
+
+
+def test_the_state_digest_is_the_one_checkpoints_were_saved_with():
+    """Every checkpoint holds its state's digest, checked on restore: a digest computed otherwise (another hash,
+    another index order, bool or bfloat16 leaves read another way) would set every checkpoint saved before aside
+    as corrupt. This state's digest is the one the checkpoints of 2026-12 were saved with."""
+    from jaxformer.train.checkpoint import params_digest, state_digests
+
+    values = np.arange(-60, 60, dtype=np.float32) / 7
+    state = {"params": {"w": values.reshape(12, 10), "bf": values.reshape(4, 5, 6).astype(jnp.bfloat16)},
+             "mask": values > 1, "i8": values.astype(np.int8).reshape(2, 60), "step": np.int32(7)}
+    assert state_digests(state) == {
+        "digest": "76be555ee3f536966a0228397a3f62b969585b807233a037714e2ad1e2115624",
+        "params_digest": "f57915aec685742dfee5f49015c1008f742c3d9ced1d7b5564e28b52dff8faeb"}
+    assert params_digest(state["params"]) == state_digests(state)["params_digest"]  # read without the rest
