@@ -250,3 +250,41 @@ def test_excluding_runs_keeps_the_other_runs_curves(tmp_path):
         np.testing.assert_array_equal(kept.curve_loss[kept.curve_run == r], source.curve_loss[source.curve_run == original])
         np.testing.assert_array_equal(kept.curve_tokens[kept.curve_run == r],
                                       source.curve_tokens[source.curve_run == original])
+
+
+def test_excluding_the_k_highest_losses_drops_exactly_those_and_k_stays_below_the_run_count():
+    table = RunTable.from_arrays([1e6, 2e6, 4e6, 8e6], [3.0, 3.4, 2.9, 3.2], D=[1e7] * 4)
+    assert table.exclude_highest_loss(0) is table
+    np.testing.assert_array_equal(table.exclude_highest_loss(1).loss, [3.0, 2.9, 3.2])  # in their order
+    np.testing.assert_array_equal(table.exclude_highest_loss(3).N, [4e6])
+    for k in (-1, 4):
+        with pytest.raises(ValueError, match=rf"^exclude_highest_loss must be in \[0, 3\], got {k}$"):
+            table.exclude_highest_loss(k)
+
+
+@pytest.mark.parametrize("text", ["params,tokens,loss\n", "params,tokens,loss,status\n1e6,2e7,,failed\n"])
+def test_a_table_without_rows_or_finished_runs_has_no_rows(tmp_path, text):
+    path = tmp_path / "results.csv"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=rf"^{path}: the table has no rows$"):
+        load_table(path)
+
+
+def test_a_long_form_table_of_flops_has_curves_in_tokens_and_one_n_per_run(tmp_path):
+    """Without a tokens column each evaluation's tokens are its FLOPs over 6N; a run whose rows disagree on N, by one
+    parameter even, is refused."""
+    path = tmp_path / "curves.csv"
+    path.write_text("run,N,flops,loss\na,1000,6e6,4.0\na,1000,1.2e7,3.5\nb,2000,1.2e7,3.8\nb,2000,2.4e7,3.3\n")
+    t = load_table(path)
+    np.testing.assert_array_equal(t.D, [2000.0, 2000.0])
+    np.testing.assert_array_equal(t.curve_tokens, [1000.0, 2000.0, 1000.0, 2000.0])
+    path.write_text("run,N,flops,loss\na,1000,6e6,4.0\na,1001,1.2e7,3.5\nb,2000,1.2e7,3.8\n")
+    with pytest.raises(ValueError, match="run 'a' has more than one N"):
+        load_table(path)
+
+
+def test_the_canonical_order_keeps_each_runs_budget_with_it():
+    table = RunTable.from_arrays([4e6, 1e6, 2e6], [3.0, 3.2, 3.1], C=[1e15, 2e15, 3e15], budget=[1e15, 2e15, 3e15])
+    canonical = table.canonical()
+    np.testing.assert_array_equal(canonical.N, [1e6, 2e6, 4e6])
+    np.testing.assert_array_equal(canonical.budget, canonical.C)
