@@ -4,6 +4,7 @@ process and without training."""
 
 import re
 
+import numpy as np
 import pytest
 import yaml
 
@@ -15,7 +16,7 @@ from jaxformer.sweep.launch import plan_table
 from jaxformer.sweep.plan import SHAPE_FIELDS, plan_runs
 from jaxformer.sweep.planned_fields import SIZE_FIELDS
 from jaxformer.sweep.sizing import ShapeRule, shape_for_params
-from jaxformer.sweep.spec import load_spec
+from jaxformer.sweep.spec import CenterSpec, load_spec
 from sweep_helpers import TINY, variant
 
 
@@ -257,3 +258,86 @@ def test_a_spec_kept_as_its_sweeps_spec_yaml_is_left_as_written(tmp_path):
     assert (out / "spec.yaml").read_text() == text and (out / "plan.json").is_file()
     prepare_directory(spec, plan_runs(spec), tmp_path / "elsewhere", spec_file=str(out / "spec.yaml"))
     assert load_spec(tmp_path / "elsewhere" / "spec.yaml") == spec
+
+
+_ISO = {"budgets": [1e9, 2e9], "params": [8e3, 16e3], "flops": "6ND"}
+_CENTER = {"n_opt": 1e4, "budget": 1e9}
+_FIT3 = {"approaches": [2, 3]}
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"grid": {"params": [8e3], "tokens": [1e5]}}, "a sweep needs exactly one of 'isoflop' or 'grid'"),
+    ({"isoflop": None}, "a sweep needs exactly one of 'isoflop' or 'grid'"),
+    ({"isoflop": {**_ISO, "budgets": [1e9, 0.0]}}, "isoflop.budgets must hold positive numbers, got 0.0"),
+    ({"isoflop": {**_ISO, "params": [8e3, -1.0]}}, "isoflop.params must hold positive numbers, got -1.0"),
+    ({"isoflop": None, "grid": {"params": [8e3], "tokens": [-1e5]}},
+     "grid.tokens must hold positive numbers, got -100000.0"),
+    ({"isoflop": None, "grid": {"params": [8e3], "tokens": []}}, "the sweep's size and budget lists must not be empty"),
+    ({"isoflop": {**_ISO, "budgets": []}}, "the sweep's size and budget lists must not be empty"),
+    ({"isoflop": {**_ISO, "params": []}},
+     "isoflop needs exactly one of params (a list of sizes) or center (sizes per budget)"),
+    ({"isoflop": {**_ISO, "center": _CENTER}},
+     "isoflop needs exactly one of params (a list of sizes) or center (sizes per budget)"),
+    ({"isoflop": {"budgets": [1e9], "center": {**_CENTER, "n_opt": 0.0}}},
+     "isoflop.center.n_opt must be positive, got 0.0"),
+    ({"isoflop": {"budgets": [1e9], "center": {**_CENTER, "budget": -1e9}}},
+     "isoflop.center.budget must be positive, got -1000000000.0"),
+    ({"isoflop": {"budgets": [1e9], "center": {**_CENTER, "span": -2.0}}},
+     "isoflop.center.span must be positive, got -2.0"),
+    ({"isoflop": {"budgets": [1e9], "center": {**_CENTER, "sizes": 0}}},
+     "isoflop.center.sizes must be positive, got 0"),
+    ({"seeds": []}, "seeds must list at least one seed"),
+    ({"seeds": [0, -1]}, "seeds must be non-negative (each run's train.seed), got [0, -1]"),
+    ({"isoflop": {**_ISO, "repeat": {"budget": 1e9, "seeds": [-2]}}},
+     "isoflop.repeat.seeds must be non-negative (each run's train.seed), got [-2]"),
+    ({"isoflop": {**_ISO, "repeat": {"budget": 3e9}}},
+     "isoflop.repeat.budget must be one of isoflop.budgets, got 3e+09"),
+    ({"verify": {}}, "verify needs a fit with Approach 3 (fit.approaches), whose law predicts the loss"),
+    ({"fit": {"approaches": [2]}, "verify": {}},
+     "verify needs a fit with Approach 3 (fit.approaches), whose law predicts the loss"),
+    ({"fit": {"approaches": [1, 3]}, "verify": {"approach": 1}},
+     "verify.approach must be 2 or 3 and among fit.approaches, got 1"),
+    ({"fit": {"approaches": [3]}, "verify": {"approach": 2}},
+     "verify.approach must be 2 or 3 and among fit.approaches, got 2"),
+    ({"fit": _FIT3, "verify": {"factor": 0.0}}, "verify.factor must be positive, got 0.0"),
+    ({"fit": _FIT3, "verify": {"budget": -1e12}}, "verify.budget must be positive, got -1000000000000.0"),
+    ({"fit": _FIT3, "verify": {"sizes": [0.5, 2.0]}},
+     "verify.sizes must be positive multiples of N_opt including 1, got [0.5, 2.0]"),
+    ({"fit": _FIT3, "verify": {"sizes": [1.0, -2.0]}},
+     "verify.sizes must be positive multiples of N_opt including 1, got [1.0, -2.0]"),
+    ({"fit": _FIT3, "verify": {"sizes": [1.0, 0.0]}},
+     "verify.sizes must be positive multiples of N_opt including 1, got [1.0, 0.0]"),
+    ({"fit": _FIT3, "verify": {"seeds": []}}, "verify.seeds must list one or more distinct seeds, got []"),
+    ({"fit": _FIT3, "verify": {"seeds": [3, 3]}}, "verify.seeds must list one or more distinct seeds, got [3, 3]"),
+    ({"fit": _FIT3, "verify": {"seeds": [-1]}},
+     "verify.seeds must be non-negative (each run's train.seed), got [-1]"),
+    ({"hyperparameters": {"trainer.lr": 1e-3}}, "hyperparameters.trainer.lr: not a training config field"),
+    ({"hyperparameters": {"optimizer": 1e-3}}, "hyperparameters.optimizer: each key names one field, dotted, with a "
+                                               "number or formula (e.g. optimizer.lr: \"3e-3 * (N / 1e4) ** -0.25\"), "
+                                               "not a section"),
+    ({"hyperparameters": {"optimizer.lr": {"peak": 1e-3}}}, "hyperparameters.optimizer.lr: each key names one field, "
+                                                            "dotted, with a number or formula (e.g. optimizer.lr: "
+                                                            "\"3e-3 * (N / 1e4) ** -0.25\"), not a section"),
+])
+def test_each_bad_spec_section_is_refused_at_load_naming_its_field(tmp_path, changes, message):
+    with pytest.raises(ValueError) as error:
+        load_spec(variant(tmp_path, "bad", **changes))
+    assert str(error.value) == message
+
+
+def test_sizes_centred_on_a_prior_law_are_log_spaced_over_the_span_and_one_size_is_the_centre(tmp_path):
+    center = CenterSpec(n_opt=1e4, budget=1e9, span=16.0, sizes=5)
+    assert center.step == 2.0
+    np.testing.assert_allclose(center.targets(1e9), [2.5e3, 5e3, 1e4, 2e4, 4e4], rtol=1e-12)
+    np.testing.assert_allclose(center.targets(4e9), [5e3, 1e4, 2e4, 4e4, 8e4], rtol=1e-12)  # N_opt ∝ C^0.5
+    assert CenterSpec(n_opt=1e4, budget=1e9, sizes=1).targets(1e9) == [1e4]
+    assert load_spec(variant(tmp_path, "one", isoflop={"budgets": [1e9], "center": {**_CENTER, "sizes": 1}}))
+    adapt = {"budgets": [1e9], "center": {**_CENTER, "sizes": 3, "span": 1.5}, "adapt": True}
+    assert load_spec(variant(tmp_path, "narrow", isoflop=adapt)).isoflop.center.step == pytest.approx(1.5 ** 0.5)
+
+
+def test_a_verify_section_of_distinct_seeds_and_sizes_with_1_loads(tmp_path):
+    verify = load_spec(variant(tmp_path, "verify", fit=_FIT3, verify={"seeds": [0, 1], "sizes": [0.5, 1]})).verify
+    assert (verify.seeds, verify.sizes, verify.factor, verify.approach) == ([0, 1], [0.5, 1.0], 3.0, 3)
+    inside = load_spec(variant(tmp_path, "inside", fit=_FIT3, verify={"factor": 0.5})).verify  # between the budgets
+    assert inside.factor == 0.5

@@ -337,6 +337,10 @@ def test_a_beta2_and_batch_grid_chooses_one_pair_applies_it_and_fits_the_rule_on
 
 @pytest.mark.parametrize(("tune", "message"), [
     ({**GOOD, "budget": -1}, "tune.budget must be a positive number of FLOPs, got -1"),
+    ({**GOOD, "budget": 0}, "tune.budget must be a positive number of FLOPs, got 0"),
+    ({**GOOD, "params": [-8e3, 16e3]}, "tune.params must list two or more distinct positive sizes, got [-8000.0, "),
+    ({**GOOD, "params": [0, 16e3]}, "tune.params must list two or more distinct positive sizes, got [0.0, 16000.0]"),
+    ({**GOOD, "lr": [0, 1e-3, 3e-3]}, "tune.lr must list three or more distinct positive learning rates, got [0.0, "),
     ({**GOOD, "params": [8e3]}, "tune.params must list two or more distinct positive sizes, got [8000.0]"),
     ({**GOOD, "lr": [1e-3, 3e-3]}, "tune.lr must list three or more distinct positive learning rates, got [0.001, 0.003]"),
     ({**GOOD, "lr": [1e-3, 3e-3, -1]}, "tune.lr must list three or more distinct positive"),
@@ -348,6 +352,14 @@ def test_bad_tune_sections_name_the_field_and_value(tmp_path, tune, message):
     with pytest.raises(ValueError) as error:
         load_spec(tuned_spec(tmp_path, tune=tune))
     assert message in str(error.value) and "\n" not in str(error.value)
+
+
+def test_a_tune_section_at_the_edges_of_its_ranges_loads(tmp_path):
+    """beta2 0 and a batch of 1 are in range; a beta2 the tuning stage does not tune may be a hyperparameter."""
+    spec = load_spec(tuned_spec(tmp_path, "edges", tune={**GOOD, "beta2": [0.0, 0.95], "batch_size": [1, 8]}))
+    assert (spec.tune.beta2, spec.tune.batch_size) == ([0.0, 0.95], [1, 8])
+    spec = load_spec(tuned_spec(tmp_path, "beta2", hyperparameters={"optimizer.beta2": 0.99}))
+    assert spec.hyperparameters == {"optimizer.beta2": 0.99} and spec.tune.beta2 == []
 
 
 @pytest.mark.parametrize(("command", "changes", "message"), [
