@@ -1,5 +1,6 @@
 """Approach 3 on the Chinchilla extraction: the reproduction numbers, the bootstrap, the solver."""
 
+import functools
 import os
 import re
 import subprocess
@@ -256,6 +257,59 @@ def test_each_stopping_test_ends_a_job_on_its_own_tolerance():
     assert (by_reduction.status == lbfgs.STATUS.index("reduction")).all()
 
 
+def shifted_quadratic(x, w, data):
+    shift, curvature = data
+    return shift + jnp.sum(curvature * x * x), 2 * curvature * x
+
+
+def test_the_reduction_test_is_relative_to_the_objective_as_scipys():
+    """scipy's factr test divides a step's reduction by max(|f_k|, |f_k+1|, 1): around f = 1e6, a job stops at the
+    first step whose reduction is within 1e-9 of f (here 3e-4), not one within 1e-9 absolute. Its objective after
+    k − 1 and k − 2 steps is read from runs capped at those iterations (the path does not depend on the cap)."""
+    x0 = np.random.default_rng(3).uniform(-2, 2, (1, 3))
+    data = (np.asarray(1e6), np.array([1.0, 10.0, 100.0]))
+    solve = functools.partial(lbfgs.minimize, shifted_quadratic, x0, np.ones((1, 1)), data, slots=1, gtol=0.0,
+                              ftol=1e-9)
+    full = solve()
+    k = int(full.iterations[0])
+    assert full.status[0] == lbfgs.STATUS.index("reduction") and k > 5
+    f0, f1, f2 = solve(max_iter=k - 2).f[0], solve(max_iter=k - 1).f[0], full.f[0]
+    assert (f1 - f2) / f1 <= 1e-9 < (f0 - f1) / f0 and f1 - f2 > 1e-4
+
+
+def uphill(x, w, data):  # its gradient points the wrong way: no step along the direction decreases it
+    return jnp.sum(x * x), -2 * x
+
+
+def test_a_job_that_cannot_converge_ends_with_the_status_that_says_why():
+    x0, rows = np.array([[1.0, 2.0]]), np.ones((1, 1))
+    no_descent = lbfgs.minimize(uphill, x0, rows, 0, slots=1)
+    assert no_descent.status[0] == lbfgs.STATUS.index("line search") and no_descent.iterations[0] == 0
+    assert np.array_equal(no_descent.x, x0) and no_descent.evaluations[0] > 10  # backtracked to a vanishing step
+    infinite = lbfgs.minimize(shifted_quadratic, x0, rows, (np.asarray(np.inf), np.ones(2)), slots=1)
+    assert (infinite.status[0], infinite.evaluations[0]) == (lbfgs.STATUS.index("non-finite start"), 1)
+    capped = lbfgs.minimize(shifted_quadratic, x0, rows, (np.asarray(0.0), np.array([1.0, 100.0])), slots=1,
+                            max_iter=2, gtol=0.0, ftol=0.0)
+    assert (capped.status[0], capped.iterations[0]) == (lbfgs.STATUS.index("max iterations"), 2)
+    assert not (no_descent.converged | infinite.converged | capped.converged).any()
+
+
+@pytest.mark.parametrize(("x0", "curvature", "evaluations"), [
+    (0.3, 5.0, 3),  # the unit step overshoots to −0.7; the quadratic's minimum is at the step 0.3
+    (0.49999, 5.0, 3),  # the unit step raises the objective by 1e-4 only: rejected too (Armijo asks a decrease)
+    (0.03, 50.0, 4),  # the minimum at 0.03 lies below the first backtrack's floor (0.1): the second reaches it
+    (0.1, 2.0, 3),  # |g| = 0.4 < 1: the first step is −g itself, to −0.3; the minimum at the step 0.25
+])
+def test_a_rejected_step_backtracks_to_the_minimum_of_the_quadratic_through_it(x0, curvature, evaluations):
+    """c·x² + 7 from x0: the first step (steepest descent capped at unit length, as Optax's) is rejected, and the
+    quadratic through f(x0), its slope and the rejected trial has its minimum where the objective's is (a
+    quadratic): the backtrack (kept within 0.1–0.5 of the step) lands on x = 0, in one iteration."""
+    sol = lbfgs.minimize(shifted_quadratic, np.array([[x0]]), np.ones((1, 1)), (np.asarray(7.0), np.array([curvature])),
+                         slots=1)
+    assert abs(sol.x[0, 0]) < 1e-15 and sol.f[0] == 7.0
+    assert (sol.evaluations[0], sol.iterations[0], sol.status[0]) == (evaluations, 1, lbfgs.STATUS.index("gradient"))
+
+
 def test_the_pool_takes_a_non_empty_jobs_by_params_array_and_one_slot_or_more():
     for x0 in (np.zeros(2), np.zeros((0, 2))):
         with pytest.raises(ValueError, match=rf"^x0 must be a non-empty \[jobs, params\] array, got shape "
@@ -281,10 +335,16 @@ assert jax.local_device_count() == 2
 rng = np.random.default_rng(0)
 x0, w = rng.uniform(-2, 2, (301, 3)), rng.uniform(0.5, 2.0, (301, 1))
 target = np.array([1.0, -2.0, 3.0])
+deal, dealt = lbfgs._deal, []  # how many devices each call deals its jobs to
+lbfgs._deal = lambda a, n, per: dealt.append(n) or deal(a, n, per)
 one, two = (lbfgs.minimize(scaled_quadratic, x0, w, target, slots=16, devices=d) for d in (1, 2))
 for name in ("x", "f", "grad_max", "iterations", "evaluations", "status"):
     assert np.array_equal(getattr(one, name), getattr(two, name)), name
 np.testing.assert_allclose(two.x, w * target, atol=1e-5)
+for jobs in (301, 17, 16):  # by default every device, but no more than one per 16 slots' worth of jobs
+    lbfgs.minimize(scaled_quadratic, x0[:jobs], w[:jobs], target, slots=16)
+assert dealt == [1, 1, 2, 2, 2, 2, 2, 2, 1, 1], dealt  # each call deals the starts and the rows
+lbfgs._deal = deal
 print("ok")
 print(lbfgs.minimize(value_and_grad, *SWEEP).x.tobytes().hex())  # the objective's sums: as the test's process
 """
