@@ -121,3 +121,14 @@ def test_a_cpu_layout_is_the_measured_one_where_it_is_usable_else_one_run_per_co
     if layout is None:
         layout = (6, 1, default.format(f" ({file} holds no usable layout)" if saved is not None else ""))
     assert launch.choose_layout(None, None) == (*layout[:2], layout[2].format(file=file))
+
+
+@pytest.mark.parametrize("flags, layout", [
+    ((3, None), (3, 1, "from the command line")),  # single-threaded runs, as many as asked
+    ((None, 2), (6, 2, "from the command line")),  # one run per core, of two threads each
+    ((2, 0), (2, 0, "from the command line")),  # threads 0: no limit
+])
+def test_a_cpu_layout_from_the_command_line_fills_in_what_it_leaves_out(monkeypatch, flags, layout):
+    monkeypatch.setattr(launch, "local_accelerators", lambda: None)
+    monkeypatch.setattr(launch.os, "cpu_count", lambda: 6)
+    assert launch.choose_layout(*flags) == layout

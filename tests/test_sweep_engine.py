@@ -203,9 +203,11 @@ def test_a_lone_run_gets_every_core_unless_it_resumes(tmp_path):
     """The last run left of a launch trains on all of the layout's cores when it starts afresh; one resuming from
     its checkpoints (a branch from its trunk's) keeps a worker's thread count, so that its resume is bit-exact."""
     assert lone_threads(tmp_path, ["fresh"], workers=2, threads=1) == 2
+    assert lone_threads(tmp_path, ["fresh"], workers=3, threads=2) == 6
     checkpointer = Checkpointer(tmp_path / "runs" / "resuming" / "checkpoints", keep=1)
     checkpointer.save(20, {"w": np.zeros(3, np.float32)}, {"loader": {}})
     checkpointer.close()
     assert RunPaths(tmp_path, "resuming").state() == "partial"
     assert lone_threads(tmp_path, ["resuming"], workers=2, threads=1) == 1
+    assert lone_threads(tmp_path, ["resuming"], workers=3, threads=2) == 2
     assert lone_threads(tmp_path, ["fresh", "resuming"], workers=2, threads=1) == 1  # a group with one resuming

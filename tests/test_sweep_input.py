@@ -19,6 +19,10 @@ from jaxformer.sweep.sizing import ShapeRule, shape_for_params
 from jaxformer.sweep.spec import CenterSpec, load_spec
 from sweep_helpers import TINY, variant
 
+_ISO = {"budgets": [1e9, 2e9], "params": [8e3, 16e3], "flops": "6ND"}
+_CENTER = {"n_opt": 1e4, "budget": 1e9}
+_FIT3 = {"approaches": [2, 3]}
+
 
 @pytest.mark.parametrize("fit, message", [
     ({"bootstrap": -5}, "fit.bootstrap must be 0 (no intervals) or at least 2 resamples, got -5"),
@@ -100,6 +104,41 @@ def test_the_dry_run_table_keeps_wide_values_apart(tmp_path):
     ends = [[match.end() for match in re.finditer(r"\S+", line)] for line in (header, row)]
     assert ends[1][1:] == ends[0][1:6]  # each value right-aligned under its heading
     assert float(row.split()[4]) == pytest.approx(1e15 / (6 * 8_240 ** 2), rel=1e-4)  # tokens per parameter, C/(6N²)
+
+
+def test_the_dry_run_estimates_each_run_from_one_probe_per_shape(tmp_path, monkeypatch):
+    """A run's minutes are the probe's compile plus its steps at the probe's pace (a measurement replaced here by
+    fixed timings, 1.2 s to compile and 10 ms or 0.6 s a step): to a tenth of a minute, or two digits under it."""
+    from jaxformer.train import throughput
+
+    probed = []
+
+    def timing(config, *, steps):
+        probed.append((config.model.num_layers, config.model.d_model, steps))
+        return throughput.StepTiming(1.2, 0.01 if config.model.num_layers == 1 else 0.6, 256, 1e6)
+
+    monkeypatch.setattr(throughput, "time_train_step", timing)
+    runs = plan_runs(load_spec(TINY))  # 79 and 158 steps at N = 8,240 (1 × 16), 39 and 79 at 16,496 (3 × 16)
+    lines = plan_table(runs, workers=2, probe=True).splitlines()
+    assert sorted(probed) == [(1, 16, 3), (3, 16, 3)]
+    minutes = {line.split()[0]: line.split()[-1] for line in lines[1:5]}
+    assert minutes == {"C1e09-N8240-s0": "0.033", "C1e09-N16496-s0": "0.4", "C2e09-N8240-s0": "0.046",
+                       "C2e09-N16496-s0": "0.8"}  # (1.2 + 79 × 0.01) / 60, (1.2 + 39 × 0.6) / 60 …
+    assert lines[5].endswith(", about 1.3 run-minutes: ETA ≈ 0.6 min on 2 workers")
+
+
+def test_the_dry_run_says_what_adapt_may_add_and_which_runs_train_together(tmp_path):
+    repeat = {"budget": 1e9, "seeds": [5, 6]}  # three seeds at 1e9, one at 2e9
+    spec = load_spec(variant(tmp_path, "seeds", seeds=[0], isoflop={**_ISO, "repeat": repeat}))
+    lines = plan_table(plan_runs(spec), workers=2, probe=False, adapt_limit=2, together=True).splitlines()
+    assert lines[-2] == ("adapt: on, up to 2 more sizes per budget beyond the edge where its minimum lies (at most 8 "
+                         "more runs, about 1e+10 FLOPs), trained after these")  # 2 × (3 + 1) seeds; 2 × (3e9 + 2e9)
+    assert lines[-1] == "together: 8 runs in 4 worker requests, each group one program (2 of 3 runs)"
+    two = load_spec(variant(tmp_path, "two", seeds=[0, 1], isoflop={**_ISO, "repeat": {"budget": 1e9, "seeds": [5]}}))
+    assert plan_table(plan_runs(two), workers=2, probe=False, together=True).splitlines()[-1] == (
+        "together: 10 runs in 4 worker requests, each group one program (4 of 2–3 runs)")
+    assert plan_table(plan_runs(load_spec(TINY)), workers=2, probe=False, together=True).splitlines()[-1] == (
+        "together: no runs of the 4 can share a program (none differ only in lr schedule or seed)")
 
 
 def test_formulas_see_the_budget_as_c_and_its_tokens_as_d(tmp_path):
@@ -259,10 +298,6 @@ def test_a_spec_kept_as_its_sweeps_spec_yaml_is_left_as_written(tmp_path):
     prepare_directory(spec, plan_runs(spec), tmp_path / "elsewhere", spec_file=str(out / "spec.yaml"))
     assert load_spec(tmp_path / "elsewhere" / "spec.yaml") == spec
 
-
-_ISO = {"budgets": [1e9, 2e9], "params": [8e3, 16e3], "flops": "6ND"}
-_CENTER = {"n_opt": 1e4, "budget": 1e9}
-_FIT3 = {"approaches": [2, 3]}
 
 
 @pytest.mark.parametrize("changes, message", [
