@@ -132,3 +132,19 @@ def test_a_cpu_layout_from_the_command_line_fills_in_what_it_leaves_out(monkeypa
     monkeypatch.setattr(launch, "local_accelerators", lambda: None)
     monkeypatch.setattr(launch.os, "cpu_count", lambda: 6)
     assert launch.choose_layout(*flags) == layout
+
+
+def test_a_ray_address_is_checked_at_its_own_host_and_port():
+    """A TCP connection to ``[ray://]host:port`` before Ray is asked (Ray retries for minutes): a listener on
+    127.0.0.2 is reached there, not at 127.0.0.1; an empty host is 127.0.0.1."""
+    import socket
+
+    from jaxformer.sweep.executors import _check_reachable
+
+    for host in ("127.0.0.2", "127.0.0.1"):
+        with socket.create_server((host, 0)) as server:
+            port = server.getsockname()[1]
+            for address in (f"{host}:{port}", f"ray://{host}:{port}") + ((f":{port}",) if host == "127.0.0.1" else ()):
+                _check_reachable(address)
+    with pytest.raises(ValueError, match=rf"^cannot reach Ray at --ray-address '127.0.0.1:{port}': "):
+        _check_reachable(f"127.0.0.1:{port}", timeout_s=1.0)  # its listener closed
