@@ -266,8 +266,9 @@ def test_excluding_the_k_highest_losses_drops_exactly_those_and_k_stays_below_th
 def test_a_table_without_rows_or_finished_runs_has_no_rows(tmp_path, text):
     path = tmp_path / "results.csv"
     path.write_text(text)
-    with pytest.raises(ValueError, match=rf"^{path}: the table has no rows$"):
+    with pytest.raises(ValueError) as error:
         load_table(path)
+    assert str(error.value) == f"{path}: the table has no rows"
 
 
 def test_a_long_form_table_of_flops_has_curves_in_tokens_and_one_n_per_run(tmp_path):

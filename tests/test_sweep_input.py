@@ -106,7 +106,7 @@ def test_the_dry_run_table_keeps_wide_values_apart(tmp_path):
     assert float(row.split()[4]) == pytest.approx(1e15 / (6 * 8_240 ** 2), rel=1e-4)  # tokens per parameter, C/(6N²)
 
 
-def test_the_dry_run_estimates_each_run_from_one_probe_per_shape(tmp_path, monkeypatch):
+def test_the_dry_run_estimates_each_run_from_one_probe_per_shape(monkeypatch):
     """A run's minutes are the probe's compile plus its steps at the probe's pace (a measurement replaced here by
     fixed timings, 1.2 s to compile and 10 ms or 0.6 s a step): to a tenth of a minute, or two digits under it."""
     from jaxformer.train import throughput
@@ -299,7 +299,6 @@ def test_a_spec_kept_as_its_sweeps_spec_yaml_is_left_as_written(tmp_path):
     assert load_spec(tmp_path / "elsewhere" / "spec.yaml") == spec
 
 
-
 @pytest.mark.parametrize("changes, message", [
     ({"grid": {"params": [8e3], "tokens": [1e5]}}, "a sweep needs exactly one of 'isoflop' or 'grid'"),
     ({"isoflop": None}, "a sweep needs exactly one of 'isoflop' or 'grid'"),
@@ -366,7 +365,8 @@ def test_sizes_centred_on_a_prior_law_are_log_spaced_over_the_span_and_one_size_
     np.testing.assert_allclose(center.targets(1e9), [2.5e3, 5e3, 1e4, 2e4, 4e4], rtol=1e-12)
     np.testing.assert_allclose(center.targets(4e9), [5e3, 1e4, 2e4, 4e4, 8e4], rtol=1e-12)  # N_opt ∝ C^0.5
     assert CenterSpec(n_opt=1e4, budget=1e9, sizes=1).targets(1e9) == [1e4]
-    assert load_spec(variant(tmp_path, "one", isoflop={"budgets": [1e9], "center": {**_CENTER, "sizes": 1}}))
+    one = load_spec(variant(tmp_path, "one", isoflop={"budgets": [1e9], "center": {**_CENTER, "sizes": 1}}))
+    assert one.isoflop.targets(4e9) == [2e4]
     adapt = {"budgets": [1e9], "center": {**_CENTER, "sizes": 3, "span": 1.5}, "adapt": True}
     assert load_spec(variant(tmp_path, "narrow", isoflop=adapt)).isoflop.center.step == pytest.approx(1.5 ** 0.5)
 
