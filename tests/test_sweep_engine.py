@@ -211,3 +211,17 @@ def test_a_lone_run_gets_every_core_unless_it_resumes(tmp_path):
     assert lone_threads(tmp_path, ["resuming"], workers=2, threads=1) == 1
     assert lone_threads(tmp_path, ["resuming"], workers=3, threads=2) == 2
     assert lone_threads(tmp_path, ["fresh", "resuming"], workers=2, threads=1) == 1  # a group with one resuming
+
+
+def test_a_run_whose_worker_dies_at_every_attempt_is_recorded_failed_after_two(tmp_path):
+    """A worker process that cannot even start (its Python home missing) dies at each attempt: the run is given to a
+    fresh one once, then recorded as failed with the exit status, not retried for ever."""
+    worker = worker_module.WarmWorker({**os.environ, "PYTHONHOME": str(tmp_path / "missing")},
+                                      tmp_path / "logs" / "worker-0.log")
+    outcome = worker.train(tmp_path, "r1")
+    assert worker.started == worker_module.ATTEMPTS == 2
+    reason = "its worker died 2 times (exit status 1); last output: exit status 1"
+    assert (outcome.status, outcome.reason) == ("failed", reason)
+    record = json.loads((tmp_path / "status" / "r1.json").read_text())
+    assert (record["status"], record["reason"], record["returncode"]) == ("failed", reason, 1)
+    assert RunPaths(tmp_path, "r1").state() == "failed"
