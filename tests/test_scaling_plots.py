@@ -100,9 +100,16 @@ def test_the_figures_draw_the_tables_runs_and_the_fitted_laws():
     np.testing.assert_allclose(D, law.d_opt(C), rtol=1e-9)
     assert C.min() < table.C.min() and C.max() > table.C.max()
     np.testing.assert_allclose(_rows(_points(ax.collections[-1])), _rows(np.column_stack([table.N, table.D])), **close)
+    (n_lo, n_hi), (d_lo, d_hi) = (table.N.min() / 3, table.N.max() * 3), (table.D.min() / 3, table.D.max() * 3)
+    assert ax.get_xlim() == pytest.approx((n_lo, n_hi), rel=1e-12) and ax.get_ylim() == pytest.approx((d_lo, d_hi))
+    ends = law.flops(n_lo) * d_lo, law.flops(n_hi) * d_hi  # the frontier spans the corners' budgets
+    assert (C[0], C[-1]) == pytest.approx(ends, rel=1e-9)
+    for line, c in zip(ax.lines[1:], np.geomspace(*ends, 9)[1:-1], strict=True):  # the dashed iso-FLOP lines
+        np.testing.assert_allclose(law.flops(line.get_xdata()) * line.get_ydata(), c, rtol=1e-9)
 
     observed = np.log(table.loss) - np.log(law.E + law.A / table.N**law.alpha + law.B / table.D**law.beta)
     for ax, x in zip(figures["residuals"].axes[:2], (table.C, table.N)):
+        assert list(ax.lines[0].get_ydata()) == [0, 0]  # the zero line
         np.testing.assert_allclose(_rows(_points(ax.collections[0])), _rows(np.column_stack([x, observed])),
                                    rtol=1e-9, atol=1e-15)
 
