@@ -53,6 +53,14 @@ def test_a_figure_whose_write_fails_midway_leaves_none_written_and_the_old_ones_
     assert all(contents[name].startswith(b"<?xml") for name in names[1::2])
 
 
+def test_a_directory_where_a_figure_goes_is_refused_before_any_figure_is_written(tmp_path):
+    (tmp_path / "last.svg").mkdir()
+    with pytest.raises(ValueError) as error:
+        save_all({"first": _figure(2), "last": _figure(2)}, tmp_path)
+    assert str(error.value) == f"{tmp_path / 'last.svg'} is a directory, where a figure goes"
+    assert [path.name for path in tmp_path.iterdir()] == ["last.svg"]
+
+
 def _points(collection) -> np.ndarray:
     return np.asarray(collection.get_offsets())
 
@@ -108,6 +116,8 @@ def test_the_figures_draw_the_tables_runs_and_the_fitted_laws():
         np.testing.assert_allclose(law.flops(line.get_xdata()) * line.get_ydata(), c, rtol=1e-9)
 
     observed = np.log(table.loss) - np.log(law.E + law.A / table.N**law.alpha + law.B / table.D**law.beta)
+    rms = np.sqrt(np.mean(observed ** 2))
+    assert figures["residuals"].get_suptitle() == f"Approach 3 residuals (RMS {rms:.4f})" and rms > 1e-3
     for ax, x in zip(figures["residuals"].axes[:2], (table.C, table.N)):
         assert list(ax.lines[0].get_ydata()) == [0, 0]  # the zero line
         np.testing.assert_allclose(_rows(_points(ax.collections[0])), _rows(np.column_stack([x, observed])),
