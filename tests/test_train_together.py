@@ -2,7 +2,11 @@
 parameters, a divergence failing its run alone, resume, refusals."""
 
 import json
+import os
 import shutil
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import jax
@@ -10,6 +14,7 @@ import numpy as np
 import pytest
 import yaml
 
+from jaxformer.train import kernel_choice
 from jaxformer.train.attempt import attempt_run, attempt_together
 from jaxformer.train.checkpoint import CheckpointError
 from jaxformer.train.config import config_to_dict, load_config
@@ -205,6 +210,31 @@ def test_an_interrupted_group_resumes_together_or_alone_and_ends_as_uninterrupte
         assert final(run_dir)["resumed_from"]["step"] == step
         assert_same_run(run_dir, run_alone, trained_with=False)  # a lone run resumes a checkpoint written together
 
+    last = [tmp_path / "last" / d.name for d in together]  # the others finished: the one left trains alone
+    for source, target in zip(together, last):
+        shutil.copytree(source, target)
+    _interrupt(last[0], 16)
+    records = train_together(configs(), last)
+    assert records[1:] == [final(run_dir) for run_dir in together[1:]] and "trained_with" not in records[0]
+    assert final(last[0])["resumed_from"]["step"] == 16
+    assert_same_run(last[0], alone[0], trained_with=False)
+
+
+def test_a_group_one_of_whose_newest_checkpoints_does_not_read_trains_alone_each_resuming(tmp_path, together, alone):
+    """Interrupted after step 24, the middle run's checkpoint of step 24 unreadable: it falls back to step 16 (its
+    24 set aside), so the restored steps differ and each run trains alone, ending as the uninterrupted one."""
+    run_dirs = [tmp_path / d.name for d in together]
+    for source, target in zip(together, run_dirs):
+        shutil.copytree(source, target)
+        _interrupt(target, 24)
+    for chunk in (run_dirs[1] / "checkpoints" / "24").rglob("d/*"):
+        chunk.write_bytes(b"\0" * chunk.stat().st_size)
+    train_together(configs(), run_dirs)
+    assert [final(run_dir)["resumed_from"]["step"] for run_dir in run_dirs] == [24, 16, 24]
+    assert [p.name for p in (run_dirs[1] / "corrupt_checkpoints").iterdir()] == ["24"]
+    for run_dir, run_alone in zip(run_dirs, alone):
+        assert_same_run(run_dir, run_alone, trained_with=False)
+
 
 def test_a_group_killed_after_its_last_checkpoint_is_evaluated_again_and_ends_as_uninterrupted(tmp_path, together,
                                                                                                 alone):
@@ -236,6 +266,53 @@ def test_runs_that_differ_in_more_than_the_schedule_are_refused_with_one_line(tm
     assert not (tmp_path / "lr0").exists() and not (tmp_path / "lr1").exists()  # refused before any write
     assert together_conflict([first]) == "training together needs two runs or more, got 1"
     assert together_groups({"a": first, "b": second, "c": configs(LRS)[2]}) == [("a", "c"), ("b",)]
+
+
+def test_the_matmul_choice_of_runs_trained_together(tmp_path, monkeypatch):
+    """oneDNN asked for: vmapped runs multiply with XLA (a vmapped oneDNN call takes the runs one after another, its
+    weights mapped, which no matmul choice timed), `lax.map`ped ones with oneDNN, once per run as a lone run does.
+    ``auto``: the first run measures, the others read its answer, and the shared time counts both."""
+    extra = ["train.tokens=1024"]  # 4 steps
+    for stacked, impl, reason in (("vmap", "xla", "runs trained together by vmap"), ("map", "onednn", "")):
+        records = train_together(configs(LRS[:2], [*extra, "kernel.matmul_impl=onednn"]),
+                                 [tmp_path / stacked / f"lr{i}" for i in range(2)], stacked=stacked)
+        choices = [record["matmul_choice"] for record in records]
+        assert [(choice["matmul_impl"], choice["reason"]) for choice in choices] == [(impl, reason)] * 2
+    monkeypatch.setattr(kernel_choice, "KERNEL_FILE", tmp_path / "kernel.json")
+    records = train_together(configs(LRS[:2], [*extra, "kernel.matmul_impl=auto"]),
+                             [tmp_path / "auto" / f"lr{i}" for i in range(2)], stacked="map")
+    assert [record["matmul_choice"]["source"] for record in records] == ["measured", "cache"]
+    seconds = sum(record[key]["seconds"] for record in records for key in ("matmul_choice", "kernel_choice"))
+    assert records[0]["time"]["kernel_choice_s"] == records[1]["time"]["kernel_choice_s"] == pytest.approx(seconds)
+    assert records[0]["matmul_choice"]["seconds"] > 0
+
+
+TWO_PROCESSES = """
+import sys
+from jaxformer.parallel.config import DistributedConfig
+from jaxformer.parallel.distributed import initialize
+initialize(DistributedConfig(coordinator_address=sys.argv[2], num_processes=2, process_id=int(sys.argv[1])), {})
+from jaxformer.train.config import load_config
+from jaxformer.train.together import together_conflict
+print(together_conflict([load_config(None, [f"optimizer.lr={lr}"]) for lr in (1e-3, 3e-3)]))
+"""
+
+
+def test_runs_of_a_job_of_two_processes_are_refused_training_together(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{s.getsockname()[1]}"
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
+    processes = [subprocess.Popen([sys.executable, "-c", TWO_PROCESSES, str(i), address], env=env,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
+    try:
+        outputs = [p.communicate(timeout=120) for p in processes]
+    finally:
+        for p in processes:
+            p.kill()
+    assert [p.returncode for p in processes] == [0, 0], outputs[0][1][-1500:] + outputs[1][1][-1500:]
+    assert [out.splitlines()[-1] for out, _ in outputs] == ["runs train together in one process only, not across "
+                                                            "2 processes"] * 2
 
 
 def test_a_step_that_only_saves_writes_no_row(tmp_path):
