@@ -151,6 +151,22 @@ def test_a_worker_that_does_not_end_on_ctrl_c_is_killed_and_not_replaced(tmp_pat
                                        "resumes from its last checkpoint at a relaunch)\n")
 
 
+def test_a_worker_ended_by_sigint_alone_stops_its_request_and_is_not_replaced(tmp_path):
+    """The terminal's Ctrl-C can end a worker before its launcher's supervisor hears of it: the request stops
+    (KeyboardInterrupt) and no fresh worker is started to resume the run. A stand-in worker process reads the
+    request and is ended by SIGINT."""
+    from jaxformer.sweep.worker import WarmWorker
+
+    worker = WarmWorker(dict(os.environ), tmp_path / "worker.log")
+    worker.process = subprocess.Popen(
+        [sys.executable, "-c", "import os, signal, sys; sys.stdin.readline(); os.kill(os.getpid(), signal.SIGINT)"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    stand_in = worker.process
+    with pytest.raises(KeyboardInterrupt):
+        worker.train(tmp_path, "run")
+    assert stand_in.returncode == -signal.SIGINT and worker.started == 0 and worker.process is None
+
+
 def test_ctrl_c_in_a_command_that_exits_at_once_skips_the_teardown_too(monkeypatch, capsys):
     """A sweep interrupted in its closing fit crashed in JAX's teardown (SIGSEGV after the one line)."""
     import jaxformer.cli as cli

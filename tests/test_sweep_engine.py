@@ -1,5 +1,6 @@
 """The sweep engine: warm workers reuse compiled programs, the data and the peak; a dead worker is replaced."""
 
+import contextlib
 import json
 import os
 import shutil
@@ -175,10 +176,10 @@ def test_a_worker_killed_mid_run_is_replaced_and_its_run_resumes(tmp_path):
     assert (out / "logs" / f"{other}.log").read_text().count("$ ") == 1
 
 
-def test_an_error_no_attempt_names_fails_its_run_and_the_worker_goes_on(tmp_path, monkeypatch):
+def test_an_error_no_attempt_names_fails_its_run_and_the_worker_goes_on(tmp_path, monkeypatch, capfd):
     """A run that raises something other than bad input or a failed training (here a RuntimeError, as an
     accelerator's out-of-memory error is) fails alone, with that error as its reason and the traceback in its log;
-    the warm process answers and trains the next run."""
+    the warm process answers and trains the next run. Its output goes back where it went after each run."""
     sweep_dir = tmp_path / "sweep"
     (sweep_dir / "configs").mkdir(parents=True)
     (sweep_dir / "configs" / "good.yaml").write_text("{}\n")
@@ -195,8 +196,56 @@ def test_an_error_no_attempt_names_fails_its_run_and_the_worker_goes_on(tmp_path
     assert json.loads((sweep_dir / "status" / "oom.json").read_text())["reason"] == failed.reason
     log = (sweep_dir / "logs" / "oom.log").read_text()
     assert "Traceback" in log and log.rstrip().endswith("RuntimeError: RESOURCE_EXHAUSTED: out of memory allocating 64 GiB")
+    capfd.readouterr()
+    os.write(1, b"between runs, on 1\n")  # file descriptors, as XLA's C++ logging writes
+    os.write(2, b"between runs, on 2\n")
+    assert capfd.readouterr() == ("between runs, on 1\n", "between runs, on 2\n")
+    assert (sweep_dir / "logs" / "oom.log").read_text() == log
+    started = time.perf_counter()
     done, = worker_module.train_group_here(sweep_dir, ["good"])
+    elapsed = time.perf_counter() - started
     assert done.status == "done" and (sweep_dir / "runs" / "good" / "final.json").is_file()
+    record = json.loads((sweep_dir / "status" / "good.json").read_text())  # the sweep's record of the attempt
+    assert (record["status"], record["wall_s"], record["worker"]) == ("done", done.wall_s, os.getpid())
+    assert 0 < done.wall_s <= elapsed
+
+
+def _train_group_here(sweep_dir: Path, names: list[str]) -> list:
+    """`train_group_here` with Python's output through file descriptors 1 and 2, as in a worker process (pytest's
+    capture replaces it)."""
+    with open(1, "w", closefd=False) as out, open(2, "w", closefd=False) as err, \
+            contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        return worker_module.train_group_here(sweep_dir, names)
+
+
+def test_bad_configs_fail_their_runs_with_the_error_where_no_error_record_may_be_written(tmp_path):
+    """Bad input never writes into a directory holding a run (`jaxformer.train.attempt.write_error`): the sweep's
+    record still gives the error, not the log's last line. A group's output is in its first run's log, each error
+    line naming its run; the others' logs say where it is."""
+    sweep_dir, worker = tmp_path / "sweep", f"(worker {os.getpid()})"
+    (sweep_dir / "configs").mkdir(parents=True)
+    for name, setting in (("begun", "tokens: -5"), ("other", "seq_len: 0")):
+        (sweep_dir / "configs" / f"{name}.yaml").write_text(f"train:\n  {setting}\n")
+    (sweep_dir / "runs" / "begun").mkdir(parents=True)
+    (sweep_dir / "runs" / "begun" / "config.yaml").write_text("{}\n")
+    failed, = _train_group_here(sweep_dir, ["begun"])
+    reason = "bad_input: train.tokens must be positive, got -5"
+    assert (failed.status, failed.reason) == ("failed", reason)
+    assert json.loads((sweep_dir / "status" / "begun.json").read_text())["reason"] == reason
+    assert sorted(p.name for p in (sweep_dir / "runs" / "begun").iterdir()) == ["config.yaml"]
+    command = (f"$ jaxformer train {sweep_dir / 'configs' / 'begun.yaml'} logging.progress=plain --run-dir "
+               f"{sweep_dir / 'runs' / 'begun'}")
+    log = sweep_dir / "logs" / "begun.log"
+    assert log.read_text() == f"{command} {worker}\njaxformer train: error: {reason[11:]}\n"
+
+    log.unlink()
+    outcomes = _train_group_here(sweep_dir, ["begun", "other"])
+    assert [outcome.reason for outcome in outcomes] == [reason, "bad_input: train.seq_len must be positive, got 0"]
+    assert log.read_text() == (f"{command} together with other {worker}\n"
+                               f"jaxformer train: error: begun: {reason[11:]}\n"
+                               f"jaxformer train: error: other: {outcomes[1].reason[11:]}\n")
+    other = (sweep_dir / "logs" / "other.log").read_text()
+    assert other == f"$ trained together with begun {worker}: the output is in {log}\n"
 
 
 def test_a_lone_run_gets_every_core_unless_it_resumes(tmp_path):

@@ -3,6 +3,7 @@ one Ray actor request); a worker that dies during a group leaves its runs to tra
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -60,6 +61,8 @@ def test_a_tuning_stage_trains_each_size_together_and_a_relaunch_trains_nothing(
         second = (stage / "logs" / f"{group[1]}.log").read_text()
         assert f"the output is in {stage / 'logs' / f'{group[0]}.log'}" in second
     assert len({json.loads((stage / "runs" / name / "final.json").read_text())["val_loss"] for name in groups[0]}) == 3
+    workers = {re.search(r"\(worker (\d+)\)", (stage / "logs" / f"{group[0]}.log").read_text())[1] for group in groups}
+    assert len(workers) == 1  # one warm process trained both groups
 
     before = {p: p.stat().st_mtime_ns for p in (stage / "runs").glob("*/final.json")}
     assert main(["tune", str(spec_path), "--out", str(out)]) == 0

@@ -109,11 +109,12 @@ def train_group_here(sweep_dir: Path, names: Sequence[str]) -> list[Outcome]:
 
 
 def _settle(paths: RunPaths, attempt, wall: float) -> Outcome:
-    """The sweep's record of one attempt (status/NAME.json) and its `Outcome`."""
+    """The sweep's record of one attempt (status/NAME.json) and its `Outcome`; a failure's reason is what its
+    ``error.json`` says (`jaxformer.train.attempt.write_error`), also where none was written."""
     if attempt.status == "done":
         paths.record("done", wall_s=wall, worker=os.getpid())
         return Outcome(paths.name, "done", wall_s=wall)
-    reason = failure_reason(paths, 2 if attempt.status == "bad_input" else 1)
+    reason = f"{attempt.kind}: {attempt.error}"
     paths.record("failed", reason=reason, wall_s=wall, worker=os.getpid())
     return Outcome(paths.name, "failed", reason, wall)
 
