@@ -229,21 +229,23 @@ def test_bad_configs_fail_their_runs_with_the_error_where_no_error_record_may_be
     (sweep_dir / "runs" / "begun").mkdir(parents=True)
     (sweep_dir / "runs" / "begun" / "config.yaml").write_text("{}\n")
     failed, = _train_group_here(sweep_dir, ["begun"])
-    reason = "bad_input: train.tokens must be positive, got -5"
+    message = "train.tokens must be positive, got -5"
+    reason = f"bad_input: {message}"
     assert (failed.status, failed.reason) == ("failed", reason)
     assert json.loads((sweep_dir / "status" / "begun.json").read_text())["reason"] == reason
     assert sorted(p.name for p in (sweep_dir / "runs" / "begun").iterdir()) == ["config.yaml"]
     command = (f"$ jaxformer train {sweep_dir / 'configs' / 'begun.yaml'} logging.progress=plain --run-dir "
                f"{sweep_dir / 'runs' / 'begun'}")
     log = sweep_dir / "logs" / "begun.log"
-    assert log.read_text() == f"{command} {worker}\njaxformer train: error: {reason[11:]}\n"
+    assert log.read_text() == f"{command} {worker}\njaxformer train: error: {message}\n"
 
     log.unlink()
     outcomes = _train_group_here(sweep_dir, ["begun", "other"])
-    assert [outcome.reason for outcome in outcomes] == [reason, "bad_input: train.seq_len must be positive, got 0"]
+    other_message = "train.seq_len must be positive, got 0"
+    assert [outcome.reason for outcome in outcomes] == [reason, f"bad_input: {other_message}"]
     assert log.read_text() == (f"{command} together with other {worker}\n"
-                               f"jaxformer train: error: begun: {reason[11:]}\n"
-                               f"jaxformer train: error: other: {outcomes[1].reason[11:]}\n")
+                               f"jaxformer train: error: begun: {message}\n"
+                               f"jaxformer train: error: other: {other_message}\n")
     other = (sweep_dir / "logs" / "other.log").read_text()
     assert other == f"$ trained together with begun {worker}: the output is in {log}\n"
 

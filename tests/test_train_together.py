@@ -1,5 +1,5 @@
 """Runs trained together (`jaxformer.train.together`) equal the same runs trained alone: curves, schedules,
-parameters, a divergence failing its run alone, resume, refusals."""
+parameters, a divergence failing its run alone, resume, refusals, matmul choices."""
 
 import json
 import os
