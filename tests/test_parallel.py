@@ -18,7 +18,6 @@ import fcntl
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -43,6 +42,7 @@ from jaxformer.train.optimizer import make_optimizer
 from jaxformer.train.restore import restore_params
 from jaxformer.train.step import build_state
 from parallel_worker import MESHES
+from process_helpers import free_port, last_lines
 
 WORKER = Path(__file__).with_name("parallel_worker.py")
 RUNS = [(model, "-".join(map(str, sizes))) for model, meshes in MESHES.items() for sizes in meshes]
@@ -275,17 +275,10 @@ print(json.dumps([measured, only]))
 def test_two_processes_on_one_host_choose_a_kernel_together_without_waiting_for_each_other(tmp_path):
     """Both take the same cache file: only process 0 takes its timing lock (process 1 waiting on it while process 0
     waits for process 1 was a deadlock), and the candidates are those every process has."""
-    address = f"127.0.0.1:{_free_port()}"
-    processes = [subprocess.Popen([sys.executable, "-c", CHOICE, str(i), address, str(tmp_path / "kernel.json")],
-                                  env=_env(1), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-                 for i in range(2)]
-    try:
-        outputs = [p.communicate(timeout=60) for p in processes]
-    finally:
-        for p in processes:
-            p.kill()
-    assert [p.returncode for p in processes] == [0, 0], outputs[0][1][-1500:] + outputs[1][1][-1500:]
-    assert [json.loads(out.splitlines()[-1]) for out, _ in outputs] == [
+    address = f"127.0.0.1:{free_port()}"
+    lines = last_lines([[sys.executable, "-c", CHOICE, str(i), address, str(tmp_path / "kernel.json")]
+                        for i in range(2)], _env(1), timeout=60)
+    assert [json.loads(line) for line in lines] == [
         [["fused", "measured"], [["naive"], "fused: not on every process of the run"]], [["fused", "measured"], [["naive"], ""]]]
 
 
@@ -295,7 +288,7 @@ def test_a_process_whose_peers_never_connect_stops_after_the_initialization_time
             "initialize(DistributedConfig(coordinator_address=sys.argv[1], num_processes=2, process_id=0, "
             "initialization_timeout=2), {})")
     started = time.perf_counter()  # the coordinator, and its peer never comes: JAX would wait 300 s
-    done = subprocess.run([sys.executable, "-c", code, f"127.0.0.1:{_free_port()}"], env=_env(1),
+    done = subprocess.run([sys.executable, "-c", code, f"127.0.0.1:{free_port()}"], env=_env(1),
                           capture_output=True, text=True, timeout=200)
     # JAX's client ends the coordinator's process itself (SIGABRT) when the deadline passes
     assert done.returncode != 0 and time.perf_counter() - started < 60 and "DEADLINE_EXCEEDED" in done.stderr
@@ -303,7 +296,7 @@ def test_a_process_whose_peers_never_connect_stops_after_the_initialization_time
 
 def test_a_process_whose_coordinator_never_listens_exits_2_with_one_line(tmp_path):
     """Process 1 of 2, nothing at the coordinator's address: one line after the timeout (JAX's client aborted)."""
-    config, address, started = tmp_path / "run.yaml", f"127.0.0.1:{_free_port()}", time.perf_counter()
+    config, address, started = tmp_path / "run.yaml", f"127.0.0.1:{free_port()}", time.perf_counter()
     config.write_text("{}\n")
     settings = [f"parallel.distributed.{setting}" for setting in (
         f"coordinator_address={address}", "num_processes=2", "process_id=1", "initialization_timeout=2")]
@@ -334,12 +327,6 @@ TWO_PROCESS = ["model.d_model=32", "model.num_layers=1", "model.num_heads=4", "m
                "logging.progress=none", "logging.tensorboard=false"]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _final_state(run_dir: Path):
     config = load_config(None, TWO_PROCESS)
     _, state = build_state(config.model, 0, make_optimizer(config.optimizer))
@@ -355,7 +342,7 @@ def _final_state(run_dir: Path):
 def test_two_processes_with_four_devices_each_train_like_one_process(tmp_path):
     config = tmp_path / "run.yaml"
     config.write_text("{}\n")
-    port, shared = _free_port(), tmp_path / "two"
+    port, shared = free_port(), tmp_path / "two"
     # two saves (steps 2 and 4), the first under the overhead budget process 0's clock rules on
     layout = ["checkpoint.interval=2", "checkpoint.max_overhead=1e9",
               "parallel.mesh.data=2", "parallel.mesh.fsdp=2", "parallel.mesh.tensor=2",

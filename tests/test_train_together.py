@@ -4,8 +4,6 @@ parameters, a divergence failing its run alone, resume, refusals, matmul choices
 import json
 import os
 import shutil
-import socket
-import subprocess
 import sys
 from pathlib import Path
 
@@ -13,6 +11,7 @@ import jax
 import numpy as np
 import pytest
 import yaml
+from process_helpers import free_port, last_lines
 
 from jaxformer.train import kernel_choice
 from jaxformer.train.attempt import attempt_run, attempt_together
@@ -299,20 +298,10 @@ print(together_conflict([load_config(None, [f"optimizer.lr={lr}"]) for lr in (1e
 
 
 def test_runs_of_a_job_of_two_processes_are_refused_training_together(tmp_path):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        address = f"127.0.0.1:{s.getsockname()[1]}"
+    address = f"127.0.0.1:{free_port()}"
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
-    processes = [subprocess.Popen([sys.executable, "-c", TWO_PROCESSES, str(i), address], env=env,
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
-    try:
-        outputs = [p.communicate(timeout=120) for p in processes]
-    finally:
-        for p in processes:
-            p.kill()
-    assert [p.returncode for p in processes] == [0, 0], outputs[0][1][-1500:] + outputs[1][1][-1500:]
-    assert [out.splitlines()[-1] for out, _ in outputs] == ["runs train together in one process only, not across "
-                                                            "2 processes"] * 2
+    lines = last_lines([[sys.executable, "-c", TWO_PROCESSES, str(i), address] for i in range(2)], env, timeout=120)
+    assert lines == ["runs train together in one process only, not across 2 processes"] * 2
 
 
 def test_a_step_that_only_saves_writes_no_row(tmp_path):
