@@ -338,7 +338,8 @@ def test_a_path_refused_once_the_run_is_written_fails_the_run_with_an_error_reco
 
 def test_a_killed_saves_temporary_directory_is_removed_by_training_and_left_by_a_reader(tmp_path):
     """Orbax writes a step under a temporary name and renames it when whole: a process killed mid-save leaves that
-    directory. A read-only checkpointer (generation, export) leaves it as it is; the next training run removes it."""
+    directory. A read-only checkpointer (generation, export) leaves it as it is; the next training run removes it
+    (Orbax does so in the background, awaited before that run's first save)."""
     import jax.numpy as jnp
 
     from jaxformer.train.checkpoint import Checkpointer
@@ -351,5 +352,7 @@ def test_a_killed_saves_temporary_directory_is_removed_by_training_and_left_by_a
     (partial / "state").write_bytes(b"half")
     Checkpointer(tmp_path / "checkpoints", keep=2, read_only=True).close()
     assert (partial / "state").read_bytes() == b"half"
-    Checkpointer(tmp_path / "checkpoints", keep=2).close()
-    assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["1"]
+    training = Checkpointer(tmp_path / "checkpoints", keep=2)
+    training.save(3, {"params": {"w": jnp.ones((3, 2), jnp.float32)}}, {})
+    training.close()
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["1", "3"]
