@@ -48,8 +48,8 @@ def test_the_tuned_environment_keeps_ynnpack_fusions_off_only_on_one_device(monk
     monkeypatch.setenv("XLA_FLAGS", f"{HOST_DEVICES}=2")
     monkeypatch.delenv("JAXFORMER_TUNE", raising=False)
     assert thread_environment(1)["XLA_FLAGS"] == (f"{NO_YNN_FUSION} --xla_cpu_multi_thread_eigen=false "
-                                                  f"intra_op_parallelism_threads=1 {HOST_DEVICES}=1")  # a sweep worker
-    assert thread_environment(2)["XLA_FLAGS"] == (f"--xla_cpu_multi_thread_eigen=true intra_op_parallelism_threads=2 "
+                                                  f"{HOST_DEVICES}=1")  # a sweep worker
+    assert thread_environment(2)["XLA_FLAGS"] == (f"--xla_cpu_multi_thread_eigen=true "
                                                   f"{HOST_DEVICES}=2")  # two threads: a device each, no fusions off
     assert thread_environment(2)["OMP_NUM_THREADS"] == thread_environment(2)["OPENBLAS_NUM_THREADS"] == "2"
     assert thread_environment(0) == dict(os.environ)  # no limit: the environment as it is

@@ -246,3 +246,15 @@ def test_a_single_threaded_sweep_process_gets_one_device(monkeypatch):
     flags = thread_environment(1)["XLA_FLAGS"].split()
     assert [flag for flag in flags if flag.startswith(HOST_DEVICES)] == [f"{HOST_DEVICES}=1"]
     assert NO_YNN_FUSION in flags
+
+
+def test_a_sweep_process_of_n_threads_has_n_devices_as_jax_reads_its_flags(monkeypatch):
+    """Read by XLA itself: it stops at the first entry of XLA_FLAGS that is not a --flag, and the device count
+    after the bare ``intra_op_parallelism_threads=2`` of a widely copied recipe was dropped (one device, not two)."""
+    monkeypatch.setenv("XLA_FLAGS", f"{HOST_DEVICES}=2")
+    for threads in (1, 2, 3):
+        env = thread_environment(threads)
+        assert all(flag.startswith("--") for flag in env["XLA_FLAGS"].split())
+        count = subprocess.run([sys.executable, "-c", "import jax; print(jax.device_count())"], env=env,
+                               capture_output=True, text=True, check=True).stdout
+        assert int(count) == threads

@@ -145,54 +145,89 @@ def test_adapt_spec_errors_are_one_line_naming_the_field(tmp_path, isoflop, mess
     assert message in str(error.value) and "\n" not in str(error.value)
 
 
+def _finished(out: Path, runs, losses: list[float]) -> None:
+    """Each of ``runs`` "trained" (a final.json) to its loss of ``losses``, without training."""
+    for run, loss in zip(runs, losses):
+        final = {"params": run.N, "params_non_embedding": run.N_non_embedding, "tokens": run.D,
+                 "flops_exact": run.C_exact, "flops_6nd": run.C_6nd, "val_loss": loss}
+        (out / "runs" / run.name).mkdir(parents=True)
+        (out / "runs" / run.name / "final.json").write_text(json.dumps(final))
+
+
 def test_an_adaptive_sweep_adds_trains_and_records_its_sizes_and_a_relaunch_resumes_them(tmp_path):
-    """The three centred runs get final losses falling with N (the minimum at the upper edge) without training;
-    adapt plans the next size up (N≈64K, a factor 2 on), appends it to plan.json and trains it for real."""
-    path = _variant(tmp_path, "adaptive", {"budgets": [1e9], "center": CENTER, "flops": "6ND", "adapt": True,
+    """C=1e9's three centred runs get final losses falling with N (the minimum at the upper edge) without
+    training; adapt plans the next size up (N≈64K, a factor 2 on), appends it to plan.json and trains it for real.
+    C=4e9's sizes (16K–64K) are bracketed and hold that model already: another budget's run is no reason to add
+    none at this one."""
+    path = _variant(tmp_path, "adaptive", {"budgets": [1e9, 4e9], "center": CENTER, "flops": "6ND", "adapt": True,
                                            "adapt_limit": 1})
     spec = load_spec(path)
     runs = plan_runs(spec)
-    assert sorted(run.target_params for run in runs) == pytest.approx([8e3, 16e3, 32e3])
+    low, high = ([run for run in runs if run.budget == budget] for budget in (1e9, 4e9))
+    assert [run.target_params for run in low] == pytest.approx([8e3, 16e3, 32e3])
+    assert [run.target_params for run in high] == pytest.approx([16e3, 32e3, 64e3])
     table = plan_table(runs, workers=1, probe=False, adapt_limit=1)
     assert ("adapt: on, up to 1 more sizes per budget beyond the edge where its minimum lies "
-            "(at most 1 more runs, about 1e+09 FLOPs), trained after these") in table
+            "(at most 2 more runs, about 5e+09 FLOPs), trained after these") in table
     out = tmp_path / "out"
-    for k, run in enumerate(sorted(runs, key=lambda run: run.N)):  # "trained": 3.0, 2.9, 2.8 nats
-        final = {"params": run.N, "params_non_embedding": run.N_non_embedding, "tokens": run.D,
-                 "flops_exact": run.C_exact, "flops_6nd": run.C_6nd, "val_loss": 3.0 - 0.1 * k}
-        (out / "runs" / run.name).mkdir(parents=True)
-        (out / "runs" / run.name / "final.json").write_text(json.dumps(final))
+    _finished(out, low, [3.0, 2.9, 2.8])
+    _finished(out, high, [2.9, 2.7, 2.8])
     lines = []
     result = launch(spec, runs, out, LaunchOptions(workers=1), report=lines.append)
-    largest = max(run.N for run in runs)
-    assert lines[0].startswith("sweep adaptive: 3 runs, 0 to train")
+    largest = max(run.N for run in low)
+    assert lines[0].startswith("sweep adaptive: 6 runs, 0 to train")
     assert f"adapt: C=1e+09 minimum at the upper edge (N={largest:,}); adding N≈6.4e+04" in lines
-    assert lines[-1].startswith("adapt: ") and lines[-1].endswith("C=1e+09 (1 added)")
+    assert lines[-1] == "adapt: minimum bracketed: C=1e+09 (1 added), C=4e+09"
     plan = json.loads((out / "plan.json").read_text())["runs"]
-    assert [entry["name"] for entry in plan[:3]] == [run.name for run in runs] and len(plan) == 4
-    added = plan[3]
-    assert added["N"] > largest and added["target_params"] == pytest.approx(64e3) and added["budget"] == 1e9
+    assert [entry["name"] for entry in plan[:6]] == [run.name for run in runs] and len(plan) == 7
+    added = plan[6]
+    assert added["N"] == high[-1].N and added["target_params"] == pytest.approx(64e3) and added["budget"] == 1e9
     assert added["name"] == f"C1e09-N{added['N']}-s0" and (out / "configs" / f"{added['name']}.yaml").is_file()
     final = json.loads((out / "runs" / added["name"] / "final.json").read_text())  # trained here, for real
     assert final["params"] == added["N"] and final["tokens"] == added["D"] and 0 < final["val_loss"] < 5.6
     assert result.failed == [] and [row["run"] for row in result.rows] == [entry["name"] for entry in plan]
     csv_rows = (out / "results.csv").read_text().splitlines()
-    assert len(csv_rows) == 5 and csv_rows[4].startswith(f"{added['name']},done,{added['N']},")
+    assert len(csv_rows) == 8 and csv_rows[7].startswith(f"{added['name']},done,{added['N']},")
 
     finals = {p: p.stat().st_mtime for p in (out / "runs").glob("*/final.json")}
     again = []  # a relaunch: the plan with its added run is this sweep's; nothing trains, nothing is added
     launch(spec, runs, out, LaunchOptions(workers=1), report=again.append)
-    assert again[0].startswith("sweep adaptive: 4 runs, 0 to train") and not any("adding" in l for l in again)
+    assert again[0].startswith("sweep adaptive: 7 runs, 0 to train") and not any("adding" in l for l in again)
     assert finals == {p: p.stat().st_mtime for p in (out / "runs").glob("*/final.json")}
     assert json.loads((out / "plan.json").read_text())["runs"] == plan
 
     (out / "runs" / added["name"] / "final.json").unlink()  # the added run left partial: a relaunch resumes it
     resumed = []
     launch(spec, runs, out, LaunchOptions(workers=1), report=resumed.append)
-    assert resumed[0].startswith("sweep adaptive: 4 runs, 1 to train") and not any("adding" in l for l in resumed)
+    assert resumed[0].startswith("sweep adaptive: 7 runs, 1 to train") and not any("adding" in l for l in resumed)
     assert json.loads((out / "runs" / added["name"] / "final.json").read_text())["resumed_from"]["step"] == added["steps"]
     assert json.loads((out / "plan.json").read_text())["runs"] == plan
 
-    fixed = load_spec(_variant(tmp_path, "adaptive", {"budgets": [1e9], "center": CENTER, "flops": "6ND"}))
+    fixed = load_spec(_variant(tmp_path, "adaptive", {"budgets": [1e9, 4e9], "center": CENTER, "flops": "6ND"}))
     with pytest.raises(ValueError, match="holds a different sweep"):  # without adapt, the added run is not its own
         launch(fixed, plan_runs(fixed), out, LaunchOptions(workers=1), report=[].append)
+
+
+def test_a_sweep_without_adapt_adds_no_size_beyond_an_edge(tmp_path):
+    spec = load_spec(_variant(tmp_path, "fixed", {"budgets": [1e9], "center": CENTER, "flops": "6ND"}))
+    runs, out, lines = plan_runs(spec), tmp_path / "out", []
+    _finished(out, runs, [3.0, 2.9, 2.8])  # the minimum at the upper edge
+    result = launch(spec, runs, out, LaunchOptions(workers=1), report=lines.append)
+    assert not any(line.startswith("adapt") for line in lines) and len(result.rows) == 3
+    assert len(json.loads((out / "plan.json").read_text())["runs"]) == 3 and len(list((out / "runs").iterdir())) == 3
+
+
+def test_a_next_size_the_rule_maps_onto_the_edges_model_ends_the_budget_untrained(tmp_path):
+    """Sizes a factor 1.22 apart (span 1.5): N≈24K beyond the upper edge gets the edge's own shape (N 21,600), so
+    the budget stays unbracketed, nothing is added to the plan and nothing trains."""
+    spec = load_spec(_variant(tmp_path, "close", {"budgets": [1e9], "center": {**CENTER, "span": 1.5},
+                                                  "flops": "6ND", "adapt": True, "adapt_limit": 2}))
+    runs, out, lines = plan_runs(spec), tmp_path / "out", []
+    assert [run.N for run in runs] == [12368, 16496, 21600]
+    _finished(out, runs, [3.0, 2.9, 2.8])
+    result = launch(spec, runs, out, LaunchOptions(workers=1), report=lines.append)
+    assert lines[-2:] == ["adapt: C=1e+09: the size rule gives N≈2.4e+04 a shape it has (N=21,600); no new size "
+                          "beyond the upper edge",
+                          "adapt: not bracketed, no new size beyond the edge: C=1e+09"]
+    assert len(json.loads((out / "plan.json").read_text())["runs"]) == 3 and len(result.rows) == 3
+    assert len(list((out / "runs").iterdir())) == 3 and not (out / "logs").exists()

@@ -264,6 +264,24 @@ def test_a_lone_run_gets_every_core_unless_it_resumes(tmp_path):
     assert lone_threads(tmp_path, ["fresh", "resuming"], workers=2, threads=1) == 1  # a group with one resuming
 
 
+def test_the_last_run_left_of_a_launch_trains_on_every_core_of_the_layout(tmp_path):
+    """Two runs on a layout of two one-thread workers train a run each on one device; the one run a relaunch
+    has left (started afresh) gets one worker of both threads, so two devices."""
+    from sweep_helpers import jaxformer, variant
+
+    spec, out = variant(tmp_path, "lone", isoflop={"budgets": [1e9], "params": [8e3, 16e3]}), tmp_path / "out"
+
+    def meshes() -> dict[str, int]:
+        return {path.parent.name: json.loads(path.read_text())["mesh"]["data"]
+                for path in (out / "runs").glob("*/final.json")}
+
+    for expected in ({"C1e09-N8240-s0": 1, "C1e09-N16496-s0": 1}, {"C1e09-N8240-s0": 1, "C1e09-N16496-s0": 2}):
+        result = jaxformer("sweep", spec, "--out", out, "--workers", 2, "--threads", 1)
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert meshes() == expected
+        shutil.rmtree(out / "runs" / "C1e09-N16496-s0")  # gone, not begun: the relaunch starts it afresh
+
+
 def test_a_run_whose_worker_dies_at_every_attempt_is_recorded_failed_after_two(tmp_path):
     """A worker process that cannot even start (its Python home missing) dies at each attempt: the run is given to a
     fresh one once, then recorded as failed with the exit status, not retried for ever."""

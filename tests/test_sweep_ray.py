@@ -4,6 +4,7 @@ runs go on. `test_sweep.py` and `test_sweep_together.py` train on a local Ray in
 
 import json
 import os
+import threading
 from types import SimpleNamespace
 
 import pytest
@@ -41,6 +42,18 @@ def test_each_node_holds_whole_actors_of_its_own_resources():
     with pytest.raises(ValueError, match=r"^--threads 2 --gpus-per-run 1: no Ray node has both the CPUs and the GPUs "
                                          r"of one actor$"):
         ray_actor_count([{"CPU": 4.0}, {"CPU": 1.0, "GPU": 1.0}], 2, 1.0)
+
+
+def test_a_node_without_cpus_holds_no_actor():
+    """Ray leaves a resource of zero out of a node's resources: a head node started with ``--num-cpus 0`` (kept for
+    Ray's own processes) has no "CPU" at all, and a cluster whose nodes have all left has no node."""
+    head = {"memory": 8e9, "node:__internal_head__": 1.0}
+    assert ray_actor_count([head, {"CPU": 2.0}], 1, 0.0) == 2
+    with pytest.raises(ValueError, match=r"^--threads 1: each Ray actor asks for 1 CPUs, and the largest Ray node "
+                                         r"has 0$"):
+        ray_actor_count([head], 1, 0.0)
+    with pytest.raises(ValueError, match=r"^--gpus-per-run 1: the largest Ray node has 0 GPUs$"):
+        ray_actor_count([], 1, 1.0)
 
 
 def test_a_local_ray_instance_has_room_for_the_actors_asked_for():
@@ -137,9 +150,28 @@ def test_a_group_whose_actors_die_twice_is_recorded_failed_and_the_others_train(
     outcomes = run_ray(ray, tmp_path, WorkQueue([("b", "c", "e"), "a"]), 1, 1, 0.0, lambda *event: None)
     by_name = {outcome.name: outcome for outcome in outcomes}
     assert by_name["a"].status == "done" and len(ray.actors) == 3  # one actor, replaced twice
+    assert ray.options == {"num_cpus": 1, "num_gpus": 0.0, "max_restarts": 0}
     assert by_name["e"].status == "done" and not (tmp_path / "status" / "e.json").exists()
     reason = "its Ray actor died 2 times (ActorDied: The actor died unexpectedly before finishing this task.)"
     for name in ("b", "c"):
         assert (by_name[name].status, by_name[name].reason) == ("failed", reason)
         record = json.loads((tmp_path / "status" / f"{name}.json").read_text())
         assert (record["status"], record["reason"]) == ("failed", reason)
+
+
+def test_a_run_waiting_for_another_is_handed_out_once_that_one_has_finished(tmp_path):
+    """With two actors and a branch waiting for its trunk, the idle actor waits for the trunk's answer instead of
+    for the queue (which nothing else would wake: the launch hung), and the branch goes to an actor after it."""
+    ray, events, outcomes = FakeRay({}), [], []
+    queue = WorkQueue(["trunk", "branch"], after={"branch": "trunk"})
+    def on_event(name, what, outcome):
+        events.append((name, what))
+
+    launch = threading.Thread(target=lambda: outcomes.extend(run_ray(ray, tmp_path, queue, 2, 1, 0.0, on_event)),
+                              daemon=True)
+    launch.start()
+    launch.join(timeout=10)
+    assert not launch.is_alive(), "run_ray waits for a run that only its own loop can hand out"
+    assert [outcome.name for outcome in outcomes] == ["trunk", "branch"]
+    assert [group for _, group in ray.requests] == [("trunk",), ("branch",)]
+    assert events.index(("trunk", "finished")) < events.index(("branch", "running"))

@@ -36,8 +36,9 @@ def thread_environment(threads: int) -> dict[str, str]:
     env = dict(os.environ)
     if threads > 0:
         flags = " ".join(flag for flag in env.get("XLA_FLAGS", "").split() if not flag.startswith(HOST_DEVICES))
+        # every entry a --flag: XLA reads none after a bare word (a device count after one was dropped)
         env["XLA_FLAGS"] = f"{flags} --xla_cpu_multi_thread_eigen={'true' if threads > 1 else 'false'} " \
-                           f"intra_op_parallelism_threads={threads} {HOST_DEVICES}={threads}".strip()
+                           f"{HOST_DEVICES}={threads}".strip()
         if env.get("JAXFORMER_TUNE") != "0":
             env["XLA_FLAGS"] = without_ynn_fusion_on_one_device(env["XLA_FLAGS"])
         env["OMP_NUM_THREADS"] = env["OPENBLAS_NUM_THREADS"] = str(threads)
