@@ -217,6 +217,11 @@ def enable_compilation_cache(directory: str | os.PathLike | None = None) -> Path
     first compilation that looks for it, once per process: a directory given after that is not
     used. What the cache holds runs as native code (and `jaxformer.scaling.programs` unpickles its
     entries), so a directory another user owns or every user may write is left unused, with a note.
+
+    Programs with ``custom_partitioning`` calls (multi-device steps with the fused attention or the oneDNN matmul)
+    are keyed without the calls' Python addresses, so that another process finds them; another library's
+    custom-partitioned calls in this process must then carry their own static arguments into the program, as
+    `jaxformer.functional.partition_key` does for jaxformer's.
     """
     if directory is None:
         directory = os.environ.get(CACHE_DIR_ENV, COMPILATION_CACHE)
@@ -235,4 +240,7 @@ def enable_compilation_cache(directory: str | os.PathLike | None = None) -> Path
         return None
     jax.config.update("jax_compilation_cache_dir", str(path))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    # a custom-partitioned call's address, new in every process, left out of the key: jaxformer's own calls carry
+    # what their partitioning depends on instead (`jaxformer.functional.partition_key`)
+    jax.config.update("jax_remove_custom_partitioning_ptr_from_cache_key", True)
     return path

@@ -213,7 +213,9 @@ def test_a_sweep_without_adapt_adds_no_size_beyond_an_edge(tmp_path):
     runs, out, lines = plan_runs(spec), tmp_path / "out", []
     _finished(out, runs, [3.0, 2.9, 2.8])  # the minimum at the upper edge
     result = launch(spec, runs, out, LaunchOptions(workers=1), report=lines.append)
-    assert not any(line.startswith("adapt") for line in lines) and len(result.rows) == 3
+    assert lines == [f"sweep fixed: 3 runs, 0 to train, local executor → {out}",
+                     "layout: 1 processes × 1 threads (from the command line)", f"sweep {out}: done 3 in 0m00s"]
+    assert result.failed == [] and len(result.rows) == 3
     assert len(json.loads((out / "plan.json").read_text())["runs"]) == 3 and len(list((out / "runs").iterdir())) == 3
 
 

@@ -100,7 +100,8 @@ def test_a_damaged_final_json_in_runs_trained_apart_is_refused_by_a_fit_too(tmp_
 class InProcessPool:
     """A pool of one worker in this process (`train_group_here`), for `launch`."""
 
-    compiled: set[str] = set()
+    def __init__(self) -> None:
+        self.compiled: set[str] = set()
 
     def run(self, sweep_dir, queue, on_event):
         outcomes = []
@@ -138,8 +139,10 @@ def test_a_relaunch_trains_the_damaged_and_missing_runs_replacing_their_final_js
 
     monkeypatch.setattr("jaxformer.train.attempt.attempt_together", attempt_together)
     lines = []
-    result = launch(spec, runs, out, LaunchOptions(workers=1, threads=1), report=lines.append, pool=InProcessPool())
+    pool = InProcessPool()
+    result = launch(spec, runs, out, LaunchOptions(workers=1, threads=1), report=lines.append, pool=pool)
     assert trained == [run.name for run in runs[1:]]
+    assert len(pool.compiled) == 2  # the pool learns the two model shapes its worker compiled, for later stages
     assert lines[0] == f"sweep tiny: 4 runs, 3 to train, local executor → {out}"
     assert lines[2] == (f"2 runs hold a damaged final.json and train again, from their last checkpoint where they "
                         f"have one: {runs[1].name}, {runs[2].name}")

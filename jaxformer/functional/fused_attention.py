@@ -48,6 +48,7 @@ from jax.custom_batching import custom_vmap
 from jaxformer.functional.dot_product import validate_qkv
 from jaxformer.functional.extension import Extension
 from jaxformer.functional.masks import query_key_distance
+from jaxformer.functional.partition_key import partitioning_key
 
 LIBRARY_ENV = "JAXFORMER_FUSED_ATTENTION_LIB"
 MAX_HEAD_DIM = 128
@@ -136,7 +137,13 @@ def _split_by_batch(ffi_fn, num_arrays: int, rule: str):
     factors = tuple(name for name in dict.fromkeys(rule.replace("->", " ").replace(",", " ").split()) if name != "b")
     wrapped.def_partition(partition=partition, infer_sharding_from_operands=infer, sharding_rule=rule,
                           need_replication_factors=factors)
-    return wrapped
+
+    def keyed(*args):
+        scale, causal, q_offset = args[num_arrays:]
+        with partitioning_key(__file__, f"{ffi_fn.__name__} scale={scale!r} causal={causal} q_offset={q_offset}"):
+            return wrapped(*args)
+
+    return keyed
 
 
 def _foldable(call, num_arrays: int):

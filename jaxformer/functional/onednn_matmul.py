@@ -39,6 +39,7 @@ from jax.custom_batching import custom_vmap
 from jax.typing import DTypeLike
 
 from jaxformer.functional.extension import Extension
+from jaxformer.functional.partition_key import partitioning_key
 
 LIBRARY_ENV = "JAXFORMER_ONEDNN_MATMUL_LIB"
 TARGET = "jaxformer_onednn_matmul"
@@ -183,7 +184,13 @@ def _partitioned(trans_a: bool, trans_b: bool, out_dtype):
     rule = f"{' '.join(a_factors)}, {' '.join(b_factors)} -> rows cols"
     wrapped.def_partition(partition=partition, infer_sharding_from_operands=infer, sharding_rule=rule,
                           reduction_factors=("inner",))
-    return _differentiable(_vmappable(wrapped, trans_a), trans_a, trans_b, out_dtype)
+
+    def keyed(a, b):
+        statics = f"trans_a={trans_a} trans_b={trans_b} out_dtype={jnp.dtype(out_dtype)} threads={THREADS}"
+        with partitioning_key(__file__, f"onednn matmul {statics}"):
+            return wrapped(a, b)
+
+    return _differentiable(_vmappable(keyed, trans_a), trans_a, trans_b, out_dtype)
 
 
 def _vmappable(call, trans_a: bool) -> custom_vmap:
