@@ -135,6 +135,8 @@ def test_a_failing_run_is_isolated_and_reported(tmp_path):
     failed = rows["C1e09-N16496-s0"]
     assert failed["status"] == "failed" and "NonFinite" in failed["reason"]
     assert "failed C1e09-N16496-s0" in result.stdout
+    table = (out / "results.csv").read_text().splitlines()  # a failed run is in the table, not "elsewhere"
+    assert [line.split(",")[:2] for line in table[1:]] == [["C1e09-N8240-s0", "done"], ["C1e09-N16496-s0", "failed"]]
     again = jaxformer("sweep", spec, "--out", out)
     assert "0 to train" in again.stdout
     retried = jaxformer("sweep", spec, "--out", out, "--retry-failed")

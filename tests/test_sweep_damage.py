@@ -17,8 +17,7 @@ from jaxformer.sweep.results import collect
 from jaxformer.sweep.runs import RunPaths, changed_setting, failure_reason
 from jaxformer.sweep.spec import load_spec
 from jaxformer.sweep.table import sweep_table
-from jaxformer.sweep.worker import train_group_here
-from sweep_helpers import TINY, variant
+from sweep_helpers import TINY, InProcessPool, variant
 
 FINISHED = {"params": 8240, "tokens": 20224, "val_loss": 3.25, "train_loss": 3.5}
 DAMAGED = {  # final.json's text, and what the table and a fit say is wrong with it (`final.damage`)
@@ -95,24 +94,6 @@ def test_a_damaged_final_json_in_runs_trained_apart_is_refused_by_a_fit_too(tmp_
     assert main(["fit", str(tmp_path / "runs")]) == 2
     assert capsys.readouterr().err == f"jaxformer fit: error: {reason}\n"
     assert damaged.read_text() == text  # a fit only reads
-
-
-class InProcessPool:
-    """A pool of one worker in this process (`train_group_here`), for `launch`."""
-
-    def __init__(self) -> None:
-        self.compiled: set[str] = set()
-
-    def run(self, sweep_dir, queue, on_event):
-        outcomes = []
-        while (taken := queue.take(wait=False)) is not None:
-            group, settled = taken
-            trained = train_group_here(sweep_dir, group) if group else []
-            queue.finish(trained)
-            for outcome in settled + trained:
-                on_event(outcome.name, "finished", outcome)
-            outcomes += settled + trained
-        return outcomes
 
 
 def test_a_relaunch_trains_the_damaged_and_missing_runs_replacing_their_final_json(tmp_path, monkeypatch):

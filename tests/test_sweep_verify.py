@@ -301,3 +301,41 @@ def test_a_new_fit_removes_the_verify_json_that_judged_the_old_one(tmp_path):
     text, report = fit_sweep(out, rows, FitSpec(approaches=[3], bootstrap=0))
     assert report is not None and "wrote" in text
     assert sorted(path.name for path in (out / "fit").glob("*.json")) == ["fit.json"]
+
+
+def test_held_out_runs_that_fail_are_named_and_fail_the_launch(tmp_path, monkeypatch):
+    """The sweep's runs are finished (losses from a known law, nothing trains); both held-out runs fail as they
+    train (a stand-in for the worker's training that fails every run): the launch names them, counts them failed
+    and writes no verify.json."""
+    from jaxformer.scaling.allocation import ParametricLaw
+    from jaxformer.sweep.launch import LaunchOptions, launch
+    from jaxformer.train.attempt import Attempt
+    from sweep_helpers import InProcessPool
+
+    truth = ParametricLaw(E=1.0, A=200.0, B=168.5, alpha=0.35, beta=0.35)
+    isoflop = {"budgets": [1e9, 2e9, 4e9], "params": [8e3, 16e3, 32e3, 64e3], "flops": "6ND"}
+    spec = load_spec(variant(tmp_path, "failing", isoflop=isoflop,
+                             fit={"approaches": [2, 3], "bootstrap": 20}, verify={"factor": 2, "sizes": [1, 2]}))
+    runs, out = plan_runs(spec), tmp_path / "out"
+    for run in runs:
+        (out / "runs" / run.name).mkdir(parents=True)
+        (out / "runs" / run.name / "final.json").write_text(json.dumps(
+            {"params": run.N, "params_non_embedding": run.N_non_embedding, "tokens": run.D, "flops_exact": run.C_exact,
+             "flops_6nd": run.C_6nd, "val_loss": float(truth.loss(run.N, run.D))}))
+
+    def attempt_together(config_paths, overrides, run_dirs):
+        return [Attempt("failed", error=FloatingPointError("loss is nan at step 3")) for _ in run_dirs]
+
+    monkeypatch.setattr("jaxformer.train.attempt.attempt_together", attempt_together)
+    lines = []
+    result = launch(spec, runs, out, LaunchOptions(workers=1, threads=1), report=lines.append, pool=InProcessPool())
+    held_out = sorted((path.stem for path in (out / "configs").glob("verify-*.yaml")),
+                      key=lambda name: int(name.split("-N")[1].split("-")[0]))  # N_opt, then 2 N_opt
+    assert len(held_out) == 2 and result.failed == held_out
+    assert f"verify: 2 held-out runs at C = 8e+09 ({held_out[0]} the compute-optimal one), 2 to train" in lines
+    reason = "FloatingPointError: loss is nan at step 3"
+    assert [line for line in lines if line.startswith("[")][-2:] == [
+        f"[queued 1 failed 1] {held_out[0]}: failed in 0m00s ({reason})",
+        f"[failed 2] {held_out[1]}: failed in 0m00s ({reason})"]
+    assert lines[-1] == f"verify: held-out runs did not finish: {', '.join(held_out)} (see {out / 'logs'})"
+    assert not (out / "fit" / "verify.json").exists()
