@@ -160,10 +160,11 @@ def test_a_group_whose_actors_die_twice_is_recorded_failed_and_the_others_train(
 
 
 def test_a_run_waiting_for_another_is_handed_out_once_that_one_has_finished(tmp_path):
-    """With two actors and a branch waiting for its trunk, the idle actor waits for the trunk's answer instead of
-    for the queue (which nothing else would wake: the launch hung), and the branch goes to an actor after it."""
+    """With two actors and a branch waiting for its trunk, the idle actor waits for the trunk's answer, not on the
+    queue (which only this loop's own handling of that answer would wake), and the branch goes to an actor after it."""
     ray, events, outcomes = FakeRay({}), [], []
     queue = WorkQueue(["trunk", "branch"], after={"branch": "trunk"})
+
     def on_event(name, what, outcome):
         events.append((name, what))
 
