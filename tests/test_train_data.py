@@ -61,6 +61,44 @@ def test_markov_entropy_rate_matches_the_empirical_conditional_entropy():
     assert source.sample(3, 50, seed=1) != source.sample(3, 50, seed=2)  # by its seed
 
 
+def test_every_transition_of_a_markov_document_is_one_its_chain_allows_from_the_first_on():
+    """A document's first ``order`` bytes are its starting context (most significant symbol first): the symbol
+    after them, and every later one, is a successor of the context the bytes before it spell."""
+    source = make_markov_source(order=3, alphabet=5, branching=2, concentration=1.0, seed=7)
+    symbols = np.frombuffer(b"".join(source.sample(num_documents=300, length=12, seed=4)), np.uint8).reshape(300, 12)
+    symbols = symbols.astype(np.int64) - 32
+    allowed = {(context, int(successor)) for context in range(5**3) for successor in source.successors[context]}
+    for t in range(3, 12):
+        contexts = symbols[:, t - 3] * 25 + symbols[:, t - 2] * 5 + symbols[:, t - 1]
+        assert {(int(c), int(x)) for c, x in zip(contexts, symbols[:, t])} <= allowed
+
+
+def test_markov_bytes_are_printable_up_to_95_symbols_and_raw_beyond():
+    for alphabet, first in ((8, 32), (95, 32), (96, 0), (256, 0)):
+        values = make_markov_source(order=1, alphabet=alphabet, branching=2, concentration=1.0, seed=0).byte_values
+        assert values.tolist() == list(range(first, first + alphabet))
+    documents = make_markov_source(order=1, alphabet=8, branching=3, concentration=1.0, seed=0).sample(20, 100, 1)
+    assert set(b"".join(documents)) <= set(b" !\"#$%&'")
+
+
+def test_a_deterministic_chain_has_entropy_rate_zero_and_its_cycles_unigram_entropy():
+    """Branching 1: each symbol has one successor (seed 0: 0→3, 1→3, 2→4, 3→1, 4→0, 5→6, 6→5, 7→3), so the
+    chain ends in the cycles 1↔3 (reached from 6 of the 8 starting symbols) and 5↔6 (from 2): π = 3/8, 3/8, 1/8,
+    1/8 on 1, 3, 5, 6 and 0 elsewhere (0·log 0 = 0)."""
+    source = make_markov_source(order=1, alphabet=8, branching=1, concentration=1.0, seed=0)
+    assert source.successors.ravel().tolist() == [3, 3, 4, 1, 0, 6, 5, 3]
+    assert source.entropy_rate_bits() == 0.0
+    assert source.unigram_entropy_bits() == pytest.approx(-sum(p * math.log2(p) for p in (3 / 8, 3 / 8, 1 / 8, 1 / 8)),
+                                                          rel=1e-12)
+
+
+def test_a_markov_chain_of_up_to_2_22_contexts_is_accepted_and_a_larger_one_refused_naming_its_count():
+    assert MarkovConfig(order=11, alphabet=4).order == 11  # 4^11 = 2^22 contexts
+    with pytest.raises(ValueError, match=r"^data\.markov\.order=12 with alphabet 4 has 16,777,216 contexts; at most "
+                                         r"4,194,304 are supported$"):
+        MarkovConfig(order=12, alphabet=4)
+
+
 def test_stdlib_corpus_is_sorted_hashed_and_excludes_tests():
     corpus = load_corpus(DataConfig(corpus="stdlib"))
     names = [name for name, _ in corpus.documents]

@@ -151,13 +151,19 @@ def markov_corpus(data: DataConfig) -> TextCorpus:
     m = data.markov
     source = make_markov_source(m.order, m.alphabet, m.branching, m.concentration, m.seed)
     num_documents = -(-m.bytes // MARKOV_DOC_BYTES)
-    texts = source.sample(num_documents, MARKOV_DOC_BYTES, seed=m.seed + 1)
+    try:
+        texts = source.sample(num_documents, MARKOV_DOC_BYTES, seed=m.seed + 1)
+        rates = source.entropy_rate_bits(), source.unigram_entropy_bits()
+    except ValueError as error:  # the chain's parameters are the user's: one line naming them
+        raise ValueError(f"data.markov: the chain of order {m.order}, alphabet {m.alphabet}, branching {m.branching}, "
+                         f"concentration {m.concentration:g} and seed {m.seed}: {error}; a larger "
+                         "data.markov.concentration gives it fewer") from None
     documents = [(f"markov-{i:06d}", text) for i, text in enumerate(texts)]
     info = {
         "kind": "synthetic-markov",
         "markov": dataclasses.asdict(m),
-        "entropy_rate_bits_per_byte": source.entropy_rate_bits(),
-        "unigram_entropy_bits_per_byte": source.unigram_entropy_bits(),
+        "entropy_rate_bits_per_byte": rates[0],
+        "unigram_entropy_bits_per_byte": rates[1],
     }
     return TextCorpus(documents, {**info, **_describe(documents)})
 

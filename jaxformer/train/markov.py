@@ -70,7 +70,8 @@ class MarkovSource:
         return shifted[:, None] + self.successors
 
     def stationary(self, *, tol: float = 1e-15, max_iter: int = 200_000) -> np.ndarray:
-        """π over contexts, by power iteration of the lazy chain (same fixed points, aperiodic)."""
+        """π over contexts, by power iteration of the lazy chain (same fixed points, aperiodic); ``ValueError`` when
+        it has not converged after ``max_iter`` steps."""
         next_ctx = self._next_contexts().ravel()
         pi = np.full(self.num_contexts, 1.0 / self.num_contexts)
         for _ in range(max_iter):
@@ -79,7 +80,8 @@ class MarkovSource:
             if np.abs(new - pi).sum() < tol:
                 return new / new.sum()
             pi = new
-        raise RuntimeError("the Markov chain's stationary distribution did not converge")
+        raise ValueError(f"its stationary distribution did not converge in {max_iter:,} steps: the chain mixes too "
+                         "slowly (transitions of near-zero probability between its parts)")
 
     def entropy_rate_bits(self) -> float:
         """Σ_c π(c) H(P(·|c)) in bits per symbol (= per byte)."""
