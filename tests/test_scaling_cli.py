@@ -186,6 +186,22 @@ def test_a_compilation_cache_every_user_may_write_is_left_unused(tmp_path, capsy
     assert capsys.readouterr().err.startswith(f"note: compilation cache {shared} is writable by every user, so")
 
 
+def test_no_solver_program_is_kept_while_jaxs_cache_is_turned_off(tmp_path):
+    """``JAX_ENABLE_COMPILATION_CACHE=false`` turns JAX's cache off with its directory still set: the fit keeps no
+    program of its own there either."""
+    from jaxformer.scaling.programs import cache_directory
+
+    directory, enabled = jax.config.jax_compilation_cache_dir, jax.config.jax_enable_compilation_cache
+    try:
+        jax.config.update("jax_compilation_cache_dir", str(tmp_path))
+        assert cache_directory() == tmp_path
+        jax.config.update("jax_enable_compilation_cache", False)
+        assert cache_directory() is None
+    finally:
+        jax.config.update("jax_compilation_cache_dir", directory)
+        jax.config.update("jax_enable_compilation_cache", enabled)
+
+
 def test_fit_approach2_wild_bootstrap_on_the_long_study(capsys):
     """`--approach2-resample wild` on the long study at beta2 0.99 (experiments/cpu_chinchilla_ladder_beta2_wide_icx):
     the command's interval is the library's on the same table and seed, and narrower than the pooled residuals'
