@@ -89,3 +89,15 @@ def test_a_record_with_only_a_finite_val_loss_is_a_finished_run(finished, tmp_pa
     assert code == 0, err
     assert out == f"done: val loss 3.2500 nats/token -> {run_dir / 'final.json'}\n"
     assert snapshot(run_dir) == before
+
+
+def test_counts_of_one_and_measures_of_zero_or_a_fraction_are_a_finished_runs(tmp_path):
+    """Counts are positive (one step of one sequence of one token is one), measures non-negative: a train loss of 0
+    (a memorised batch), a quarter of an epoch."""
+    from jaxformer.train.final import damage, finished_record
+
+    record = {"val_loss": 0.5, "params": 1, "tokens": 1, "steps": 1, "batch_size": 1, "seq_len": 1, "train_loss": 0.0,
+              "epochs": 0.25, "val_bits_per_byte": 0.7, "wall_s": 0}
+    path = tmp_path / "final.json"
+    path.write_text(json.dumps(record))
+    assert finished_record(path) == record and damage(path) is None
