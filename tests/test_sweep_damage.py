@@ -200,3 +200,20 @@ def test_a_failed_runs_reason_is_its_error_record_else_its_logs_last_line(tmp_pa
     paths.run_dir.mkdir(parents=True)
     (paths.run_dir / "error.json").write_text(json.dumps({"error": "NonFiniteLoss", "message": "loss is nan"}))
     assert failure_reason(paths, 1) == "NonFiniteLoss: loss is nan"
+
+
+def test_a_finished_runs_row_holds_its_records_tokens_and_the_plans_tokens_per_parameter(tmp_path):
+    spec, runs, out = sweep_dir(tmp_path)
+    write_final(out, runs[0].name, json.dumps({**FINISHED, "tokens": runs[0].D + 256}))  # trained in whole steps
+    row = collect(out)[0]
+    assert (row["D"], row["loss"]) == (runs[0].D + 256, 3.25)
+    assert row["tokens_per_param"] == runs[0].D / runs[0].N and row["C"] == runs[0].C
+
+
+@pytest.mark.parametrize("plan", [{"runs": {"a": 1}}, {"runs": [{"name": "a", "N": 8240, "N_non_embedding": 7000,
+                                                                "D": 2e4, "C": 1e9, "budget": 1e9}]}])
+def test_a_plan_json_that_is_no_sweeps_plan_is_refused_in_one_line(tmp_path, plan):
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    with pytest.raises(ValueError, match=r"plan\.json: not a sweep's plan \(a list of runs, each with name, N, "
+                                         r"N_non_embedding, D, C, budget, seed\)$"):
+        collect(tmp_path)
