@@ -68,12 +68,12 @@ OTHER_TUNING = ("--out {out} holds another tuning stage ({stage}/plan.json lists
                 "tune: plans); use a new --out, or restore the tune: its runs were planned with")
 
 
-def planned_after(out: Path, runs: list[PlannedRun], *, other: str | None = None) -> list[dict]:
-    """The entries of ``out``'s plan.json after ``runs`` (those an adapt round added); raises ``ValueError`` when
-    its first runs are not ``runs``: the directory holds another sweep (the line ``other``, else `OTHER_SWEEP`)."""
+def planned_after(out: Path, runs: list[PlannedRun], *, other: str) -> list[dict]:
+    """The entries of ``out``'s plan.json after ``runs`` (those an adapt round added); raises ``ValueError``, the
+    line ``other``, when its first runs are not ``runs``: the directory holds another sweep."""
     previous = load_plan(out)
     if [run["name"] for run in previous[:len(runs)]] != [run.name for run in runs]:
-        raise ValueError(other or OTHER_SWEEP.format(out=out))
+        raise ValueError(other)
     return previous[len(runs):]
 
 
