@@ -124,9 +124,9 @@ CASES = [  # (id naming the input under test, argv, what stderr must name, direc
     ("train-markov-chain-mixing-too-slowly",
      ["train", "{w}/empty.yaml", "data.corpus=synthetic-markov", "data.markov.concentration=0.05",
       "data.markov.seed=2"],
-     "data.markov: the chain of order 1, alphabet 32, branching 4, concentration 0.05 and seed 2: its stationary "
-     "distribution did not converge in 200,000 steps: the chain mixes too slowly (transitions of near-zero "
-     "probability between its parts); a larger data.markov.concentration gives it fewer", None),
+     "data.markov (order 1, alphabet 32, branching 4, concentration 0.05, seed 2): the chain's stationary "
+     "distribution did not converge in 200,000 steps: it mixes too slowly (transitions of near-zero probability "
+     "between its parts); a larger data.markov.concentration makes such transitions rarer", None),
     ("optimizer.lr-nan",
      ["train", "{w}/empty.yaml", "optimizer.lr=.nan"], "optimizer.lr must be a finite number", None),
     ("optimizer.lr-minus-infinity",

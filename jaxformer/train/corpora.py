@@ -155,9 +155,9 @@ def markov_corpus(data: DataConfig) -> TextCorpus:
         texts = source.sample(num_documents, MARKOV_DOC_BYTES, seed=m.seed + 1)
         rates = source.entropy_rate_bits(), source.unigram_entropy_bits()
     except ValueError as error:  # the chain's parameters are the user's: one line naming them
-        raise ValueError(f"data.markov: the chain of order {m.order}, alphabet {m.alphabet}, branching {m.branching}, "
-                         f"concentration {m.concentration:g} and seed {m.seed}: {error}; a larger "
-                         "data.markov.concentration gives it fewer") from None
+        raise ValueError(f"data.markov (order {m.order}, alphabet {m.alphabet}, branching {m.branching}, concentration "
+                         f"{m.concentration:g}, seed {m.seed}): {error}; a larger data.markov.concentration makes such "
+                         "transitions rarer") from None
     documents = [(f"markov-{i:06d}", text) for i, text in enumerate(texts)]
     info = {
         "kind": "synthetic-markov",

@@ -80,7 +80,7 @@ class MarkovSource:
             if np.abs(new - pi).sum() < tol:
                 return new / new.sum()
             pi = new
-        raise ValueError(f"its stationary distribution did not converge in {max_iter:,} steps: the chain mixes too "
+        raise ValueError(f"the chain's stationary distribution did not converge in {max_iter:,} steps: it mixes too "
                          "slowly (transitions of near-zero probability between its parts)")
 
     def entropy_rate_bits(self) -> float:
