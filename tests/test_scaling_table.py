@@ -115,6 +115,11 @@ def test_a_sweeps_budgets_are_counted_by_the_rule_it_planned_them_with(tmp_path)
     assert "C: flops_6nd" in table.source and sorted(set(table.budget)) == [1e18, 1e19]
     with pytest.raises(ValueError, match=r"--flops exact: .* planned its IsoFLOP budgets in 6ND FLOPs"):
         sweep_table(directory, flops="exact")
+    for run in plan["runs"]:  # a grid: no budgets to keep, so either count of its runs' compute may be fitted
+        run["budget"] = None
+    (directory / "plan.json").write_text(json.dumps(plan))
+    exact = sweep_table(directory, flops="exact")
+    assert "C: flops_exact" in exact.source and exact.budget is None and np.all(exact.C > table.C)
 
 
 def test_long_form_table_is_curves(tmp_path):
