@@ -15,10 +15,13 @@ that ignores context reaches; ``H ≤ H(μ)``.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import numpy as np
 
 from jaxformer.configs import NON_NEGATIVE, POSITIVE, Range, Section, setting
+
+STATIONARY_STEPS, STATIONARY_TOL = 200_000, 1e-15  # power iteration: at most this many steps, to this L1 change
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,34 +72,35 @@ class MarkovSource:
         shifted = (np.arange(self.num_contexts) * self.alphabet) % self.num_contexts
         return shifted[:, None] + self.successors
 
-    def stationary(self, *, tol: float = 1e-15, max_iter: int = 200_000) -> np.ndarray:
-        """π over contexts, by power iteration of the lazy chain (same fixed points, aperiodic); ``ValueError`` when
-        it has not converged after ``max_iter`` steps."""
+    @functools.cached_property
+    def stationary(self) -> np.ndarray:
+        """π over contexts, by power iteration of the lazy chain (same fixed points, aperiodic), computed once;
+        ``ValueError`` when it has not converged after `STATIONARY_STEPS` steps."""
         next_ctx = self._next_contexts().ravel()
         pi = np.full(self.num_contexts, 1.0 / self.num_contexts)
-        for _ in range(max_iter):
+        for _ in range(STATIONARY_STEPS):
             moved = np.bincount(next_ctx, weights=(pi[:, None] * self.probs).ravel(), minlength=self.num_contexts)
             new = 0.5 * (pi + moved)
-            if np.abs(new - pi).sum() < tol:
+            if np.abs(new - pi).sum() < STATIONARY_TOL:
                 return new / new.sum()
             pi = new
-        raise ValueError(f"the chain's stationary distribution did not converge in {max_iter:,} steps: it mixes too "
-                         "slowly (transitions of near-zero probability between its parts)")
+        raise ValueError(f"the chain's stationary distribution did not converge in {STATIONARY_STEPS:,} steps: it "
+                         "mixes too slowly (transitions of near-zero probability between its parts)")
 
     def entropy_rate_bits(self) -> float:
         """Σ_c π(c) H(P(·|c)) in bits per symbol (= per byte)."""
-        return float(self.stationary() @ _entropy_bits(self.probs))
+        return float(self.stationary @ _entropy_bits(self.probs))
 
     def unigram_entropy_bits(self) -> float:
         """Entropy of the stationary symbol marginal, in bits per byte."""
         last_symbol = np.arange(self.num_contexts) % self.alphabet
-        marginal = np.bincount(last_symbol, weights=self.stationary(), minlength=self.alphabet)
+        marginal = np.bincount(last_symbol, weights=self.stationary, minlength=self.alphabet)
         return float(_entropy_bits(marginal[None])[0])
 
     def sample(self, num_documents: int, length: int, seed: int) -> list[bytes]:
         """``num_documents`` independent stationary documents of ``length`` bytes each."""
         rng = np.random.default_rng(seed)
-        context = rng.choice(self.num_contexts, size=num_documents, p=self.stationary())
+        context = rng.choice(self.num_contexts, size=num_documents, p=self.stationary)
         out = np.empty((num_documents, length), dtype=np.int64)
         # the first k symbols of a document are its starting context, most significant first
         for i in range(min(self.order, length)):
