@@ -120,12 +120,12 @@ CASES = [  # (id naming the input under test, argv, what stderr must name, direc
     ("train.tokens-not-an-integer",
      ["train", "{w}/empty.yaml", "train.tokens=1e300"], "train.tokens must be an integer", None),
     ("train.tokens-too-large", ["train", "{w}/empty.yaml", "train.tokens=1e18"], "train.tokens=1e+18 is", None),
-    # a legal concentration whose chain (seed 2) mixes too slowly for its stationary distribution: a traceback
+    # a legal concentration whose chain mixes too slowly for power iteration, too large (4,225 contexts) to solve
     ("train-markov-chain-mixing-too-slowly",
-     ["train", "{w}/empty.yaml", "data.corpus=synthetic-markov", "data.markov.concentration=0.05",
-      "data.markov.seed=2"],
-     "data.markov (order 1, alphabet 32, branching 4, concentration 0.05, seed 2): the chain's stationary "
-     "distribution did not converge in 200,000 steps: it mixes too slowly (transitions of near-zero probability "
+     ["train", "{w}/empty.yaml", "data.corpus=synthetic-markov", "data.markov.order=2", "data.markov.alphabet=65",
+      "data.markov.concentration=0.05"],
+     "data.markov (order 2, alphabet 65, branching 4, concentration 0.05, seed 0): the chain's stationary "
+     "distribution did not converge in 20,000 steps: it mixes too slowly (transitions of near-zero probability "
      "between its parts); a larger data.markov.concentration makes such transitions rarer", None),
     ("optimizer.lr-nan",
      ["train", "{w}/empty.yaml", "optimizer.lr=.nan"], "optimizer.lr must be a finite number", None),

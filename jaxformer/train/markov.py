@@ -16,12 +16,17 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from jaxformer.configs import NON_NEGATIVE, POSITIVE, Range, Section, setting
 
-STATIONARY_STEPS, STATIONARY_TOL = 200_000, 1e-15  # power iteration: at most this many steps, to this L1 change
+if TYPE_CHECKING:
+    import scipy.sparse
+
+STATIONARY_STEPS, STATIONARY_TOL = 20_000, 1e-15  # power iteration: at most this many steps, to this L1 change
+DIRECT_CONTEXTS = 1 << 12  # a chain of at most this many contexts that has not converged is solved (a dense solve)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,18 +79,15 @@ class MarkovSource:
 
     @functools.cached_property
     def stationary(self) -> np.ndarray:
-        """π over contexts, by power iteration of the lazy chain (same fixed points, aperiodic), computed once;
-        ``ValueError`` when it has not converged after `STATIONARY_STEPS` steps."""
-        next_ctx = self._next_contexts().ravel()
-        pi = np.full(self.num_contexts, 1.0 / self.num_contexts)
-        for _ in range(STATIONARY_STEPS):
-            moved = np.bincount(next_ctx, weights=(pi[:, None] * self.probs).ravel(), minlength=self.num_contexts)
-            new = 0.5 * (pi + moved)
-            if np.abs(new - pi).sum() < STATIONARY_TOL:
-                return new / new.sum()
-            pi = new
-        raise ValueError(f"the chain's stationary distribution did not converge in {STATIONARY_STEPS:,} steps: it "
-                         "mixes too slowly (transitions of near-zero probability between its parts)")
+        """π over contexts: where the chain started uniformly over contexts settles (its Cesàro limit), computed once:
+        by power iteration (`stationary_by_power`, quick for a chain that mixes), else, for a chain of at
+        most `DIRECT_CONTEXTS` contexts, exactly (`stationary_by_solve`); ``ValueError`` for a larger one."""
+        try:
+            return stationary_by_power(self)
+        except ValueError:
+            if self.num_contexts > DIRECT_CONTEXTS:
+                raise
+            return stationary_by_solve(self)
 
     def entropy_rate_bits(self) -> float:
         """Σ_c π(c) H(P(·|c)) in bits per symbol (= per byte)."""
@@ -124,6 +126,69 @@ def make_markov_source(order: int, alphabet: int, branching: int, concentration:
     successors = np.argsort(keys, axis=1)[:, :branching]  # `branching` distinct symbols per context
     probs = rng.dirichlet(np.full(branching, concentration), size=contexts)
     return MarkovSource(order=order, alphabet=alphabet, successors=successors, probs=probs)
+
+
+def transition_matrix(source: MarkovSource) -> scipy.sparse.csr_array:
+    """``[contexts, contexts]``: the probability of moving from context c (row) to context c' (column)."""
+    import scipy.sparse  # imported here: only a chain that power iteration cannot settle needs it
+    rows = np.repeat(np.arange(source.num_contexts), source.successors.shape[1])
+    shape = (source.num_contexts,) * 2
+    return scipy.sparse.csr_array((source.probs.ravel(), (rows, source._next_contexts().ravel())), shape=shape)
+
+
+def closed_classes(source: MarkovSource) -> list[np.ndarray]:
+    """The chain's closed classes: the strongly connected sets of contexts that no transition leaves (sorted)."""
+    import scipy.sparse.csgraph
+
+    matrix = transition_matrix(source)
+    count, label = scipy.sparse.csgraph.connected_components(matrix, directed=True, connection="strong")
+    moves = matrix.tocoo()
+    escapes = np.bincount(label[moves.row[label[moves.row] != label[moves.col]]], minlength=count) > 0
+    return [np.flatnonzero(label == k) for k in np.flatnonzero(~escapes)]
+
+
+def stationary_by_solve(source: MarkovSource) -> np.ndarray:
+    """π exactly, however slowly the chain mixes: each closed class K (`closed_classes`) has its own stationary
+    distribution π_K, the solution of π_K P_KK = π_K with Σ π_K = 1; a uniform start reaches K with probability
+    u(K) plus the visits v to the transient contexts T times their moves into K, where v (I − P_TT) = u_T.
+    π = Σ_K reach(K) π_K, zero on T."""
+    sparse, n, classes = transition_matrix(source), source.num_contexts, closed_classes(source)
+    transient = np.setdiff1d(np.arange(n), np.concatenate(classes))
+    reach = np.full(n, 1.0 / n)
+    if len(transient):
+        visits = np.linalg.solve(_minus_identity(sparse[transient][:, transient]).T, -reach[transient])
+        reach += visits @ sparse[transient]  # (read on the closed classes only)
+    pi = np.zeros(n)
+    for members in classes:
+        equations = _minus_identity(sparse[members][:, members]).T
+        equations[-1] = 1.0  # one balance equation is redundant: it is replaced by Σ π_K = 1
+        unit = np.zeros(len(members))
+        unit[-1] = 1.0
+        pi_k = np.linalg.solve(equations, unit).clip(min=0.0)  # LU's −1e-18s are zeros
+        pi[members] = reach[members].sum() * pi_k / pi_k.sum()
+    return pi
+
+
+def _minus_identity(block: scipy.sparse.csr_array) -> np.ndarray:
+    """``block − I`` as a dense array."""
+    dense = block.toarray()
+    dense[np.diag_indices_from(dense)] -= 1.0
+    return dense
+
+
+def stationary_by_power(source: MarkovSource) -> np.ndarray:
+    """π by power iteration of the lazy chain (same fixed points, aperiodic) from the uniform distribution;
+    ``ValueError`` when it has not converged after `STATIONARY_STEPS` steps."""
+    next_ctx = source._next_contexts().ravel()
+    pi = np.full(source.num_contexts, 1.0 / source.num_contexts)
+    for _ in range(STATIONARY_STEPS):
+        moved = np.bincount(next_ctx, weights=(pi[:, None] * source.probs).ravel(), minlength=source.num_contexts)
+        new = 0.5 * (pi + moved)
+        if np.abs(new - pi).sum() < STATIONARY_TOL:
+            return new / new.sum()
+        pi = new
+    raise ValueError(f"the chain's stationary distribution did not converge in {STATIONARY_STEPS:,} steps: it "
+                     "mixes too slowly (transitions of near-zero probability between its parts)")
 
 
 def _entropy_bits(p: np.ndarray) -> np.ndarray:
