@@ -76,6 +76,13 @@ def test_a_damaged_entry_is_rebuilt_and_an_unusable_cache_is_skipped(text_files)
         assert np.array_equal(dataset.train, built.train) and np.array_equal(dataset.val, built.val)
 
 
+def test_the_cache_directory_is_made_with_its_parents_and_its_entries_are_readable_by_every_user(text_files):
+    """A cache shared by the users of a machine: ``mkdtemp``'s 0700 would keep other users' workers out."""
+    prepare_dataset(_config(text_files, f"data.token_cache={text_files / 'a' / 'b' / 'cache'}"))
+    (entry,) = (text_files / "a" / "b" / "cache").iterdir()
+    assert entry.stat().st_mode & 0o777 == 0o755 and not entry.name.startswith(".")
+
+
 def test_a_worker_reads_a_file_again_once_it_is_edited(text_files):
     """The in-process cache serves a warm worker's later runs, but not a corpus edited since."""
     byte_level = ["data.tokenizer=byte", "model.vocab_size=256"]

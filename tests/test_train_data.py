@@ -1,6 +1,6 @@
-"""Training data: tokenizers, corpora, the Markov source's exact entropy, the split and the loader."""
+"""Training data: tokenizers, corpora, the split, the size checks and the loader (the Markov source: test_markov.py)."""
 
-import collections
+import hashlib
 import json
 import math
 
@@ -9,11 +9,9 @@ import pytest
 
 from jaxformer.train.config import load_config
 from jaxformer.train.corpora import DataConfig
-from jaxformer.train.markov import MarkovConfig
 from jaxformer.train.corpora import load_corpus, source_of, split_text, stdlib_files
-from jaxformer.train.dataset import prepare_dataset, validation_mask
+from jaxformer.train.dataset import Dataset, check_sizes, prepare_dataset, validation_mask
 from jaxformer.train.loader import Loader, eval_batches
-from jaxformer.train.markov import make_markov_source
 from jaxformer.train.tokenizer import BPETokenizer, ByteTokenizer
 
 SAMPLES = ["", "plain ascii\n", "  leading and trailing spaces  ", "tabs\tand\r\nCRLF\n\n",
@@ -39,64 +37,6 @@ def test_bpe_round_trip_compression_and_save(tmp_path):
     tokenizer.save(tmp_path / "tokenizer.json")
     reloaded = BPETokenizer.load(tmp_path / "tokenizer.json")
     assert np.array_equal(reloaded.encode(corpus[7]), tokenizer.encode(corpus[7]))
-
-
-def test_markov_entropy_rate_matches_the_empirical_conditional_entropy():
-    source = make_markov_source(order=2, alphabet=8, branching=3, concentration=1.0, seed=3)
-    rate, unigram = source.entropy_rate_bits(), source.unigram_entropy_bits()
-    assert 0 < rate < math.log2(3) and rate < unigram <= math.log2(8)
-    documents = source.sample(num_documents=200, length=2000, seed=1)
-    pairs, contexts = collections.Counter(), collections.Counter()
-    for doc in documents:
-        for i in range(2, len(doc)):
-            pairs[doc[i - 2 : i + 1]] += 1
-            contexts[doc[i - 2 : i]] += 1
-    n = sum(pairs.values())
-    empirical = -sum(c / n * math.log2(c / contexts[key[:2]]) for key, c in pairs.items())
-    assert empirical == pytest.approx(rate, abs=0.01)  # 400K symbols: sampling error ~0.002 bits
-    symbols = collections.Counter(b"".join(documents))
-    total = sum(symbols.values())
-    assert -sum(c / total * math.log2(c / total) for c in symbols.values()) == pytest.approx(unigram, abs=0.01)
-    assert source.sample(3, 50, seed=1) == source.sample(3, 50, seed=1)  # seeded
-    assert source.sample(3, 50, seed=1) != source.sample(3, 50, seed=2)  # by its seed
-
-
-def test_every_transition_of_a_markov_document_is_one_its_chain_allows_from_the_first_on():
-    """A document's first ``order`` bytes are its starting context (most significant symbol first): the symbol
-    after them, and every later one, is a successor of the context the bytes before it spell."""
-    source = make_markov_source(order=3, alphabet=5, branching=2, concentration=1.0, seed=7)
-    symbols = np.frombuffer(b"".join(source.sample(num_documents=300, length=12, seed=4)), np.uint8).reshape(300, 12)
-    symbols = symbols.astype(np.int64) - 32
-    allowed = {(context, int(successor)) for context in range(5**3) for successor in source.successors[context]}
-    for t in range(3, 12):
-        contexts = symbols[:, t - 3] * 25 + symbols[:, t - 2] * 5 + symbols[:, t - 1]
-        assert {(int(c), int(x)) for c, x in zip(contexts, symbols[:, t])} <= allowed
-
-
-def test_markov_bytes_are_printable_up_to_95_symbols_and_raw_beyond():
-    for alphabet, first in ((8, 32), (95, 32), (96, 0), (256, 0)):
-        values = make_markov_source(order=1, alphabet=alphabet, branching=2, concentration=1.0, seed=0).byte_values
-        assert values.tolist() == list(range(first, first + alphabet))
-    documents = make_markov_source(order=1, alphabet=8, branching=3, concentration=1.0, seed=0).sample(20, 100, 1)
-    assert set(b"".join(documents)) <= set(b" !\"#$%&'")
-
-
-def test_a_deterministic_chain_has_entropy_rate_zero_and_its_cycles_unigram_entropy():
-    """Branching 1: each symbol has one successor (seed 0: 0→3, 1→3, 2→4, 3→1, 4→0, 5→6, 6→5, 7→3), so the
-    chain ends in the cycles 1↔3 (reached from 6 of the 8 starting symbols) and 5↔6 (from 2): π = 3/8, 3/8, 1/8,
-    1/8 on 1, 3, 5, 6 and 0 elsewhere (0·log 0 = 0)."""
-    source = make_markov_source(order=1, alphabet=8, branching=1, concentration=1.0, seed=0)
-    assert source.successors.ravel().tolist() == [3, 3, 4, 1, 0, 6, 5, 3]
-    assert source.entropy_rate_bits() == 0.0
-    assert source.unigram_entropy_bits() == pytest.approx(-sum(p * math.log2(p) for p in (3 / 8, 3 / 8, 1 / 8, 1 / 8)),
-                                                          rel=1e-12)
-
-
-def test_a_markov_chain_of_up_to_2_22_contexts_is_accepted_and_a_larger_one_refused_naming_its_count():
-    assert MarkovConfig(order=11, alphabet=4).order == 11  # 4^11 = 2^22 contexts
-    with pytest.raises(ValueError, match=r"^data\.markov\.order=12 with alphabet 4 has 16,777,216 contexts; at most "
-                                         r"4,194,304 are supported$"):
-        MarkovConfig(order=12, alphabet=4)
 
 
 def test_stdlib_corpus_is_sorted_hashed_and_excludes_tests():
@@ -135,6 +75,22 @@ def test_split_is_by_document_stable_and_holds_some_out():
     assert np.array_equal(validation_mask(names + ["new.txt"], 0.05, seed=0)[:-1], mask)
     assert not np.array_equal(validation_mask(names, 0.05, seed=1), mask)
     assert validation_mask(["a", "b"], 0.001, seed=0).sum() == 1  # at least one held out
+
+
+def _split_key(seed: int, file: str) -> float:
+    """The split's documented key of a file: the first 8 bytes of sha256("seed:file") as a fraction of 2^64."""
+    return int.from_bytes(hashlib.sha256(f"{seed}:{file}".encode()).digest()[:8], "big") / 2.0**64
+
+
+def test_a_split_that_would_hold_out_no_file_holds_out_the_lowest_keyed_and_one_holding_all_keeps_the_highest():
+    """A file is held out when its key is below ``val_fraction``; where none is, the lowest-keyed file is, and where
+    every file is, the highest-keyed one trains (several files: never all held out)."""
+    names = [f"f{i}.txt" for i in range(6)]
+    keys = np.array([_split_key(3, name) for name in names])
+    assert np.array_equal(validation_mask(names, 0.5, seed=3), keys < 0.5) and 0 < (keys < 0.5).sum() < 6
+    assert np.array_equal(validation_mask(names, keys.min() / 2, seed=3), keys == keys.min())
+    assert np.array_equal(validation_mask(names, (1 + keys.max()) / 2, seed=3), keys != keys.max())
+    assert validation_mask(["only.txt"], 0.999, seed=3).tolist() == [True]  # one document: held out (then refused)
 
 
 def test_a_file_cut_into_pieces_goes_whole_to_one_split():
@@ -219,7 +175,6 @@ def test_bpe_bits_per_byte_count_the_bytes_of_the_tokens_scored(tmp_path, monkey
             len(targets) / text_bytes)
     assert dataset.scored_tokens_per_byte(easy) != dataset.scored_tokens_per_byte(hard)
     assert ByteTokenizer().token_bytes().tolist() == [1] * 256
-
 
 
 def sentencepiece_tokenizer_json() -> str:
@@ -312,10 +267,42 @@ def test_eval_batches_are_the_leading_windows_whatever_the_batch_size():
         assert np.array_equal(batches.reshape(-1, 129)[:, 0], np.arange(1024) * 128)
 
 
-def test_markov_corpus_reports_its_entropies():
-    corpus = load_corpus(DataConfig(corpus="synthetic-markov", markov=MarkovConfig(bytes=20_000)))
-    assert corpus.info["bytes"] == 5 * 4096 and corpus.info["documents"] == 5
-    assert corpus.info["entropy_rate_bits_per_byte"] < corpus.info["unigram_entropy_bits_per_byte"]
+def test_eval_batches_take_the_windows_a_short_stream_holds_in_batches_no_larger_than_asked():
+    """A stream of ``n`` tokens holds ``(n − 1) // seq_len`` windows of ``seq_len + 1`` (each overlapping the next by
+    one token); a prime count of windows beyond the batch size goes one window per batch."""
+    for length, windows in ((100, 9), (101, 10), (109, 10), (110, 10), (111, 11)):
+        batches = eval_batches(np.arange(length), seq_len=10, batch_size=windows, max_tokens=10_000)
+        assert batches.shape == (1, windows, 11), length
+        assert batches[0, -1, -1] == windows * 10  # the last window ends on the stream's token windows·seq_len
+    assert eval_batches(np.arange(71), seq_len=10, batch_size=4, max_tokens=10_000).shape == (7, 1, 11)
+    assert eval_batches(np.arange(61), seq_len=10, batch_size=5, max_tokens=10_000).shape == (2, 3, 11)
+
+
+def test_a_corpus_must_fill_one_batch_and_its_shift_for_training_and_one_window_for_validation():
+    """``(batch + 1) · seq_len + 1`` training tokens (a batch of windows and the loader's shift of up to one) and
+    ``seq_len + 1`` validation tokens are enough; a token fewer of either is refused naming the counts."""
+    config = load_config(None, ["train.batch_size=3", "train.seq_len=8", "data.corpus=synthetic-markov"])
+
+    def sizes(train: int, val: int) -> None:
+        check_sizes(config, Dataset(np.zeros(train, np.uint16), np.zeros(val, np.uint16), None, None, {}))
+
+    sizes(33, 9)
+    with pytest.raises(ValueError, match=r"^data\.corpus 'synthetic-markov': the training split has 32 tokens, fewer "
+                                         r"than one batch needs \(33 for train\.batch_size=3 × train\.seq_len=8\)$"):
+        sizes(32, 9)
+    with pytest.raises(ValueError, match=r"^data\.corpus 'synthetic-markov': the validation split has 8 tokens, fewer "
+                                         r"than one window of train\.seq_len=8 \+ 1$"):
+        sizes(33, 8)
+
+
+def test_the_loader_streams_a_corpus_of_one_window_and_refuses_one_too_short_for_any():
+    """``2·seq_len`` tokens hold one window at every epoch's offset; one token fewer holds none."""
+    loader = Loader(np.arange(16), seq_len=8, batch_size=3, seed=0)
+    assert loader.num_windows == 1
+    for batch in (loader.next_batch(), loader.next_batch()):
+        assert batch.shape == (3, 9) and (batch[:, 1:] - batch[:, :-1] == 1).all() and batch.max() <= 15
+    with pytest.raises(ValueError, match=r"^a stream of 15 tokens holds no window of 8 \+ 1 tokens$"):
+        Loader(np.arange(15), seq_len=8, batch_size=3, seed=0)
 
 
 def test_one_tokens_file_holds_out_its_last_blocks_of_65536_tokens(tmp_path):
