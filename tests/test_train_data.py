@@ -10,7 +10,7 @@ import pytest
 from jaxformer.train.config import load_config
 from jaxformer.train.corpora import DataConfig
 from jaxformer.train.corpora import load_corpus, source_of, split_text, stdlib_files
-from jaxformer.train.dataset import Dataset, check_sizes, prepare_dataset, validation_mask
+from jaxformer.train.dataset import Dataset, _prefix, check_sizes, prepare_dataset, validation_mask
 from jaxformer.train.loader import Loader, eval_batches
 from jaxformer.train.tokenizer import BPETokenizer, ByteTokenizer
 
@@ -90,7 +90,16 @@ def test_a_split_that_would_hold_out_no_file_holds_out_the_lowest_keyed_and_one_
     assert np.array_equal(validation_mask(names, 0.5, seed=3), keys < 0.5) and 0 < (keys < 0.5).sum() < 6
     assert np.array_equal(validation_mask(names, keys.min() / 2, seed=3), keys == keys.min())
     assert np.array_equal(validation_mask(names, (1 + keys.max()) / 2, seed=3), keys != keys.max())
+    pair = ["a.txt", "b.txt"]
+    assert validation_mask(pair, 0.99999, seed=3).tolist() == [_split_key(3, "a.txt") < _split_key(3, "b.txt"),
+                                                               _split_key(3, "a.txt") > _split_key(3, "b.txt")]
     assert validation_mask(["only.txt"], 0.999, seed=3).tolist() == [True]  # one document: held out (then refused)
+
+
+def test_the_bpe_trains_on_the_leading_documents_within_its_byte_budget_and_at_least_the_first():
+    documents = [b"aaaa", b"bb", b"cc", b"d"]
+    assert _prefix(documents, 6) == [b"aaaa", b"bb"] and _prefix(documents, 9) == documents
+    assert _prefix(documents, 5) == [b"aaaa"] and _prefix(documents, 3) == [b"aaaa"]
 
 
 def test_a_file_cut_into_pieces_goes_whole_to_one_split():
@@ -212,16 +221,19 @@ def test_sentencepiece_bits_per_byte_count_the_bytes_of_the_text(tmp_path, monke
         assert dataset.bits_per_byte(math.log(2), dataset.scored_tokens_per_byte(ids)) == pytest.approx(
             len(ids) / (len(text.encode()) + 1))
 
+
 def test_tokens_corpus_reads_nanogpt_bins(tmp_path):
     rng = np.random.default_rng(0)
-    rng.integers(0, 1000, 5000).astype(np.uint16).tofile(tmp_path / "train.bin")
-    rng.integers(0, 1000, 700).astype(np.uint16).tofile(tmp_path / "val.bin")
+    train = rng.integers(0, 999, 5000).astype(np.uint16)
+    train[0] = 999  # the largest id, first in the file
+    train.tofile(tmp_path / "train.bin")
+    rng.integers(0, 999, 700).astype(np.uint16).tofile(tmp_path / "val.bin")
     config = load_config(None, [f"data.corpus=tokens:{tmp_path}", "model.vocab_size=1000",
                                 "train.batch_size=4", "train.seq_len=32"])
     dataset = prepare_dataset(config)
     assert len(dataset.train) == 5000 and len(dataset.val) == 700 and dataset.bits_per_byte(1.0) is None
     small = load_config(None, [f"data.corpus=tokens:{tmp_path}", "model.vocab_size=999"])
-    with pytest.raises(ValueError, match="model.vocab_size=999"):
+    with pytest.raises(ValueError, match=r"^data\.corpus 'tokens:.*' holds token id 999, beyond model\.vocab_size=999$"):
         prepare_dataset(small)
 
 
@@ -276,6 +288,7 @@ def test_eval_batches_take_the_windows_a_short_stream_holds_in_batches_no_larger
         assert batches[0, -1, -1] == windows * 10  # the last window ends on the stream's token windows·seq_len
     assert eval_batches(np.arange(71), seq_len=10, batch_size=4, max_tokens=10_000).shape == (7, 1, 11)
     assert eval_batches(np.arange(61), seq_len=10, batch_size=5, max_tokens=10_000).shape == (2, 3, 11)
+    assert eval_batches(np.arange(61), seq_len=10, batch_size=5, max_tokens=5).shape == (1, 1, 11)  # at least one
 
 
 def test_a_corpus_must_fill_one_batch_and_its_shift_for_training_and_one_window_for_validation():
