@@ -11,10 +11,11 @@ import struct
 import subprocess
 import sys
 import termios
+from pathlib import Path
 
 from rich.console import Console
 
-from jaxformer.sweep.progress import SweepProgress
+from jaxformer.sweep.progress import SweepProgress, _duration
 from jaxformer.sweep.runs import Outcome
 from jaxformer.train.final import final_record
 from sweep_helpers import TINY
@@ -146,3 +147,58 @@ def test_the_rows_a_short_table_shows_are_the_running_failed_next_queued_and_lat
     for height in (5 + 10, None):  # every row fits: no caption
         names, text = shown(height)
         assert names == [f"r{i}" for i in range(10)] and "more:" not in text
+
+
+def test_a_short_table_ranks_training_runs_then_failed_then_queued_whatever_their_plan_order():
+    runs = [{"name": name, "N": 8240, "D": 40_000, "C": 2e9} for name in ("q0", "f1", "s2", "r3")]
+    progress = SweepProgress(Path("/nonexistent"), runs, {"q0": "queued", "f1": "queued", "s2": "submitted",
+                                                          "r3": "running"}, write=lambda line: None, live=False)
+    progress.event("f1", "", Outcome("f1", "failed", "exit code 1"))
+    for room, expected in ((1, ["s2"]), (2, ["s2", "r3"]), (3, ["f1", "s2", "r3"]), (4, ["q0", "f1", "s2", "r3"])):
+        assert [run["name"] for run in progress._shown(room, dict(progress.state))] == expected, room
+
+
+def test_without_a_terminal_each_change_is_one_line_of_the_counts_and_the_summary_names_the_failed_runs():
+    lines = []
+    runs = [{"name": name, "N": 8240, "D": 40_000, "C": 2e9} for name in ("a", "b", "c")]
+    progress = SweepProgress(Path("/nonexistent"), runs, dict.fromkeys(("a", "b", "c"), "queued"), lines.append,
+                             live=False)
+    progress.event("a", "running", None)
+    progress.event("a", "", Outcome("a", "done", wall_s=65.4))
+    progress.event("b", "", Outcome("b", "failed", "exit code 1", wall_s=3725.0))
+    progress.event("c", "", Outcome("c", "busy", "training in another launch"))
+    assert lines == ["[queued 2 running 1] a: running", "[queued 2 done 1] a: done in 1m05s",
+                     "[queued 1 done 1 failed 1] b: failed in 1h02m (exit code 1)",
+                     "[done 1 failed 1 elsewhere 1] c: elsewhere (training in another launch)"]
+    assert re.fullmatch(r"sweep /nonexistent: done 1 failed 1 elsewhere 1 in 0m0\ds\n  failed b: exit code 1",
+                        progress.summary())
+    assert re.search(r"sweep nonexistent — done 1 failed 1 elsewhere 1 — 0m0\ds", _text(progress.table()))
+
+
+def test_a_running_runs_eta_needs_a_rate_and_a_token_count_and_its_loss_is_the_newest_row_of_a_long_log(tmp_path):
+    """No ETA from a row without a rate or a token count, none below zero past D; the loss of the last row of a
+    log longer than the 4 KiB read from its end."""
+    runs = [{"name": name, "N": 8240, "D": 40_000, "C": 2e9} for name in ("a", "b", "c", "d")]
+    for name, rows in (("a", [{"step": 10, "val_loss": 2.75, "tokens": 4000}]),
+                       ("b", [{"step": 10, "train_loss": 2.5, "tokens_per_s": 9.0}]),
+                       ("c", [{"step": 10, "train_loss": 2.25, "tokens": 50_000, "tokens_per_s": 0.5}]),
+                       ("d", [{"step": step, "train_loss": 9 - step / 1000, "tokens": 100 * step,
+                               "tokens_per_s": 300.0} for step in range(1, 501)])):
+        (tmp_path / "runs" / name).mkdir(parents=True)
+        (tmp_path / "runs" / name / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    assert (tmp_path / "runs" / "d" / "metrics.jsonl").stat().st_size > 4 * 4096
+    progress = SweepProgress(tmp_path, runs, dict.fromkeys("abcd", "running"), write=lambda line: None, live=False)
+    rows = {match[0]: match[4:] for match in ROW.findall(_text(progress.table()))}
+    assert rows == {"a": ("running", "2.7500", ""), "b": ("running", "2.5000", ""),
+                    "c": ("running", "2.2500", "0m00s"), "d": ("running", "8.5000", "0m00s")}
+
+
+def test_durations_read_in_minutes_and_seconds_below_an_hour_and_hours_and_minutes_from_it():
+    assert [_duration(s) for s in (None, 0, 59.9, 60, 3599, 3600, 3661, 7140, 36_000)] == \
+        ["", "0m00s", "0m59s", "1m00s", "59m59s", "1h00m", "1h01m", "1h59m", "10h00m"]
+
+
+def _text(table) -> str:
+    console = Console(file=io.StringIO(), width=160, record=True)
+    console.print(table)
+    return console.export_text()
