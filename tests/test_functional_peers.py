@@ -133,6 +133,9 @@ def test_wrong_shapes_raise_value_errors(q_shape, k_shape, message):
          r"8 per direction need max_distance above 4 and at least 2 buckets, got max_distance=4"),
         (lambda: F.relative_position_buckets(jnp.arange(3), num_buckets=2, max_distance=4, bidirectional=True),
          r"1 per direction need max_distance above 0 and at least 2 buckets, got max_distance=4"),
+        # rotary pairs: an odd head width has a coordinate left over
+        (lambda: F.rope_frequencies(7), "head_dim must be a positive even number, got 7"),
+        (lambda: F.apply_rope(jnp.zeros((4, 2, 7)), jnp.arange(4)), "head_dim must be a positive even number, got 7"),
     ],
 )
 def test_bad_arguments_name_the_argument_and_value(call, message):
