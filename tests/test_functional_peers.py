@@ -123,7 +123,8 @@ def test_wrong_shapes_raise_value_errors(q_shape, k_shape, message):
         (lambda: F.sinusoidal_positions(8, 5), "dim"),
         (lambda: F.apply_rope(jnp.zeros((4, 2, 6)), jnp.arange(3)), "positions length 3"),
         (lambda: F.alibi_slopes(0), "num_heads"),
-        (lambda: F.sampling_distribution(jnp.zeros(4), top_p=1.5), "top_p"),
+        (lambda: F.sampling_distribution(jnp.zeros(4), top_p=1.5), r"top_p must be in \(0, 1\], got 1.5"),
+        (lambda: F.sampling_distribution(jnp.zeros(4), top_p=0.0), r"top_p must be in \(0, 1\], got 0.0"),  # no token
         (lambda: F.sampling_distribution(jnp.zeros(4), top_k=9), "top_k"),
         (lambda: F.sampling_distribution(jnp.zeros(4), top_k=2.0), "top_k must be an integer in .1, 4., got 2.0"),
         (lambda: F.sampling_distribution(jnp.zeros(4), temperature=float("nan")), "temperature must be >= 0, got nan"),
