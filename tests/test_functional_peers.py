@@ -214,6 +214,8 @@ def test_sampling_draws_along_the_vocabulary_axis_of_batch_by_time_logits():
     top_two = np.asarray(jax.lax.top_k(logits, 2)[1])  # each row's two most likely ids
     assert all(int(draws[b, t]) in top_two[b, t] for b in range(2) for t in range(3))
     np.testing.assert_array_equal(F.sample_logits(jax.random.key(7), logits, top_k=1), jnp.argmax(logits, axis=-1))
+    greedy = F.sampling_distribution(logits, temperature=0.0)  # all mass on each row's argmax
+    np.testing.assert_array_equal(greedy, jax.nn.one_hot(jnp.argmax(logits, axis=-1), 5))
 
 
 def test_a_temperature_below_float32s_normal_range_is_greedy_not_nan():
