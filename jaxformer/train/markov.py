@@ -131,6 +131,7 @@ def make_markov_source(order: int, alphabet: int, branching: int, concentration:
 def transition_matrix(source: MarkovSource) -> scipy.sparse.csr_array:
     """``[contexts, contexts]``: the probability of moving from context c (row) to context c' (column)."""
     import scipy.sparse  # imported here: only a chain that power iteration cannot settle needs it
+
     rows = np.repeat(np.arange(source.num_contexts), source.successors.shape[1])
     shape = (source.num_contexts,) * 2
     return scipy.sparse.csr_array((source.probs.ravel(), (rows, source._next_contexts().ravel())), shape=shape)
