@@ -52,17 +52,6 @@ def test_markov_bytes_are_printable_up_to_95_symbols_and_raw_beyond():
     assert set(b"".join(documents)) <= set(b" !\"#$%&'")
 
 
-def test_a_deterministic_chain_has_entropy_rate_zero_and_its_cycles_unigram_entropy():
-    """Branching 1: each symbol has one successor (seed 0: 0→3, 1→3, 2→4, 3→1, 4→0, 5→6, 6→5, 7→3), so the
-    chain ends in the cycles 1↔3 (reached from 6 of the 8 starting symbols) and 5↔6 (from 2): π = 3/8, 3/8, 1/8,
-    1/8 on 1, 3, 5, 6 and 0 elsewhere (0·log 0 = 0)."""
-    source = make_markov_source(order=1, alphabet=8, branching=1, concentration=1.0, seed=0)
-    assert source.successors.ravel().tolist() == [3, 3, 4, 1, 0, 6, 5, 3]
-    assert source.entropy_rate_bits() == 0.0
-    assert source.unigram_entropy_bits() == pytest.approx(-sum(p * math.log2(p) for p in (3 / 8, 3 / 8, 1 / 8, 1 / 8)),
-                                                          rel=1e-12)
-
-
 def test_a_markov_chain_of_up_to_2_22_contexts_is_accepted_and_a_larger_one_refused_naming_its_count():
     assert MarkovConfig(order=11, alphabet=4).order == 11  # 4^11 = 2^22 contexts
     with pytest.raises(ValueError, match=r"^data\.markov\.order=12 with alphabet 4 has 16,777,216 contexts; at most "
@@ -100,14 +89,19 @@ def test_the_exact_solve_equals_power_iteration_where_both_settle(args, classes,
     assert source.stationary is source.stationary and np.array_equal(source.stationary, power)  # power goes first
 
 
-def test_a_deterministic_chain_is_solved_exactly_as_its_cycles_and_the_starts_that_reach_them_say():
-    """Seed 0's successors 0→3, 1→3, 2→4, 3→1, 4→0, 5→6, 6→5, 7→3: the cycle 1↔3 is reached from six of the eight
-    symbols, 5↔6 from two, so π = 3/8, 3/8, 1/8, 1/8 on 1, 3, 5, 6 (each cycle periodic: no power iteration
-    without laziness would settle)."""
+def test_a_deterministic_chain_is_solved_as_its_cycles_and_the_starts_that_reach_them_say():
+    """Branching 1, seed 0: successors 0→3, 1→3, 2→4, 3→1, 4→0, 5→6, 6→5, 7→3, so the cycle 1↔3 is reached from six
+    of the eight symbols and 5↔6 from two: π = 3/8, 3/8, 1/8, 1/8 on 1, 3, 5, 6 and 0 elsewhere, by the exact solve
+    and by (lazy) power iteration alike, though each cycle is periodic. Entropy rate 0, and the unigram entropy of
+    that π (0·log 0 = 0)."""
     source = make_markov_source(order=1, alphabet=8, branching=1, concentration=1.0, seed=0)
     assert source.successors.ravel().tolist() == [3, 3, 4, 1, 0, 6, 5, 3]
     expected = np.array([0, 3, 0, 3, 0, 1, 1, 0]) / 8
     assert np.abs(stationary_by_solve(source) - expected).max() < 1e-15
+    assert np.abs(source.stationary - expected).max() < 1e-15
+    assert source.entropy_rate_bits() == 0.0
+    assert source.unigram_entropy_bits() == pytest.approx(-sum(p * math.log2(p) for p in (3 / 8, 3 / 8, 1 / 8, 1 / 8)),
+                                                          rel=1e-12)
 
 
 def test_a_slowly_mixing_chain_that_power_iteration_cannot_settle_is_solved_exactly():

@@ -85,9 +85,7 @@ def test_the_table_shows_a_running_runs_newest_loss_and_the_time_its_tokens_left
     (tmp_path / "runs" / "d" / "final.json").write_text("{")
     progress = SweepProgress(tmp_path, runs, {"a": "running", "b": "running", "c": "queued", "d": "done"},
                              write=lambda line: None, live=False)
-    console = Console(file=io.StringIO(), width=160, record=True)
-    console.print(progress.table())
-    rows = {match[0]: match[4:] for match in ROW.findall(console.export_text())}
+    rows = {match[0]: match[4:] for match in ROW.findall(_text(progress.table()))}
     assert rows == {"a": ("running", "2.5000", "2m29s"),  # (40,000 − 2,560) / 250 = 149.76 s
                     "b": ("running", "2.7500", "1h06m"),  # (40,000 − 4,000) / 9 = 4,000 s
                     "c": ("queued", "", ""), "d": ("done", "", "")}
@@ -135,9 +133,7 @@ def test_the_rows_a_short_table_shows_are_the_running_failed_next_queued_and_lat
         progress.event(f"r{i}", "running", None)
 
     def shown(height):
-        console = Console(file=io.StringIO(), width=160, height=100, record=True)
-        console.print(progress.table(height))
-        text = console.export_text()
+        text = _text(progress.table(height))
         return [match[0] for match in ROW.findall(text)], text
 
     names, text = shown(5 + 1 + 6)  # the rules, a caption and six rows
@@ -199,6 +195,7 @@ def test_durations_read_in_minutes_and_seconds_below_an_hour_and_hours_and_minut
 
 
 def _text(table) -> str:
+    """The table as a 160-column terminal shows it, as plain text."""
     console = Console(file=io.StringIO(), width=160, record=True)
     console.print(table)
     return console.export_text()
