@@ -32,7 +32,7 @@ from jaxformer.cli import main
 from jaxformer.nn.params import AXIS_NAMES
 from jaxformer.parallel import DEFAULT_RULES, MESH_AXES, Layout, mesh_shape, resolve_rules
 from jaxformer.parallel.distributed import initialize, launcher_detected
-from jaxformer.parallel.rules import spec_for
+from jaxformer.parallel.rules import batch_spec, spec_for
 from jaxformer.train.checkpoint import Checkpointer
 from jaxformer.parallel.config import DistributedConfig
 from jaxformer.train.config import load_config
@@ -173,6 +173,10 @@ def test_rules_map_logical_axes_replicate_what_does_not_divide_and_never_reuse_a
     assert spec_for(("embed", "kv_heads", "head_dim"), (32, 2, 16), mesh, DEFAULT_RULES) == PartitionSpec(
         "fsdp", None, None)  # 2 kv heads on a tensor axis of 4: replicated
     assert spec_for(("vocab", "embed"), (250, 32), mesh, DEFAULT_RULES) == PartitionSpec(None, "fsdp")
+    # an axis of size 1 (expert here) is left out of the specs: experts unsplit, the batch over data × fsdp only
+    assert spec_for(("experts", "embed", "mlp"), (4, 32, 96), mesh, DEFAULT_RULES) == PartitionSpec(
+        None, "fsdp", "tensor")
+    assert batch_spec(3, 1, mesh, DEFAULT_RULES) == PartitionSpec(None, ("data", "fsdp"), None)
     both_fsdp = {**DEFAULT_RULES, "vocab": ("fsdp",)}
     assert spec_for(("vocab", "embed"), (256, 32), mesh, both_fsdp) == PartitionSpec("fsdp", None)
     overridden = resolve_rules(load_config(None, ["parallel.rules.embed=null", "parallel.rules.mlp=[tensor,fsdp]"])
