@@ -26,13 +26,10 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
-from jax.sharding import AbstractMesh, PartitionSpec
 
 from jaxformer.cli import main
-from jaxformer.nn.params import AXIS_NAMES
-from jaxformer.parallel import DEFAULT_RULES, MESH_AXES, Layout, mesh_shape, resolve_rules
+from jaxformer.parallel import mesh_shape
 from jaxformer.parallel.distributed import initialize, launcher_detected
-from jaxformer.parallel.rules import batch_spec, spec_for
 from jaxformer.train.checkpoint import Checkpointer
 from jaxformer.parallel.config import DistributedConfig
 from jaxformer.train.config import load_config
@@ -163,40 +160,6 @@ def test_mesh_sizes_fill_the_remaining_devices_or_name_both_numbers():
         mesh_shape({"data": 3, "fsdp": -1, "tensor": 1, "expert": 1}, 8)
     with pytest.raises(ValueError, match="multiplies to 4 devices, but there are 8"):
         mesh_shape({"data": 2, "fsdp": 2, "tensor": 1, "expert": 1}, 8)
-
-
-def test_rules_map_logical_axes_replicate_what_does_not_divide_and_never_reuse_a_mesh_axis():
-    assert list(DEFAULT_RULES) == ["batch", *AXIS_NAMES]  # a rule for every name a parameter carries, no other
-    mesh = AbstractMesh((2, 2, 4, 1), MESH_AXES)
-    assert spec_for(("embed", "heads", "head_dim"), (32, 8, 16), mesh, DEFAULT_RULES) == PartitionSpec(
-        "fsdp", "tensor", None)
-    assert spec_for(("embed", "kv_heads", "head_dim"), (32, 2, 16), mesh, DEFAULT_RULES) == PartitionSpec(
-        "fsdp", None, None)  # 2 kv heads on a tensor axis of 4: replicated
-    assert spec_for(("vocab", "embed"), (250, 32), mesh, DEFAULT_RULES) == PartitionSpec(None, "fsdp")
-    # an axis of size 1 (expert here) is left out of the specs: experts unsplit, the batch over data × fsdp only
-    assert spec_for(("experts", "embed", "mlp"), (4, 32, 96), mesh, DEFAULT_RULES) == PartitionSpec(
-        None, "fsdp", "tensor")
-    assert batch_spec(3, 1, mesh, DEFAULT_RULES) == PartitionSpec(None, ("data", "fsdp"), None)
-    both_fsdp = {**DEFAULT_RULES, "vocab": ("fsdp",)}
-    assert spec_for(("vocab", "embed"), (256, 32), mesh, both_fsdp) == PartitionSpec("fsdp", None)
-    overridden = resolve_rules(load_config(None, ["parallel.rules.embed=null", "parallel.rules.mlp=[tensor,fsdp]"])
-                               .parallel.rules)
-    assert spec_for(("embed", "mlp"), (32, 96), mesh, overridden) == PartitionSpec(None, ("tensor", "fsdp"))
-    with pytest.raises(ValueError, match=r"parallel.rules.embedding: unknown logical axis"):
-        resolve_rules({"embedding": "fsdp"})
-    with pytest.raises(ValueError, match=r"parallel.rules.mlp: 'tensr' is not a mesh axis"):
-        resolve_rules({"mlp": ["tensr"]})
-    with pytest.raises(ValueError, match=r"^parallel.rules.embed must be a mesh axis, a list of them or null, got 5$"):
-        resolve_rules({"embed": 5})
-    layout = Layout(mesh, DEFAULT_RULES)
-    assert layout.batch_shards == 4  # data × fsdp × expert
-    layout.check(load_config(None, ["model.num_heads=8"]).model, micro_batch=8)
-    with pytest.raises(ValueError, match=r"^model.num_heads=6 is not divisible by parallel.mesh.tensor=4$"):
-        layout.check(load_config(None, ["model.d_model=48", "model.num_heads=6"]).model, micro_batch=8)
-    # FSDP's axis (the model width, with the default rules) would otherwise be replicated, its memory saving lost
-    with pytest.raises(ValueError, match=r"^model.d_model=45 is not divisible by parallel.mesh.fsdp=2$"):
-        layout.check(load_config(None, ["model.d_model=45", "model.num_heads=8", "model.head_dim=8"]).model,
-                     micro_batch=8)  # heads and MLP width (8, 120) divide
 
 
 def test_a_process_reads_only_its_rows_and_the_stream_advances_by_the_whole_batch():
@@ -384,12 +347,18 @@ def test_two_processes_with_four_devices_each_train_like_one_process(tmp_path):
 
 def test_the_default_mesh_is_data_parallel_over_the_most_devices_that_split_the_batch():
     """Default ``parallel.mesh.data=-1`` on 4 devices: every device for a batch of 8, 3 for 6, 1 for 5; the
-    batch's other mesh axes are the rules' (a batch split over data × tensor, or over data alone)."""
+    batch's other mesh axes are the rules' (a batch split over data × tensor, or over data alone, or over fsdp
+    alone: a data axis that does not split the batch takes every device); fixed axes that do not divide the
+    devices are refused, not trimmed to fit."""
+    fsdp = "parallel.mesh.fsdp=2"
     cases = [([], 8), ([], 6), ([], 5), (["parallel.rules.batch=[data,tensor]", "parallel.mesh.tensor=2"], 2),
-             (["parallel.rules.batch=[data]", "parallel.mesh.fsdp=2"], 2)]
-    code = ("import json, sys; from jaxformer.parallel import Layout; from jaxformer.train.config import load_config; "
-            "print(json.dumps([dict(Layout.from_config(load_config(None, o).parallel, micro_batch=b).mesh.shape) "
-            "for o, b in json.loads(sys.argv[1])]))")
+             (["parallel.rules.batch=[data]", fsdp], 2), ([fsdp], 6), ([fsdp], 3),
+             (["parallel.rules.batch=[fsdp]", fsdp], 3), (["parallel.mesh.tensor=3"], 6)]
+    code = ("import json, sys; from jaxformer.parallel import Layout; from jaxformer.train.config import load_config\n"
+            "def shape(o, b):\n"
+            "    try: return dict(Layout.from_config(load_config(None, o).parallel, micro_batch=b).mesh.shape)\n"
+            "    except ValueError as e: return str(e)\n"
+            "print(json.dumps([shape(o, b) for o, b in json.loads(sys.argv[1])]))")
     done = subprocess.run([sys.executable, "-c", code, json.dumps(cases)], env=_env(4), capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -398,3 +367,7 @@ def test_the_default_mesh_is_data_parallel_over_the_most_devices_that_split_the_
     assert all(shape["fsdp"] == shape["tensor"] == shape["expert"] == 1 for shape in shapes[:3])
     assert shapes[3] == {"data": 1, "fsdp": 1, "tensor": 2, "expert": 1}  # 2 sequences over data 1 × tensor 2
     assert shapes[4] == {"data": 2, "fsdp": 2, "tensor": 1, "expert": 1}  # fsdp does not split this batch
+    assert shapes[5] == shapes[6] == {"data": 1, "fsdp": 2, "tensor": 1, "expert": 1}  # 6 or 3 over data 2 × fsdp 2: no
+    assert shapes[7] == {"data": 2, "fsdp": 2, "tensor": 1, "expert": 1}  # data does not split this batch: all four
+    assert shapes[8] == ("parallel.mesh data=-1 × fsdp=1 × tensor=3 × expert=1: the fixed axes multiply to 3, "
+                         "which does not divide the 4 devices")
