@@ -160,6 +160,11 @@ def test_mesh_sizes_fill_the_remaining_devices_or_name_both_numbers():
         mesh_shape({"data": 3, "fsdp": -1, "tensor": 1, "expert": 1}, 8)
     with pytest.raises(ValueError, match="multiplies to 4 devices, but there are 8"):
         mesh_shape({"data": 2, "fsdp": 2, "tensor": 1, "expert": 1}, 8)
+    with pytest.raises(ValueError, match=r"^parallel.mesh.tensor must be positive or -1 \(all remaining devices\), "
+                                         "got 0$"):
+        load_config(None, ["parallel.mesh.tensor=0"])
+    with pytest.raises(ValueError, match="^at most one parallel.mesh axis may be -1"):
+        load_config(None, ["parallel.mesh.fsdp=-1"])  # data is -1 by default
 
 
 def test_a_process_reads_only_its_rows_and_the_stream_advances_by_the_whole_batch():
@@ -182,10 +187,12 @@ def test_a_coordinator_address_that_is_not_host_port_is_refused_in_one_line(addr
             in capsys.readouterr().err)
     with pytest.raises(ValueError, match=f"^JAX_COORDINATOR_ADDRESS must be host:port .*, got '{re.escape(address)}'$"):
         initialize(DistributedConfig(), {"JAX_COORDINATOR_ADDRESS": address, "JAX_NUM_PROCESSES": "2"})
-    DistributedConfig(coordinator_address="[::1]:1234").check()  # an IPv6 host in brackets
-    for unbracketed in ("[::1]", "::1", "fe80::1", " :1"):  # a v6 host without brackets reads as host ":", port 1
-        with pytest.raises(ValueError, match=f"got '{re.escape(unbracketed)}'$"):
-            DistributedConfig(coordinator_address=unbracketed).check()
+    for valid in ("[::1]:1234", "127.0.0.1:1", "127.0.0.1:65535"):  # an IPv6 host in brackets; the ports' ends
+        DistributedConfig(coordinator_address=valid).check()
+    # a v6 host without brackets (or half of them) reads as host ":", port 1; ports 0 and 65536 do not exist
+    for invalid in ("[::1]", "::1", "fe80::1", " :1", "[::1:1234", "::1]:1234", "127.0.0.1:0", "127.0.0.1:65536"):
+        with pytest.raises(ValueError, match=f"got '{re.escape(invalid)}'$"):
+            DistributedConfig(coordinator_address=invalid).check()
 
 
 def test_distributed_start_up_is_off_unless_asked_for_or_launched_by_slurm_or_mpi():
