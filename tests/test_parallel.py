@@ -18,6 +18,7 @@ import fcntl
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -29,7 +30,7 @@ import pytest
 
 from jaxformer.cli import main
 from jaxformer.parallel import mesh_shape
-from jaxformer.parallel.distributed import initialize, launcher_detected
+from jaxformer.parallel.distributed import initialize, launcher_detected, wait_for_coordinator
 from jaxformer.train.checkpoint import Checkpointer
 from jaxformer.parallel.config import DistributedConfig
 from jaxformer.train.config import load_config
@@ -197,10 +198,13 @@ def test_a_coordinator_address_that_is_not_host_port_is_refused_in_one_line(addr
 
 def test_distributed_start_up_is_off_unless_asked_for_or_launched_by_slurm_or_mpi():
     assert not initialize(DistributedConfig(), environ={})  # no call: a single process
-    assert launcher_detected({"SLURM_STEP_NUM_TASKS": "4"}) and launcher_detected({"OMPI_COMM_WORLD_SIZE": "2"})
+    assert launcher_detected({"SLURM_STEP_NUM_TASKS": "2"}) and launcher_detected({"OMPI_COMM_WORLD_SIZE": "2"})
     assert not launcher_detected({"SLURM_STEP_NUM_TASKS": "1", "SLURM_NTASKS": "8"})  # sbatch's own shell
     with pytest.raises(ValueError, match="JAX_NUM_PROCESSES must be an integer, got 'two'"):
         initialize(DistributedConfig(), environ={"JAX_NUM_PROCESSES": "two"})
+    # asked for with nothing to go on: JAX's own reason, named as the section's (no address to check)
+    with pytest.raises(ValueError, match=r"^parallel.distributed: .* \(set coordinator_address, num_processes and "):
+        initialize(DistributedConfig(initialize=True), environ={})
     with pytest.raises(ValueError, match="process_id=2 must be below parallel.distributed.num_processes=2"):
         load_config(None, ["parallel.distributed.num_processes=2", "parallel.distributed.process_id=2"])
 
@@ -237,7 +241,8 @@ from pathlib import Path
 from jaxformer.parallel.config import DistributedConfig
 from jaxformer.parallel.distributed import initialize
 process, address, cache = int(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
-initialize(DistributedConfig(coordinator_address=address, num_processes=2, process_id=process), {})
+assert initialize(DistributedConfig(coordinator_address=address, num_processes=2, process_id=process), {})
+assert initialize(DistributedConfig(), {})  # again: a no-op, initialised
 from jaxformer.train.kernel_choice import decide, fastest, on_every_process
 timed = lambda: {"naive": 1.0, "fused": 0.5 if process == 0 else 2.0}  # process 0's timings decide
 measured = decide(cache, "KEY", ["naive", "fused"], timed, fastest, "attention_impl")[:2]
@@ -254,6 +259,11 @@ def test_two_processes_on_one_host_choose_a_kernel_together_without_waiting_for_
                         for i in range(2)], _env(1), timeout=60)
     assert [json.loads(line) for line in lines] == [
         [["fused", "measured"], [["naive"], "fused: not on every process of the run"]], [["fused", "measured"], [["naive"], ""]]]
+
+
+def test_a_peer_waits_for_the_coordinator_only_until_it_listens():
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        assert 0 <= wait_for_coordinator(f"127.0.0.1:{server.getsockname()[1]}", timeout=30) < 5  # seconds waited
 
 
 def test_a_process_whose_peers_never_connect_stops_after_the_initialization_timeout():
