@@ -384,7 +384,8 @@ def test_the_default_mesh_is_data_parallel_over_the_most_devices_that_split_the_
     assert all(shape["fsdp"] == shape["tensor"] == shape["expert"] == 1 for shape in shapes[:3])
     assert shapes[3] == {"data": 1, "fsdp": 1, "tensor": 2, "expert": 1}  # 2 sequences over data 1 × tensor 2
     assert shapes[4] == {"data": 2, "fsdp": 2, "tensor": 1, "expert": 1}  # fsdp does not split this batch
-    assert shapes[5] == shapes[6] == {"data": 1, "fsdp": 2, "tensor": 1, "expert": 1}  # 6 or 3 over data 2 × fsdp 2: no
+    # neither 6 nor 3 sequences split over data 2 × fsdp 2: fsdp's two devices alone
+    assert shapes[5] == shapes[6] == {"data": 1, "fsdp": 2, "tensor": 1, "expert": 1}
     assert shapes[7] == {"data": 2, "fsdp": 2, "tensor": 1, "expert": 1}  # data does not split this batch: all four
     assert shapes[8] == ("parallel.mesh data=-1 × fsdp=1 × tensor=3 × expert=1: the fixed axes multiply to 3, "
                          "which does not divide the 4 devices")
