@@ -105,6 +105,14 @@ def test_cache_size_is_the_accounting_formula(window, slots):
     assert cache.nbytes == formula == 2 * 2 * 2 * 4 * slots * 4 * 3
 
 
+def test_the_smallest_cache_holds_one_token_of_one_sequence_and_empty_ones_are_refused():
+    cfg = tiny(num_layers=2, num_heads=4, num_kv_heads=2)
+    assert KVCache.create(cfg, batch=1, max_len=1).keys[0].shape == (1, 1, 2, 4)
+    for batch, max_len in [(0, 8), (1, 0), (-1, 4)]:
+        with pytest.raises(ValueError, match=f"^cache batch and max_len must be positive, got {batch} and {max_len}$"):
+            KVCache.create(cfg, batch, max_len)
+
+
 def test_greedy_generation_is_the_argmax_of_full_recomputation():
     model = build_model(tiny(position="rope"), rngs=nnx.Rngs(0))
     prompt = [3, 1, 4, 1, 5]
