@@ -188,6 +188,9 @@ def test_a_coordinator_address_that_is_not_host_port_is_refused_in_one_line(addr
             in capsys.readouterr().err)
     with pytest.raises(ValueError, match=f"^JAX_COORDINATOR_ADDRESS must be host:port .*, got '{re.escape(address)}'$"):
         initialize(DistributedConfig(), {"JAX_COORDINATOR_ADDRESS": address, "JAX_NUM_PROCESSES": "2"})
+
+
+def test_a_coordinator_address_is_a_bracketed_v6_or_plain_host_and_a_port_in_1_to_65535():
     for valid in ("[::1]:1234", "127.0.0.1:1", "127.0.0.1:65535"):  # an IPv6 host in brackets; the ports' ends
         DistributedConfig(coordinator_address=valid).check()
     # a v6 host without brackets (or half of them) reads as host ":", port 1; ports 0 and 65536 do not exist
